@@ -1,0 +1,132 @@
+"""Serving metrics, one interface for both models.
+
+TTFT and inter-token latency are measured where the client sees them (from the moment
+Triton hands us the request to the moment a response is queued), not inside vLLM, so they
+include our own overhead. Scheduler gauges (running, waiting, KV-cache usage) come from a
+vLLM stat logger. ``TritonMetrics`` publishes everything on Triton's Prometheus endpoint,
+labelled by model and version.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+TTFT_BUCKETS = [0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0]
+ITL_BUCKETS = [0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5]
+LATENCY_BUCKETS = [0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0]
+
+
+class Metrics:
+    """No-op base: used in unit tests and when the server runs with metrics disabled."""
+
+    def observe_ttft(self, seconds: float) -> None: ...
+    def observe_itl(self, seconds: float, tokens: int = 1) -> None: ...
+    def observe_latency(self, seconds: float) -> None: ...
+    def add_tokens(self, prompt: int, generation: int) -> None: ...
+    def count_request(self, outcome: str) -> None: ...
+    def set_outstanding(self, n: int) -> None: ...
+    def set_scheduler(self, running: int, waiting: int, kv_usage: float) -> None: ...
+    def set_engine_requests(self, n: int) -> None: ...
+    def close(self) -> None: ...
+
+
+class TritonMetrics(Metrics):
+    """Custom metric families through the Python backend's ``pb_utils.MetricFamily``."""
+
+    def __init__(self, pb_utils: Any, model: str, version: str) -> None:
+        labels = {"model": model, "version": version}
+        fam = pb_utils.MetricFamily
+        self._families: list[Any] = []
+
+        def family(name: str, desc: str, kind: Any) -> Any:
+            f = fam(name=name, description=desc, kind=kind)
+            self._families.append(f)
+            return f
+
+        hist = fam.HISTOGRAM
+        self.ttft = family("rufus_time_to_first_token_seconds", "Time to first token", hist
+                           ).Metric(labels=labels, buckets=TTFT_BUCKETS)
+        self.itl = family("rufus_inter_token_latency_seconds", "Inter-token latency", hist
+                          ).Metric(labels=labels, buckets=ITL_BUCKETS)
+        self.latency = family("rufus_request_latency_seconds", "End-to-end request latency",
+                              hist).Metric(labels=labels, buckets=LATENCY_BUCKETS)
+        self.prompt_tokens = family("rufus_prompt_tokens_total", "Prompt tokens processed",
+                                    fam.COUNTER).Metric(labels=labels)
+        self.gen_tokens = family("rufus_generation_tokens_total", "Tokens generated",
+                                 fam.COUNTER).Metric(labels=labels)
+        self._requests = family("rufus_requests_total", "Finished requests by outcome",
+                                fam.COUNTER)
+        self._request_metrics: dict[str, Any] = {}
+        self._labels = labels
+        gauge = fam.GAUGE
+        self.outstanding = family("rufus_requests_outstanding",
+                                  "Requests admitted and not finished (admission control)",
+                                  gauge).Metric(labels=labels)
+        self.running = family("rufus_requests_running", "Requests running in vLLM", gauge
+                              ).Metric(labels=labels)
+        self.waiting = family("rufus_requests_waiting", "Requests waiting in vLLM", gauge
+                              ).Metric(labels=labels)
+        self.engine_reqs = family("rufus_engine_requests",
+                                  "Requests vLLM holds (running + waiting), sampled every 0.5 s",
+                                  gauge).Metric(labels=labels)
+        self.kv = family("rufus_kv_cache_usage_ratio", "KV-cache usage (0-1)", gauge
+                         ).Metric(labels=labels)
+
+    def observe_ttft(self, seconds: float) -> None:
+        self.ttft.observe(seconds)
+
+    def observe_itl(self, seconds: float, tokens: int = 1) -> None:
+        per = seconds / max(tokens, 1)
+        for _ in range(max(tokens, 1)):
+            self.itl.observe(per)
+
+    def observe_latency(self, seconds: float) -> None:
+        self.latency.observe(seconds)
+
+    def add_tokens(self, prompt: int, generation: int) -> None:
+        if prompt:
+            self.prompt_tokens.increment(prompt)
+        if generation:
+            self.gen_tokens.increment(generation)
+
+    def count_request(self, outcome: str) -> None:
+        m = self._request_metrics.get(outcome)
+        if m is None:
+            m = self._requests.Metric(labels={**self._labels, "outcome": outcome})
+            self._request_metrics[outcome] = m
+        m.increment(1)
+
+    def set_outstanding(self, n: int) -> None:
+        self.outstanding.set(n)
+
+    def set_engine_requests(self, n: int) -> None:
+        self.engine_reqs.set(n)
+
+    def set_scheduler(self, running: int, waiting: int, kv_usage: float) -> None:
+        self.running.set(running)
+        self.waiting.set(waiting)
+        self.kv.set(kv_usage)
+
+
+def scheduler_stat_logger(metrics: Metrics) -> Any:
+    """A vLLM stat-logger factory that forwards scheduler stats to ``metrics``."""
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class _SchedulerLogger(StatLoggerBase):
+        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+            self.engine_index = engine_index
+
+        def record(self, scheduler_stats: Any, iteration_stats: Any = None,
+                   *args: Any, **kwargs: Any) -> None:
+            if scheduler_stats is None:
+                return
+            metrics.set_scheduler(
+                int(getattr(scheduler_stats, "num_running_reqs", 0)),
+                int(getattr(scheduler_stats, "num_waiting_reqs", 0)),
+                float(getattr(scheduler_stats, "kv_cache_usage", 0.0)),
+            )
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+    return _SchedulerLogger

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# One-time (idempotent) setup: .venv with pinned dependencies, tritonserver with the Python
+# backend from the nvidia-pytriton wheel, and the default model. Each step is skipped when
+# its stamp says it is already done.
+#
+#   scripts/setup.sh            everything
+#   scripts/setup.sh venv       only the virtual environment
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${RUFUS_VENV:-$ROOT/.venv}"
+BUILD="$ROOT/build"
+PY="${PYTHON:-python3.11}"
+command -v "$PY" >/dev/null 2>&1 || PY=python3
+
+# pip on these machines warns once per package about an unused local index: hide that noise.
+quiet_pip() { "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
+
+step() { printf '\n\033[1m[setup %s] %s\033[0m\n' "$(date +%H:%M:%S)" "$*"; }
+
+setup_venv() {
+  local want have
+  want="$(sha256sum "$ROOT/requirements.lock" "$ROOT/pyproject.toml" | sha256sum | cut -c1-16)"
+  have="$(cat "$VENV/.rufus-lock" 2>/dev/null || true)"
+  if [[ "$want" == "$have" && -x "$VENV/bin/python" ]]; then
+    step "venv up to date ($VENV)"
+    return
+  fi
+  step "creating $VENV and installing requirements.lock (about 2-4 minutes)"
+  [[ -x "$VENV/bin/python" ]] || "$PY" -m venv "$VENV"
+  quiet_pip "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --progress-bar off \
+    --no-deps -r "$ROOT/requirements.lock"
+  # The project itself (rufus/, follower/, proxy/) is put on the venv's path with a .pth
+  # file: an editable install without build tools. The Triton stub gets it via PYTHONPATH.
+  "$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' \
+    | xargs -I{} sh -c "echo '$ROOT' > {}/rufus-project.pth"
+  # The three torch add-ons must stay absent (see requirements.lock).
+  "$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+  echo "$want" > "$VENV/.rufus-lock"
+}
+
+setup_triton() {
+  local site stubs
+  site="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+  stubs="$site/pytriton/tritonserver"
+  local pyver
+  pyver="$("$VENV/bin/python" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')"
+  local dest="$BUILD/triton/backends/python"
+  if [[ -x "$dest/triton_python_backend_stub" && "$dest/libtriton_python.so" -nt "$stubs/backends/python/libtriton_python.so" ]]; then
+    step "tritonserver Python backend ready ($dest)"
+  else
+    step "preparing tritonserver Python backend for Python $pyver"
+    mkdir -p "$dest"
+    cp "$stubs/backends/python/libtriton_python.so" "$stubs/backends/python/triton_python_backend_utils.py" "$dest/"
+    cp "$stubs/python_backend_stubs/$pyver/triton_python_backend_stub" "$dest/"
+    chmod +x "$dest/triton_python_backend_stub"
+  fi
+  "$VENV/bin/python" - <<EOF
+import json, sysconfig
+env = {
+  "tritonserver": "$stubs/bin/tritonserver",
+  "backend_directory": "$BUILD/triton/backends",
+  "ld_library_path": sysconfig.get_config_var("LIBDIR") + ":$site/nvidia_pytriton.libs",
+  "pythonpath": "$ROOT:$site",
+}
+open("$BUILD/triton/env.json", "w").write(json.dumps(env, indent=1))
+EOF
+}
+
+setup_model() {
+  step "default model (SmolLM2-135M-Instruct, bf16 Hugging Face directory)"
+  "$VENV/bin/python" "$ROOT/scripts/build_model.py"
+}
+
+case "${1:-all}" in
+  venv) setup_venv ;;
+  triton) setup_venv; setup_triton ;;
+  model) setup_venv; setup_model ;;
+  all) setup_venv; setup_triton; setup_model ;;
+  *) echo "usage: $0 [all|venv|triton|model]" >&2; exit 2 ;;
+esac

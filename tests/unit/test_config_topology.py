@@ -1,0 +1,67 @@
+"""model.json resolution and topology from the environment (no server)."""
+
+import json
+
+import pytest
+
+from rufus.config import ConfigError, env_override_name, expand, load_engine_config
+from rufus.topology import TopologyError, topology_from_env
+
+
+def write(tmp_path, obj):
+    p = tmp_path / "model.json"
+    p.write_text(json.dumps(obj))
+    return p
+
+
+def test_expand_defaults_and_env():
+    env = {"A": "x"}
+    assert expand("${A}/m", env) == "x/m"
+    assert expand("${B:-fallback}", env) == "fallback"
+    with pytest.raises(ConfigError, match="B"):
+        expand("${B}", env)
+
+
+def test_model_dir_default_follows_cache_dir(tmp_path):
+    (tmp_path / "models" / "SmolLM2-135M-Instruct").mkdir(parents=True)
+    cfg = load_engine_config(write(tmp_path, {"model": "${RUFUS_MODEL_DIR}"}), "m",
+                             {"RUFUS_CACHE_DIR": str(tmp_path)})
+    assert cfg.model == str(tmp_path / "models" / "SmolLM2-135M-Instruct")
+
+
+def test_env_overrides_global_then_per_model(tmp_path):
+    env = {"RUFUS_ENGINE_ARGS": '{"max_num_seqs": 8, "dtype": "float32"}',
+           env_override_name("rufus_llm"): '{"max_num_seqs": 4}'}
+    cfg = load_engine_config(write(tmp_path, {"model": "org/hub-id", "max_num_seqs": 64}),
+                             "rufus_llm", env)
+    assert cfg.engine_args["max_num_seqs"] == 4 and cfg.engine_args["dtype"] == "float32"
+    assert cfg.model == "org/hub-id"
+
+
+def test_missing_local_model_is_a_clear_error(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_engine_config(write(tmp_path, {"model": str(tmp_path / "nope")}), "m", {})
+
+
+def test_bad_override_json(tmp_path):
+    with pytest.raises(ConfigError, match="RUFUS_ENGINE_ARGS"):
+        load_engine_config(write(tmp_path, {"model": "x/y"}), "m", {"RUFUS_ENGINE_ARGS": "{"})
+
+
+def test_topology_ours_win_over_lws():
+    topo = topology_from_env({"RUFUS_NNODES": "2", "LWS_GROUP_SIZE": "4", "LWS_WORKER_INDEX": "1",
+                              "LWS_LEADER_ADDRESS": "leader.svc"})
+    assert (topo.nnodes, topo.node_rank, topo.leader_addr) == (2, 1, "leader.svc")
+    assert not topo.is_leader and topo.multi_node
+
+
+def test_topology_defaults_single_node():
+    topo = topology_from_env({})
+    assert topo.nnodes == 1 and topo.is_leader and not topo.multi_node
+
+
+@pytest.mark.parametrize("env", [{"RUFUS_NNODES": "2", "RUFUS_NODE_RANK": "2"},
+                                 {"RUFUS_NNODES": "x"}, {"RUFUS_LEADER_PORT": "70000"}])
+def test_topology_errors(env):
+    with pytest.raises(TopologyError):
+        topology_from_env(env)
