@@ -5,6 +5,7 @@ stream, so this keeps routing per request (see docs/architecture.md).
 
     python scripts/client.py "What should I pack for a beach trip?"
     python scripts/client.py --chat "I need running shoes" --max-tokens 64
+    python scripts/client.py --raw "The best running shoes for flat feet are"
 """
 
 from __future__ import annotations
@@ -191,8 +192,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("prompt", help="the question or prompt")
     ap.add_argument("--url", default=DEFAULT_URL)
     ap.add_argument("--model", default="rufus_llm")
-    ap.add_argument("--chat", action="store_true",
-                    help="send as a chat conversation (rendered with the model's chat template)")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--chat", action="store_true",
+                      help="send `messages` rendered with the model's chat template (default)")
+    mode.add_argument("--raw", action="store_true",
+                      help="send `text_input` as a raw completion prompt (an instruct model "
+                           "often answers a bare question with end-of-text)")
     ap.add_argument("--system", default=None, help="system message for --chat")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--temperature", type=float, default=0.0)
@@ -201,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     sampling = {"max_tokens": a.max_tokens, "temperature": a.temperature}
     messages = None
     prompt: str | None = a.prompt
-    if a.chat:
+    if not a.raw:
         messages = ([{"role": "system", "content": a.system}] if a.system else []) + [
             {"role": "user", "content": a.prompt}]
         prompt = None
