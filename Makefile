@@ -6,7 +6,7 @@ export GRPC_PORT ?= 8001
 export HTTP_PORT ?= 8000
 export METRICS_PORT ?= 8002
 
-.PHONY: setup model serve test unit integration lint bench clean
+.PHONY: setup model serve test unit integration lint bench clean check-deploy
 
 setup:            ## venv + pinned deps, tritonserver backend, default model (idempotent)
 	bash scripts/setup.sh all
@@ -17,9 +17,17 @@ model:
 serve: setup      ## serve model_repository on GRPC_PORT/HTTP_PORT/METRICS_PORT
 	$(PY) -m rufus.server --models "$${RUFUS_MODELS:-rufus_llm}"
 
-test: setup       ## lint + unit + integration tests (real tritonserver, real model)
+test: setup check-deploy  ## lint + deploy checks + unit + integration tests
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q -p no:cacheprovider tests
+
+check-deploy: setup  ## static checks of docker/ and deploy/ (no Docker engine needed)
+	$(VENV)/bin/hadolint docker/Dockerfile
+	$(VENV)/bin/check-jsonschema -q --schemafile deploy/schemas/compose-spec.json docker/compose.yaml
+	$(VENV)/bin/check-jsonschema -q --schemafile deploy/schemas/leaderworkerset-v1.json deploy/kubernetes/lws-*.yaml
+	$(VENV)/bin/check-jsonschema -q --schemafile deploy/schemas/service-v1.json deploy/kubernetes/service.yaml
+	$(VENV)/bin/check-jsonschema -q --schemafile deploy/schemas/ecs-task-definition.json deploy/ecs/*-taskdef.json
+	$(PY) -m pytest -q -p no:cacheprovider tests/unit/test_deploy_consistency.py
 
 unit: setup
 	$(PY) -m pytest -q tests/unit

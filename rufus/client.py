@@ -70,9 +70,18 @@ def build_inputs(
 
 
 def _status(err: Any) -> str:
+    """Triton's status, or the ``[CODE]`` our models put in front of streamed errors."""
     status = getattr(err, "status", None)
     s = status() if callable(status) else status
-    return str(s or "")
+    if s:
+        return str(s)
+    msg = getattr(err, "message", None)
+    text = (msg() if callable(msg) else msg) or str(err)
+    if "[" in text and "]" in text:
+        code = text[text.index("[") + 1:text.index("]")]
+        if code.isupper():
+            return code
+    return ""
 
 
 @dataclass
@@ -163,13 +172,15 @@ async def agenerate(
     *,
     stream: bool = True,
     sampling: dict[str, Any] | None = None,
+    flags: dict[str, bool] | None = None,
     timeout: float = 600.0,
 ) -> AsyncIterator[Chunk]:
     """asyncio version (one gRPC stream per request), used by the load generator."""
     import tritonclient.grpc as grpcclient
     import tritonclient.grpc.aio as aioclient
 
-    inputs = build_inputs(grpcclient, prompt, messages, stream=stream, sampling=sampling)
+    inputs = build_inputs(grpcclient, prompt, messages, stream=stream, sampling=sampling,
+                          flags=flags)
 
     async def requests() -> AsyncIterator[dict[str, Any]]:
         yield {"model_name": model, "inputs": inputs, "enable_empty_final_response": True}

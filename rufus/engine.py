@@ -107,7 +107,7 @@ class EngineHost:
             if self.on_poll is not None:
                 try:
                     self.on_poll(self)
-                except Exception:  # noqa: BLE001 - metrics must not kill the watchdog
+                except Exception:
                     log.exception("%s: poll callback failed", self.name)
 
     def mark_dead(self, err: BaseException) -> None:
@@ -118,7 +118,7 @@ class EngineHost:
         if self.on_dead is not None:
             try:
                 self.on_dead(err)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 log.exception("%s: on_dead callback failed", self.name)
 
     def shutdown(self, timeout: float = 30.0) -> None:

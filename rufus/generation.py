@@ -52,7 +52,7 @@ def render_prompt(tokenizer: Any, req: GenerateRequest) -> tuple[str, list[int],
             text = tokenizer.apply_chat_template(
                 req.messages, add_generation_prompt=True, tokenize=False
             )
-        except Exception as exc:  # noqa: BLE001 - template errors are the caller's input
+        except Exception as exc:
             raise InvalidInput("messages", f"chat template rejected them: {exc}") from exc
         return text, tokenizer.encode(text, add_special_tokens=False), "messages"
     assert req.prompt is not None
@@ -176,7 +176,7 @@ async def run_generate(
         await host.abort(request_id)
         sink.send(None, ServiceError(UNAVAILABLE, "server is shutting down"), True)
         raise
-    except Exception as exc:  # noqa: BLE001 - never leave a stream open
+    except Exception as exc:
         log.exception("request %s failed", request_id)
         if not host.healthy:
             sink.send(None, ServiceError(UNAVAILABLE, f"engine unavailable: {host.dead_reason}"), True)

@@ -85,7 +85,7 @@ class TritonServer:
         return env
 
     def start(self) -> TritonServer:
-        out = open(self.log_path, "ab") if self.log_path else None  # noqa: SIM115
+        out = open(self.log_path, "ab") if self.log_path else None
         self.proc = subprocess.Popen(
             self.command(), env=self.environment(), stdout=out or None,
             stderr=subprocess.STDOUT if out else None, start_new_session=True,
@@ -120,24 +120,25 @@ class TritonServer:
             time.sleep(0.5)
         raise TimeoutError(f"tritonserver not ready after {timeout:.0f} s (log: {self.log_path})")
 
-    def stop(self, timeout: float = 30.0) -> None:
-        """SIGTERM the whole process group (server + Python stubs + vLLM engine cores)."""
-        if self.proc is None or self.proc.poll() is not None:
+    def stop(self, timeout: float = 40.0) -> None:
+        """SIGTERM tritonserver (it finalizes the models, which stop their engines), then
+        SIGKILL whatever is left of its process group (stubs, vLLM engine cores)."""
+        if self.proc is None:
             return
         pgid = self.proc.pid
-        for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10.0)):
+        if self.proc.poll() is None:
+            self.proc.terminate()
             try:
-                os.killpg(pgid, sig)
-            except ProcessLookupError:
-                return
-            try:
-                self.proc.wait(wait)
-                break
+                self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
-                continue
-        try:  # stragglers (engine core processes) in the same group
+                pass
+        try:
             os.killpg(pgid, signal.SIGKILL)
         except ProcessLookupError:
+            pass
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
             pass
 
 

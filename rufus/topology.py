@@ -10,8 +10,14 @@ nodes in the unit           ``RUFUS_NNODES``                 ``LWS_GROUP_SIZE``
 this node's rank            ``RUFUS_NODE_RANK``              ``LWS_WORKER_INDEX``
 leader host                 ``RUFUS_LEADER_ADDR``            ``LWS_LEADER_ADDRESS``
 leader's rendezvous port    ``RUFUS_LEADER_PORT`` (29500)    -
+leader's control port       ``RUFUS_CONTROL_PORT`` (+1)      -
 follower health port        ``RUFUS_HEALTH_PORT`` (8081)     -
 ==========================  ===============================  =========================
+
+The rendezvous port is vLLM's ``master_port`` (torch.distributed); the control port is our
+own leader/follower channel (handshake with a config fingerprint, then heartbeats), see
+``rufus/unit.py``. :func:`apply_topology` turns a ``Topology`` into vLLM engine arguments
+and is the one place both the leader (Triton model) and the follower use.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 DEFAULT_LEADER_PORT = 29500
 DEFAULT_HEALTH_PORT = 8081
@@ -35,6 +42,11 @@ class Topology:
     leader_addr: str
     leader_port: int
     health_port: int
+    control_port: int = 0  # 0: leader_port + 1
+
+    @property
+    def leader_control_port(self) -> int:
+        return self.control_port or self.leader_port + 1
 
     @property
     def is_leader(self) -> bool:
@@ -50,6 +62,7 @@ class Topology:
             "rank": self.node_rank,
             "leader": f"{self.leader_addr}:{self.leader_port}",
             "health_port": self.health_port,
+            "control_port": self.leader_control_port,
         }
 
 
@@ -72,11 +85,52 @@ def topology_from_env(env: Mapping[str, str] | None = None) -> Topology:
     leader = env.get("RUFUS_LEADER_ADDR") or env.get("LWS_LEADER_ADDRESS") or "127.0.0.1"
     port = _int(env, ("RUFUS_LEADER_PORT",), DEFAULT_LEADER_PORT)
     health = _int(env, ("RUFUS_HEALTH_PORT",), DEFAULT_HEALTH_PORT)
+    control = _int(env, ("RUFUS_CONTROL_PORT",), port + 1)
     if nnodes < 1:
         raise TopologyError(f"node count must be >= 1, got {nnodes}")
     if not 0 <= rank < nnodes:
         raise TopologyError(f"node rank {rank} is outside 0..{nnodes - 1}")
-    for name, value in (("leader port", port), ("health port", health)):
+    for name, value in (("leader port", port), ("health port", health),
+                        ("control port", control)):
         if not 0 < value < 65536:
             raise TopologyError(f"{name} {value} is not a valid TCP port")
-    return Topology(nnodes, rank, leader, port, health)
+    if nnodes > 1 and control == port:
+        raise TopologyError(f"control port {control} must differ from the leader port")
+    return Topology(nnodes, rank, leader, port, health, control)
+
+
+# Engine arguments that say where this node sits; everything else must match across nodes.
+NODE_KEYS = ("node_rank",)
+
+
+def apply_topology(engine_args: dict[str, Any], topo: Topology) -> dict[str, Any]:
+    """vLLM engine args for this node of the unit (a copy; single node: unchanged).
+
+    Leader and follower call this with the same ``model.json`` so that they agree on
+    everything but ``node_rank``; vLLM's own multi-node executor ("mp") does the rest.
+    Impossible combinations fail here with a message instead of hanging in rendezvous.
+    """
+    args = dict(engine_args)
+    declared = args.get("nnodes")
+    if declared not in (None, topo.nnodes):
+        raise TopologyError(
+            f"model.json/overrides set nnodes={declared} but the environment describes "
+            f"{topo.nnodes} node(s) (RUFUS_NNODES / LWS_GROUP_SIZE): make them agree")
+    if not topo.multi_node:
+        return args
+    tp = int(args.get("tensor_parallel_size", 1))
+    pp = int(args.get("pipeline_parallel_size", 1))
+    world = tp * pp
+    if world % topo.nnodes != 0 or world < topo.nnodes:
+        raise TopologyError(
+            f"{topo.nnodes} nodes need a world size (tensor_parallel_size x "
+            f"pipeline_parallel_size = {tp} x {pp} = {world}) that they divide; e.g. set "
+            f'RUFUS_ENGINE_ARGS=\'{{"pipeline_parallel_size": {topo.nnodes}}}\'')
+    args.update(
+        nnodes=topo.nnodes,
+        node_rank=topo.node_rank,
+        master_addr=topo.leader_addr,
+        master_port=topo.leader_port,
+        distributed_executor_backend="mp",
+    )
+    return args

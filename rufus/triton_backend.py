@@ -86,8 +86,11 @@ def to_triton_response(outputs: dict[str, np.ndarray] | None, error: ServiceErro
     if error is None:
         return pb_utils.InferenceResponse(output_tensors=tensors)
     code = getattr(pb_utils.TritonError, error.code, pb_utils.TritonError.INTERNAL)
+    # Triton's gRPC stream carries only the message, not the code: put the code in it so
+    # streaming clients (and our retrying client) can tell INVALID_ARG from UNAVAILABLE.
     return pb_utils.InferenceResponse(
-        output_tensors=tensors, error=pb_utils.TritonError(error.message, code=code)
+        output_tensors=tensors,
+        error=pb_utils.TritonError(f"[{error.code}] {error.message}", code=code),
     )
 
 
@@ -183,7 +186,7 @@ class EngineModel:
             flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
             try:
                 sender.send(to_triton_response(outputs, error), flags=flags)
-            except Exception:  # noqa: BLE001 - a client gone mid-stream must not stop others
+            except Exception:
                 log.exception("%s: sending a response failed", self.name)
 
     def parameters_json(self, request: Any) -> str | None:

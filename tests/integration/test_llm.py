@@ -238,8 +238,50 @@ def test_admission_bound_rejects_immediately(llm_server, url):
         c.close()
     assert len(rejected) == extra
     for t, err in rejected:
-        assert "at capacity" in str(err) and "UNAVAILABLE" in str(err.status())
+        assert "at capacity" in str(err) and str(err).startswith("[UNAVAILABLE]")
         assert t - t0 < 30
     assert wait_for(lambda: _engine_idle(llm_server), timeout=30)
     # And the server still serves.
     assert text(run(url, stream=False, sampling={"max_tokens": 4, "temperature": 0}))
+
+
+def _engine_core(server):
+    import psutil
+
+    for p in psutil.Process(server.proc.pid).children(recursive=True):
+        try:
+            if "EngineCore" in p.name() or any("EngineCore" in a for a in p.cmdline()):
+                return p
+        except psutil.NoSuchProcess:
+            continue
+    return None
+
+
+def test_engine_death_fails_fast_then_reload_recovers(llm_server, url):
+    """Kill vLLM's engine core mid-stream: the stream ends with UNAVAILABLE, the model
+    reports not ready, new requests fail at once; reloading the model brings it back.
+    Runs last in this module because it restarts the shared server's model."""
+    core = _engine_core(llm_server)
+    assert core is not None, "no EngineCore process under tritonserver"
+    errors: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(url)
+    client.start_stream(callback=lambda result, error: errors.put(error) if error else None)
+    client.async_stream_infer(MODEL, build_inputs(
+        grpcclient, PROMPT, stream=True,
+        sampling={"max_tokens": 900, "ignore_eos": True, "temperature": 0}))
+    time.sleep(1.0)
+    t0 = time.monotonic()
+    core.kill()
+    err = errors.get(timeout=20)
+    assert "UNAVAILABLE" in str(err), err
+    client.stop_stream()
+    client.close()
+    assert wait_for(lambda: not llm_server.is_ready(MODEL), timeout=10)
+    detect_s = time.monotonic() - t0
+    with pytest.raises(RequestFailed):
+        run(url, stream=False, sampling={"max_tokens": 4})
+    admin = grpcclient.InferenceServerClient(url)
+    admin.load_model(MODEL)
+    assert wait_for(lambda: llm_server.is_ready(MODEL), timeout=600)
+    assert text(run(url, stream=False, sampling={"max_tokens": 4, "temperature": 0}))
+    print(f"engine death detected and model unready after {detect_s:.1f} s")

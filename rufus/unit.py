@@ -1,0 +1,376 @@
+"""The multi-node unit's control channel: leader <-> follower handshake and heartbeats.
+
+vLLM's multi-node executor moves the model inputs (broadcast) and activations (Gloo), but it
+does not notice a peer that disappears: measured here with vLLM 0.32, after SIGKILL of the
+follower node the leader's engine blocks in ``execute_model`` for
+``VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS`` (300 s) with every stream silent; after the leader
+dies, the follower's worker waits forever. So each follower keeps one TCP connection to the
+leader's control port (``Topology.leader_control_port``):
+
+1. follower -> ``hello`` {rank, nnodes, fingerprint}; leader -> ``welcome`` or ``reject``
+   (config mismatch, duplicate rank, unit already failed). A mismatched follower exits
+   with a clear log line instead of hanging in torch.distributed rendezvous.
+2. both sides send ``ping`` every ``HEARTBEAT_S``. A process that dies has its socket closed
+   by the kernel, so the peer sees EOF at once; a hung or partitioned host is caught by
+   the ``PEER_TIMEOUT_S`` read timeout.
+3. leader loses a follower -> ``on_fail`` (the Triton model kills its engine core, so vLLM's
+   own dead-engine path ends every in-flight request, and marks the model dead -> not ready)
+   and closes every other follower's connection; a follower that loses the leader exits
+   non-zero. The unit is all-or-nothing; the supervisor (rig, LWS, ECS) restarts it whole.
+
+The leader needs no list of follower addresses: followers dial in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rufus.topology import NODE_KEYS, Topology
+
+log = logging.getLogger("rufus.unit")
+
+HEARTBEAT_S = float(os.environ.get("RUFUS_HEARTBEAT_S", "1.0"))
+PEER_TIMEOUT_S = float(os.environ.get("RUFUS_PEER_TIMEOUT_S", "5.0"))
+
+
+class UnitError(RuntimeError):
+    """The unit cannot form or has broken; the message says which node and why."""
+
+
+class Rejected(UnitError):
+    """The leader refused this follower (config mismatch, duplicate rank, unit failed)."""
+
+
+class LeaderUnreachable(UnitError):
+    """No leader answered on the control port within the wait bound."""
+
+
+# ----------------------------------------------------------------------- fingerprint
+def _model_identity(model: str) -> Any:
+    """A model's identity that survives different cache paths on different hosts."""
+    path = Path(model)
+    cfg = path / "config.json"
+    if cfg.is_file():
+        return {"name": path.name, "config_sha256": hashlib.sha256(cfg.read_bytes()).hexdigest()}
+    return model
+
+
+def fingerprint(engine_args: dict[str, Any]) -> dict[str, Any]:
+    """Everything leader and follower must agree on: engine args minus the node's own rank."""
+    fp = {k: v for k, v in engine_args.items() if k not in NODE_KEYS}
+    fp["model"] = _model_identity(str(engine_args.get("model", "")))
+    return json.loads(json.dumps(fp, sort_keys=True, default=str))
+
+
+def diff_fingerprints(leader: dict[str, Any], follower: dict[str, Any]) -> list[str]:
+    """Human-readable differences, e.g. ``pipeline_parallel_size: leader 2, follower 1``."""
+    out = []
+    for key in sorted(set(leader) | set(follower)):
+        a, b = leader.get(key, "<unset>"), follower.get(key, "<unset>")
+        if a != b:
+            out.append(f"{key}: leader {a!r}, follower {b!r}")
+    return out
+
+
+# ----------------------------------------------------------------------- wire format
+def _send(sock: socket.socket, msg: dict[str, Any], lock: threading.Lock | None = None) -> None:
+    data = (json.dumps(msg) + "\n").encode()
+    if lock is None:
+        sock.sendall(data)
+    else:
+        with lock:
+            sock.sendall(data)
+
+
+class _Lines:
+    """Newline-delimited JSON reader with a per-message timeout."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buf = b""
+
+    def read(self, timeout: float) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self.buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"peer silent for {timeout:.1f} s")
+            self.sock.settimeout(left)
+            try:
+                chunk = self.sock.recv(65536)
+            except socket.timeout as exc:
+                raise TimeoutError(f"peer silent for {timeout:.1f} s") from exc
+            if not chunk:
+                raise ConnectionError("connection closed by peer")
+            self.buf += chunk
+        line, _, self.buf = self.buf.partition(b"\n")
+        msg = json.loads(line)
+        if not isinstance(msg, dict):
+            raise ValueError(f"bad control message {line[:80]!r}")
+        return msg
+
+
+def _heartbeat(sock: socket.socket, reader: _Lines, lock: threading.Lock,
+               stop: threading.Event) -> str:
+    """Ping the peer and wait for its pings until one side stops; returns why it ended."""
+
+    def pinger() -> None:
+        while not stop.wait(HEARTBEAT_S):
+            try:
+                _send(sock, {"type": "ping"}, lock)
+            except OSError:
+                return
+
+    threading.Thread(target=pinger, name="unit-ping", daemon=True).start()
+    try:
+        while not stop.is_set():
+            msg = reader.read(PEER_TIMEOUT_S)
+            if msg.get("type") == "bye":
+                return f"peer said bye: {msg.get('reason', '')}"
+        return "stopped"
+    except (OSError, TimeoutError, ValueError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        stop.set()
+
+
+# ----------------------------------------------------------------------- leader side
+class LeaderControl:
+    """Accepts followers on the control port; reports the first loss through ``on_fail``.
+
+    ``state``: ``waiting`` (not all followers joined) -> ``running`` -> ``failed``. A failed
+    unit rejects new followers: only a restart of the whole unit makes it whole again.
+    """
+
+    def __init__(self, topo: Topology, engine_fingerprint: dict[str, Any],
+                 on_fail: Callable[[str], None], *, join_timeout: float = 600.0,
+                 bind: str = "0.0.0.0") -> None:
+        self.topo = topo
+        self.fingerprint = engine_fingerprint
+        self.on_fail = on_fail
+        self.join_timeout = join_timeout
+        self.state = "waiting"
+        self.reason = ""
+        self.members: dict[int, tuple[socket.socket, threading.Event]] = {}
+        self._lock = threading.Lock()
+        self._srv = socket.create_server((bind, topo.leader_control_port), reuse_port=False)
+        self._srv.settimeout(1.0)
+        self._closed = threading.Event()
+
+    def start(self) -> LeaderControl:
+        threading.Thread(target=self._accept_loop, name="unit-accept", daemon=True).start()
+        threading.Thread(target=self._join_deadline, name="unit-join-deadline",
+                         daemon=True).start()
+        log.info("unit leader: control channel on port %d, waiting for %d follower(s) "
+                 "(join timeout %.0f s)", self.topo.leader_control_port, self.topo.nnodes - 1,
+                 self.join_timeout)
+        return self
+
+    def status(self) -> dict[str, Any]:
+        return {**self.topo.as_dict(), "state": self.state, "members": sorted(self.members),
+                "reason": self.reason}
+
+    def fail(self, reason: str) -> None:
+        """Break the unit once: tell the owner, then drop every follower (they exit)."""
+        with self._lock:
+            if self.state == "failed":
+                return
+            self.state = "failed"
+            self.reason = reason
+            members = list(self.members.values())
+        log.error("unit leader: unit broken: %s; failing the engine so the unit is "
+                  "restarted as a whole", reason)
+        try:
+            self.on_fail(reason)
+        except Exception:  # noqa: BLE001 - must still drop the followers
+            log.exception("unit leader: on_fail callback failed")
+        for sock, stop in members:
+            stop.set()
+            try:
+                _send(sock, {"type": "bye", "reason": reason})
+                sock.close()
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self._closed.set()
+        self._srv.close()
+
+    def _join_deadline(self) -> None:
+        if self._closed.wait(self.join_timeout):
+            return
+        with self._lock:
+            missing = [r for r in range(1, self.topo.nnodes) if r not in self.members]
+            waiting = self.state == "waiting"
+        if waiting and missing:
+            self.fail(f"follower rank(s) {missing} did not join within {self.join_timeout:.0f} s"
+                      f" (are they started with RUFUS_LEADER_ADDR pointing here and "
+                      f"RUFUS_CONTROL_PORT={self.topo.leader_control_port}?)")
+
+    def _accept_loop(self) -> None:
+        while not self._closed.is_set():
+            try:
+                conn, addr = self._srv.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn, addr), name="unit-member",
+                             daemon=True).start()
+
+    def _serve(self, conn: socket.socket, addr: tuple[str, int]) -> None:
+        reader = _Lines(conn)
+        try:
+            hello = reader.read(10.0)
+        except (OSError, TimeoutError, ValueError) as exc:
+            log.warning("unit leader: %s:%d sent no hello (%s); closing", addr[0], addr[1], exc)
+            conn.close()
+            return
+        rank = hello.get("rank")
+        reason = self._admit(hello)
+        if reason:
+            log.error("unit leader: rejected follower rank %s from %s: %s", rank, addr[0], reason)
+            try:
+                _send(conn, {"type": "reject", "reason": reason})
+            finally:
+                conn.close()
+            return
+        stop = threading.Event()
+        with self._lock:
+            self.members[int(rank)] = (conn, stop)
+            if len(self.members) == self.topo.nnodes - 1 and self.state == "waiting":
+                self.state = "running"
+        _send(conn, {"type": "welcome", "leader": self.status()})
+        log.info("unit leader: follower rank %s joined from %s (pid %s); members %s, state %s",
+                 rank, addr[0], hello.get("pid"), sorted(self.members), self.state)
+        why = _heartbeat(conn, reader, threading.Lock(), stop)
+        conn.close()
+        if self.state != "failed":
+            self.fail(f"follower rank {rank} ({addr[0]}) lost: {why}")
+
+    def _admit(self, hello: dict[str, Any]) -> str:
+        if hello.get("type") != "hello":
+            return f"expected a hello, got {hello.get('type')!r}"
+        rank = hello.get("rank")
+        if self.state == "failed":
+            return f"unit already failed ({self.reason}); restart the whole unit"
+        diffs = diff_fingerprints(self.fingerprint, hello.get("fingerprint") or {})
+        if diffs:
+            return "engine config mismatch: " + "; ".join(diffs)
+        if not isinstance(rank, int) or not 0 < rank < self.topo.nnodes:
+            return f"rank {rank!r} is outside 1..{self.topo.nnodes - 1}"
+        if rank in self.members:
+            return f"rank {rank} is already a member (two followers with one rank?)"
+        return ""
+
+
+# ----------------------------------------------------------------------- follower side
+class FollowerControl:
+    """One follower's connection to the leader: bounded wait, handshake, heartbeats."""
+
+    def __init__(self, topo: Topology, engine_fingerprint: dict[str, Any]) -> None:
+        self.topo = topo
+        self.fingerprint = engine_fingerprint
+        self.sock: socket.socket | None = None
+        self.stop = threading.Event()
+        self.leader_info: dict[str, Any] = {}
+
+    @property
+    def address(self) -> str:
+        return f"{self.topo.leader_addr}:{self.topo.leader_control_port}"
+
+    def connect(self, wait_s: float, retry_s: float = 1.0) -> None:
+        """Dial the leader until ``wait_s`` passes (logging each try), then handshake."""
+        t0 = time.monotonic()
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                sock = socket.create_connection(
+                    (self.topo.leader_addr, self.topo.leader_control_port), timeout=5.0)
+                break
+            except OSError as exc:
+                left = wait_s - (time.monotonic() - t0)
+                if left <= 0:
+                    raise LeaderUnreachable(
+                        f"leader control port {self.address} not reachable after "
+                        f"{attempt} attempts in {wait_s:.0f} s ({exc}); is the leader "
+                        "(tritonserver with RUFUS_NODE_RANK=0) running?") from exc
+                if attempt == 1 or attempt % 10 == 0:
+                    log.info("waiting for leader at %s (attempt %d, %s; %.0f s left)",
+                             self.address, attempt, exc.strerror or exc, left)
+                time.sleep(min(retry_s, max(left, 0.05)))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        _send(sock, {"type": "hello", "rank": self.topo.node_rank, "nnodes": self.topo.nnodes,
+                     "fingerprint": self.fingerprint, "pid": os.getpid(),
+                     "host": socket.gethostname()})
+        reader = _Lines(sock)
+        try:
+            reply = reader.read(30.0)
+        except (OSError, TimeoutError, ValueError) as exc:
+            sock.close()
+            raise LeaderUnreachable(f"leader at {self.address} did not answer the hello: "
+                                    f"{exc}") from exc
+        if reply.get("type") != "welcome":
+            sock.close()
+            raise Rejected(f"leader at {self.address} rejected rank {self.topo.node_rank}: "
+                           f"{reply.get('reason', reply)}")
+        self.leader_info = reply.get("leader", {})
+        self.sock = sock
+        self._reader = reader
+        log.info("joined unit: leader %s accepted rank %d of %d", self.address,
+                 self.topo.node_rank, self.topo.nnodes)
+
+    def watch(self, on_lost: Callable[[str], None]) -> None:
+        """Heartbeat in the background; ``on_lost(reason)`` when the leader goes away."""
+        assert self.sock is not None
+
+        def run() -> None:
+            why = _heartbeat(self.sock, self._reader, threading.Lock(), self.stop)
+            if why != "stopped":
+                on_lost(why)
+
+        threading.Thread(target=run, name="unit-leader-watch", daemon=True).start()
+
+    def close(self) -> None:
+        self.stop.set()
+        if self.sock is not None:
+            try:
+                _send(self.sock, {"type": "bye", "reason": "follower stopping"})
+            except OSError:
+                pass
+            self.sock.close()
+
+
+# ----------------------------------------------------------------------- process helpers
+def kill_vllm_children(pid: int | None = None) -> list[int]:
+    """SIGKILL this process's vLLM descendants (engine core, workers); returns their pids.
+
+    Killing the engine core is how a broken unit fails fast: vLLM's own monitor then marks
+    the engine dead and every in-flight ``generate`` raises ``EngineDeadError``.
+    """
+    import psutil
+
+    killed = []
+    try:
+        kids = psutil.Process(pid or os.getpid()).children(recursive=True)
+    except psutil.Error:
+        return killed
+    for p in kids:
+        try:
+            if p.name().startswith("VLLM::") or "vllm" in " ".join(p.cmdline()[:3]).lower():
+                os.kill(p.pid, signal.SIGKILL)
+                killed.append(p.pid)
+        except (psutil.Error, ProcessLookupError):
+            continue
+    return killed
