@@ -6,7 +6,7 @@ export GRPC_PORT ?= 8001
 export HTTP_PORT ?= 8000
 export METRICS_PORT ?= 8002
 
-.PHONY: setup model serve test unit integration lint bench clean check-deploy
+.PHONY: setup model serve test unit integration lint bench clean check-deploy rig
 
 setup:            ## venv + pinned deps, tritonserver backend, default model (idempotent)
 	bash scripts/setup.sh all
@@ -40,3 +40,6 @@ bench: setup      ## Triton path vs in-process vLLM, concurrency 1 and 16
 
 clean:
 	rm -rf build .pytest_cache .ruff_cache
+
+rig: setup        ## two-node unit (leader tritonserver + follower) on this machine, supervised
+	$(PY) scripts/rig.py --grpc-port $(GRPC_PORT) --http-port $(HTTP_PORT) --metrics-port $(METRICS_PORT) $(RIG_ARGS)

@@ -1,0 +1,138 @@
+"""The deployment contract: one table of the ports, commands, health paths and environment
+variables that docker/, deploy/kubernetes/ and deploy/ecs/ name, and who reads each.
+
+``tests/unit/test_deploy_consistency.py`` checks every deployment file against this table and
+this table against the code (``rufus/``, ``follower/``, ``proxy/``). Code may import it
+(``from deploy.contract import PORTS``); it has no dependencies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# --- ports -----------------------------------------------------------------------------------
+PORTS: dict[str, int] = {
+    "GRPC_PORT": 8001,           # tritonserver gRPC (leader)      rufus/server.py
+    "HTTP_PORT": 8000,           # tritonserver HTTP (leader)      rufus/server.py
+    "METRICS_PORT": 8002,        # tritonserver /metrics (leader)  rufus/server.py
+    "RUFUS_LEADER_PORT": 29500,  # torch.distributed rendezvous    rufus/topology.py
+    "RUFUS_CONTROL_PORT": 29501,  # leader/follower control channel rufus/topology.py (+1)
+    "RUFUS_HEALTH_PORT": 8081,   # follower /health                rufus/topology.py
+    "RUFUS_AGENT_PORT": 8090,    # unit agent /health, /load       proxy/agent.py
+}
+
+# --- what each role runs (argv after the interpreter) -----------------------------------------
+MODEL = "rufus_llm"
+COMMANDS: dict[str, list[str]] = {
+    "leader": ["python", "-m", "rufus.server"],
+    "follower": ["python", "-m", "follower"],
+    "agent": ["python", "-m", "proxy.agent"],
+}
+# the file that ``python -m <module>`` runs, relative to the repository root
+MODULE_FILES: dict[str, str] = {
+    "rufus.server": "rufus/server.py",
+    "follower": "follower/__main__.py",
+    "proxy.agent": "proxy/agent.py",
+}
+
+
+# --- health endpoints ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Endpoint:
+    role: str
+    port_var: str
+    path: str
+    meaning: str
+
+
+HEALTH: dict[str, Endpoint] = {
+    "leader_live": Endpoint("leader", "HTTP_PORT", "/v2/health/live",
+                            "tritonserver process is up"),
+    "leader_ready": Endpoint("leader", "HTTP_PORT", "/v2/health/ready",
+                             "tritonserver ready (all loaded models ready)"),
+    "model_ready": Endpoint("leader", "HTTP_PORT", f"/v2/models/{MODEL}/ready",
+                            "the multi-node engine serves (unloads itself when it dies)"),
+    "metrics": Endpoint("leader", "METRICS_PORT", "/metrics", "Prometheus metrics"),
+    "follower_health": Endpoint("follower", "RUFUS_HEALTH_PORT", "/health",
+                                "200 JSON {rank, nnodes, leader, state} / 503"),
+    "agent_health": Endpoint("agent", "RUFUS_AGENT_PORT", "/health",
+                             "200 when every node of the unit is healthy, else 503 naming it"),
+    "agent_load": Endpoint("agent", "RUFUS_AGENT_PORT", "/load", "the unit's current load"),
+}
+# Triton's own paths: served by tritonserver itself, not by our code.
+TRITON_PATHS = frozenset({"/v2/health/live", "/v2/health/ready", f"/v2/models/{MODEL}/ready",
+                          "/metrics"})
+
+
+HAPROXY_CONFIG = "proxy/haproxy/haproxy.cfg"
+
+# --- environment variables -------------------------------------------------------------------
+@dataclass(frozen=True)
+class Var:
+    readers: tuple[str, ...]  # files (or directories) whose code reads it
+    meaning: str
+
+
+ENV: dict[str, Var] = {
+    "GRPC_PORT": Var(("rufus/server.py",), "leader gRPC port"),
+    "HTTP_PORT": Var(("rufus/server.py",), "leader HTTP port"),
+    "METRICS_PORT": Var(("rufus/server.py",), "leader metrics port"),
+    "RUFUS_MODELS": Var(("rufus/server.py",), "models tritonserver loads"),
+    "RUFUS_CACHE_DIR": Var(("rufus/config.py",), "root of built models and caches"),
+    "RUFUS_MODEL_DIR": Var(("rufus/config.py",), "the default model's directory"),
+    "RUFUS_LOG_LEVEL": Var(("rufus/triton_backend.py",), "Python logging level in the backend"),
+    "RUFUS_ENGINE_ARGS": Var(("rufus/config.py",), "JSON engine-argument overrides, all models"),
+    "RUFUS_RUFUS_LLM_ENGINE_ARGS": Var(("rufus/config.py",),
+                                       "JSON engine-argument overrides for rufus_llm"),
+    "RUFUS_NNODES": Var(("rufus/topology.py",), "nodes in the unit"),
+    "RUFUS_NODE_RANK": Var(("rufus/topology.py",), "this node's rank (0 = leader)"),
+    "RUFUS_LEADER_ADDR": Var(("rufus/topology.py",), "leader host"),
+    "RUFUS_LEADER_PORT": Var(("rufus/topology.py",), "leader rendezvous port"),
+    "RUFUS_HEALTH_PORT": Var(("rufus/topology.py",), "follower health port"),
+    "RUFUS_CONTROL_PORT": Var(("rufus/topology.py",),
+                              "leader's control port (handshake, heartbeats)"),
+    "RUFUS_UNIT_MODEL": Var(("rufus/unit.py",), "the model whose engine spans the unit"),
+    "RUFUS_HEARTBEAT_S": Var(("rufus/unit.py",), "leader/follower heartbeat period"),
+    "RUFUS_PEER_TIMEOUT_S": Var(("rufus/unit.py",), "peer declared dead after this silence"),
+    "RUFUS_FOLLOWER_WAIT_S": Var(("rufus/unit.py",), "how long a follower waits to join"),
+    "RUFUS_MODEL_JSON": Var(("follower/",), "follower: the model.json it shares with the leader"),
+    "RUFUS_LEADER_WAIT_S": Var(("follower/",), "follower: how long it waits for the leader"),
+    "LWS_GROUP_SIZE": Var(("rufus/topology.py",), "set by LeaderWorkerSet"),
+    "LWS_WORKER_INDEX": Var(("rufus/topology.py",), "set by LeaderWorkerSet"),
+    "LWS_LEADER_ADDRESS": Var(("rufus/topology.py",), "set by LeaderWorkerSet"),
+    "RUFUS_AGENT_PORT": Var(("proxy/",), "unit agent HTTP port"),
+    "RUFUS_LEADER_HTTP": Var(("proxy/",), "unit agent: the leader's Triton HTTP base URL"),
+    "RUFUS_FOLLOWER_HEALTH_URLS": Var(("proxy/",),
+                                      "unit agent: comma-separated follower /health URLs"),
+    **{f"RUFUS_UNIT{i}_{kind}": Var((HAPROXY_CONFIG,),
+                                    f"ingress: unit {i}'s {kind.lower()} address (host:port)")
+       for i in (0, 1) for kind in ("GRPC", "HTTP", "AGENT")},
+    "RUFUS_ROLE": Var(("docker/healthcheck.py",),
+                      "leader|follower|agent: which endpoint the image HEALTHCHECK probes"),
+}
+# Read by third-party code (the environment is their documented interface), not by ours.
+EXTERNAL_ENV: dict[str, str] = {
+    "PATH": "OS",
+    "HOME": "OS",
+    "PYTHONUNBUFFERED": "CPython",
+    "PIP_NO_CACHE_DIR": "pip (build stage only)",
+    "PIP_DISABLE_PIP_VERSION_CHECK": "pip (build stage only)",
+    "PIP_EXTRA_INDEX_URL": "pip (build stage only): PyTorch CPU wheel index",
+    "PYTHON": "scripts/setup.sh: interpreter to build the venv with",
+    "VLLM_CPU_KVCACHE_SPACE": "vLLM (CPU): KV cache GiB",
+    "VLLM_HOST_IP": "vLLM: address this node advertises to the others",
+    "GLOO_SOCKET_IFNAME": "torch.distributed Gloo: network interface",
+    "NCCL_SOCKET_IFNAME": "NCCL: network interface",
+    "TOKENIZERS_PARALLELISM": "Hugging Face tokenizers",
+    "NEURON_RT_VISIBLE_CORES": "Neuron runtime",
+    "NEURON_COMPILED_ARTIFACTS": "vLLM Neuron / NxDI: compiled model location",
+    "FI_PROVIDER": "libfabric (EFA)",
+    "FI_EFA_USE_DEVICE_RDMA": "libfabric (EFA)",
+    "POD_NAME": "Kubernetes downward API, used only inside other env values",
+}
+
+# --- compose rig: service names other files (HAProxy config, scripts) may rely on --------------
+COMPOSE_SERVICES = {"leader": "leader", "follower": "follower", "agent": "agent",
+                    "ingress": "haproxy"}
+# The ingress publishes Triton's ports to clients: gRPC and HTTP.
+INGRESS_PORTS = {"grpc": PORTS["GRPC_PORT"], "http": PORTS["HTTP_PORT"]}

@@ -1,0 +1,218 @@
+"""Render the LeaderWorkerSet manifests for the three accelerator variants from one
+definition (what kustomize overlays would do, without needing kustomize here).
+
+    python deploy/kubernetes/render.py          # rewrite lws-{cpu,cuda,neuron}.yaml
+    python deploy/kubernetes/render.py --check  # exit 1 if a committed file is stale
+
+The committed YAML files are what `kubectl apply -f` takes; tests/unit/
+test_deploy_consistency.py fails when they differ from this script's output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(ROOT))
+from deploy.contract import HEALTH, MODEL, PORTS  # noqa: E402
+
+NAME = "rufus"
+
+VARIANTS: dict[str, dict[str, Any]] = {
+    "cpu": {
+        "image": "rufus-inference:cpu",
+        "python": "python",
+        "resources": {"requests": {"cpu": "2", "memory": "8Gi"},
+                      "limits": {"memory": "12Gi"}},
+        "engine_args": '{"pipeline_parallel_size": 2}',
+        "env": {"VLLM_CPU_KVCACHE_SPACE": "2"},
+        "node_selector": {"kubernetes.io/arch": "amd64"},
+        "tolerations": [],
+        "startup_failures": 120,  # x 10 s: first start compiles with torch.compile
+    },
+    "cuda": {
+        "image": "rufus-inference:cuda",
+        "python": "python3",
+        "resources": {"requests": {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "1"},
+                      "limits": {"memory": "64Gi", "nvidia.com/gpu": "1"}},
+        "engine_args": '{"pipeline_parallel_size": 2}',
+        "env": {"NCCL_SOCKET_IFNAME": "eth0"},
+        "node_selector": {"nvidia.com/gpu.present": "true"},
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "startup_failures": 120,
+    },
+    "neuron": {
+        "image": "rufus-inference:neuron",
+        "python": "python3",
+        # trn1.32xlarge: 16 Trainium chips and 8 EFA interfaces per node
+        "resources": {"requests": {"cpu": "96", "memory": "400Gi",
+                                   "aws.amazon.com/neuron": "16",
+                                   "vpc.amazonaws.com/efa": "8"},
+                      "limits": {"memory": "400Gi", "aws.amazon.com/neuron": "16",
+                                 "vpc.amazonaws.com/efa": "8"}},
+        "engine_args": '{"tensor_parallel_size": 32, "pipeline_parallel_size": 2}',
+        "env": {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1",
+                "NEURON_COMPILED_ARTIFACTS": "/opt/rufus/cache/neuron"},
+        "node_selector": {"node.kubernetes.io/instance-type": "trn1.32xlarge"},
+        "tolerations": [{"key": "aws.amazon.com/neuron", "operator": "Exists",
+                         "effect": "NoSchedule"}],
+        "startup_failures": 360,  # Neuron compilation of a large model takes long
+    },
+}
+
+
+def probe(endpoint: str, period: int, failures: int) -> dict[str, Any]:
+    ep = HEALTH[endpoint]
+    return {"httpGet": {"path": ep.path, "port": PORTS[ep.port_var]},
+            "periodSeconds": period, "timeoutSeconds": 5, "failureThreshold": failures}
+
+
+def env_list(env: dict[str, str]) -> list[dict[str, Any]]:
+    return [{"name": k, "value": v} for k, v in env.items()]
+
+
+def container_ports(*names: str) -> list[dict[str, Any]]:
+    label = {"GRPC_PORT": "grpc", "HTTP_PORT": "http", "METRICS_PORT": "metrics",
+             "RUFUS_LEADER_PORT": "rendezvous", "RUFUS_CONTROL_PORT": "control",
+             "RUFUS_HEALTH_PORT": "health",
+             "RUFUS_AGENT_PORT": "agent"}
+    return [{"name": label[n], "containerPort": PORTS[n], "protocol": "TCP"} for n in names]
+
+
+def manifest(variant: str) -> dict[str, Any]:
+    v = VARIANTS[variant]
+    py = v["python"]
+    security = {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001,
+                "allowPrivilegeEscalation": False}
+    # LWS injects LWS_LEADER_ADDRESS, LWS_GROUP_SIZE and LWS_WORKER_INDEX into every pod;
+    # rufus/topology.py reads them. Only the ports and engine arguments are ours.
+    common_env = {"RUFUS_LEADER_PORT": str(PORTS["RUFUS_LEADER_PORT"]),
+                  "RUFUS_CONTROL_PORT": str(PORTS["RUFUS_CONTROL_PORT"]),
+                  "RUFUS_HEALTH_PORT": str(PORTS["RUFUS_HEALTH_PORT"]),
+                  "RUFUS_MODELS": MODEL,
+                  "RUFUS_RUFUS_LLM_ENGINE_ARGS": v["engine_args"],
+                  **v["env"]}
+    startup = probe("leader_ready", 10, v["startup_failures"])
+    leader = {
+        "name": "leader",
+        "image": v["image"],
+        "command": [py, "-m", "rufus.server"],
+        "env": env_list({"GRPC_PORT": str(PORTS["GRPC_PORT"]),
+                         "HTTP_PORT": str(PORTS["HTTP_PORT"]),
+                         "METRICS_PORT": str(PORTS["METRICS_PORT"]), **common_env}),
+        "ports": container_ports("GRPC_PORT", "HTTP_PORT", "METRICS_PORT", "RUFUS_LEADER_PORT",
+                                 "RUFUS_CONTROL_PORT"),
+        "resources": copy.deepcopy(v["resources"]),
+        "startupProbe": startup,
+        "readinessProbe": probe("model_ready", 5, 2),
+        # the model unloads itself when the multi-node engine dies: restart -> LWS
+        # recreates the whole group (RecreateGroupOnPodRestart)
+        "livenessProbe": probe("model_ready", 10, 3),
+        "securityContext": security,
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+    }
+    agent = {
+        "name": "agent",
+        "image": v["image"],
+        "command": [py, "-m", "proxy.agent"],
+        "env": [
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "RUFUS_AGENT_PORT", "value": str(PORTS["RUFUS_AGENT_PORT"])},
+            {"name": "RUFUS_LEADER_HTTP", "value": f"http://127.0.0.1:{PORTS['HTTP_PORT']}"},
+            # worker pods are <leader pod>-<index> in the LWS headless service <name>
+            {"name": "RUFUS_FOLLOWER_HEALTH_URLS",
+             "value": f"http://$(POD_NAME)-1.{NAME}:{PORTS['RUFUS_HEALTH_PORT']}"
+                      f"{HEALTH['follower_health'].path}"},
+        ],
+        "ports": container_ports("RUFUS_AGENT_PORT"),
+        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"},
+                      "limits": {"memory": "256Mi"}},
+        # the leader pod is Ready (in the Service) only while the whole unit is healthy
+        "readinessProbe": probe("agent_health", 5, 2),
+        "livenessProbe": probe("agent_load", 10, 3),
+        "securityContext": security,
+    }
+    worker = {
+        "name": "follower",
+        "image": v["image"],
+        "command": [py, "-m", "follower"],
+        "env": env_list(common_env),
+        "ports": container_ports("RUFUS_HEALTH_PORT"),
+        "resources": copy.deepcopy(v["resources"]),
+        "startupProbe": probe("follower_health", 10, v["startup_failures"]),
+        "readinessProbe": probe("follower_health", 5, 2),
+        "livenessProbe": probe("follower_health", 10, 3),
+        "securityContext": security,
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+    }
+    volumes = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}}]
+
+    def pod(role: str, containers: list[dict[str, Any]]) -> dict[str, Any]:
+        spec: dict[str, Any] = {"containers": containers, "volumes": copy.deepcopy(volumes),
+                                "terminationGracePeriodSeconds": 40,
+                                "nodeSelector": dict(v["node_selector"])}
+        if v["tolerations"]:
+            spec["tolerations"] = copy.deepcopy(v["tolerations"])
+        return {"metadata": {"labels": {"app.kubernetes.io/name": NAME,
+                                        "app.kubernetes.io/component": role,
+                                        "rufus.dev/variant": variant}},
+                "spec": spec}
+
+    return {
+        "apiVersion": "leaderworkerset.x-k8s.io/v1",
+        "kind": "LeaderWorkerSet",
+        "metadata": {"name": NAME, "labels": {"app.kubernetes.io/name": NAME,
+                                              "rufus.dev/variant": variant}},
+        "spec": {
+            "replicas": 2,  # units ("cells"); a rolling update replaces one at a time
+            "startupPolicy": "LeaderCreated",
+            "rolloutStrategy": {"type": "RollingUpdate",
+                                "rollingUpdateConfiguration": {"maxUnavailable": 0,
+                                                               "maxSurge": 1}},
+            "leaderWorkerTemplate": {
+                "size": 2,
+                "restartPolicy": "RecreateGroupOnPodRestart",
+                "leaderTemplate": pod("leader", [leader, agent]),
+                "workerTemplate": pod("follower", [worker]),
+            },
+        },
+    }
+
+
+def render(variant: str) -> str:
+    head = (f"# LeaderWorkerSet, {variant} variant. GENERATED by deploy/kubernetes/render.py: "
+            "edit that, then run it.\n")
+    return head + yaml.safe_dump(manifest(variant), sort_keys=False, width=100)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--check", action="store_true")
+    a = ap.parse_args()
+    stale = []
+    for variant in VARIANTS:
+        path = HERE / f"lws-{variant}.yaml"
+        text = render(variant)
+        if a.check:
+            if not path.exists() or path.read_text() != text:
+                stale.append(path.name)
+        else:
+            path.write_text(text)
+            print(f"wrote {path.relative_to(ROOT)}")
+    if stale:
+        print(f"stale: {', '.join(stale)}; run python deploy/kubernetes/render.py",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

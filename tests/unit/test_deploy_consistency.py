@@ -1,0 +1,419 @@
+"""Every command, port, environment variable and health path named in docker/ and deploy/
+matches deploy/contract.py, and the contract matches what rufus/, follower/ and proxy/ read
+and serve. Runs without Docker, Kubernetes or AWS (they are not available in CI)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import jsonschema
+import pytest
+import yaml
+
+from deploy import contract as C
+from rufus.config import env_override_name
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = yaml.safe_load((ROOT / "docker/compose.yaml").read_text())
+LWS = {p.stem.removeprefix("lws-"): yaml.safe_load(p.read_text())
+       for p in sorted((ROOT / "deploy/kubernetes").glob("lws-*.yaml"))}
+SERVICE = yaml.safe_load((ROOT / "deploy/kubernetes/service.yaml").read_text())
+ECS = {p.stem.removesuffix("-taskdef"): json.loads(p.read_text())
+       for p in sorted((ROOT / "deploy/ecs").glob("*-taskdef.json"))}
+DOCKERFILE = (ROOT / "docker/Dockerfile").read_text()
+SCHEMAS = ROOT / "deploy/schemas"
+URL = re.compile(r"https?://[^\s\"',]+")
+
+
+def code_text(rel: str) -> str | None:
+    """Source text of a file, or of every file under a directory; None if absent/empty."""
+    p = ROOT / rel
+    if p.is_file():
+        return p.read_text()
+    if p.is_dir():
+        files = [f for f in sorted(p.rglob("*")) if f.is_file() and f.suffix in (".py", ".cfg")
+                 and "__pycache__" not in f.parts]
+        return "\n".join(f.read_text() for f in files) or None
+    return None
+
+
+# ---------------------------------------------------------------- collecting what files name
+def k8s_containers() -> list[tuple[str, str, dict]]:
+    out = []
+    for variant, m in LWS.items():
+        t = m["spec"]["leaderWorkerTemplate"]
+        for role in ("leaderTemplate", "workerTemplate"):
+            out += [(variant, role, c) for c in t[role]["spec"]["containers"]]
+    return out
+
+
+def ecs_containers() -> list[tuple[str, dict]]:
+    return [(fam, c) for fam, td in ECS.items() for c in td["containerDefinitions"]]
+
+
+def compose_services() -> dict[str, dict]:
+    return COMPOSE["services"]
+
+
+def env_names() -> dict[str, set[str]]:
+    names: dict[str, set[str]] = {}
+
+    def add(name: str, where: str) -> None:
+        names.setdefault(name, set()).add(where)
+
+    for svc, s in compose_services().items():
+        for k in s.get("environment", {}):
+            add(k, f"compose:{svc}")
+    for variant, role, c in k8s_containers():
+        for e in c.get("env", []):
+            add(e["name"], f"k8s:{variant}:{role}:{c['name']}")
+    for fam, c in ecs_containers():
+        for e in c.get("environment", []):
+            add(e["name"], f"ecs:{fam}:{c['name']}")
+    for m in re.finditer(r"^(?:ENV|ARG)\s+(.+?)(?<!\\)$", DOCKERFILE, re.M | re.S):
+        for name in re.findall(r"(?:^|\s)([A-Z][A-Z0-9_]*)=", m.group(1)):
+            if not name.endswith(("_IMAGE", "_VERSION")):  # build args naming base/apt pins
+                add(name, "Dockerfile")
+    return names
+
+
+def all_commands() -> list[tuple[str, list[str]]]:
+    cmds = [(f"compose:{n}", s["command"]) for n, s in compose_services().items()
+            if "command" in s and n != "haproxy"]
+    cmds += [(f"k8s:{v}:{c['name']}", c["command"]) for v, _, c in k8s_containers()]
+    cmds += [(f"ecs:{f}:{c['name']}", c["command"]) for f, c in ecs_containers()]
+    for m in re.finditer(r"^FROM .* AS (\w+)$(.*?)(?=^FROM |\Z)", DOCKERFILE, re.M | re.S):
+        cmd = re.search(r"^CMD (\[.*\])$", m.group(2), re.M)
+        if cmd and m.group(1) != "ingress":
+            cmds.append((f"Dockerfile:{m.group(1)}", json.loads(cmd.group(1))))
+    return cmds
+
+
+def unwrap(cmd: list[str]) -> tuple[list[str], list[str]]:
+    """(watched URLs, node command) of a command that may run under docker/unit_guard.py."""
+    if len(cmd) > 1 and cmd[1].endswith("docker/unit_guard.py"):
+        split = cmd.index("--")
+        urls = [a.split("=", 1)[1] for a in cmd[2:split] if a.startswith("--watch=")]
+        return urls, cmd[split + 1:]
+    return [], cmd
+
+
+def endpoint_for(port: int, path: str) -> C.Endpoint | None:
+    for ep in C.HEALTH.values():
+        if ep.path == path and C.PORTS[ep.port_var] == port:
+            return ep
+    return None
+
+
+# ---------------------------------------------------------------- environment variables
+def test_every_env_var_in_deploy_files_is_in_the_contract():
+    unknown = {n: sorted(w) for n, w in env_names().items()
+               if n not in C.ENV and n not in C.EXTERNAL_ENV}
+    assert not unknown, f"env vars not in deploy/contract.py (typo, or add them): {unknown}"
+
+
+@pytest.mark.parametrize("name", sorted(C.ENV))
+def test_contract_env_var_is_read_by_its_reader(name):
+    for reader in C.ENV[name].readers:
+        text = code_text(reader)
+        if text is None:
+            if reader.startswith(("rufus/", "docker/")):
+                pytest.fail(f"{reader} (reader of {name}) does not exist")
+            pytest.skip(f"{reader} not written yet: {name} unchecked against code")
+        if name == env_override_name(C.MODEL):  # built from the model name at run time
+            assert "env_override_name" in text and "_ENGINE_ARGS" in text
+        else:
+            assert name in text, f"{reader} does not read {name}"
+
+
+def test_code_env_vars_are_all_in_the_contract():
+    """The reverse: a RUFUS_*/LWS_* variable the code reads must be in the table."""
+    found: dict[str, str] = {}
+    for pkg in ("rufus", "follower", "proxy"):
+        for f in (ROOT / pkg).rglob("*.py"):
+            for name in re.findall(r"[\"']((?:RUFUS|LWS)_[A-Z0-9_]+)[\"']", f.read_text()):
+                found.setdefault(name, str(f.relative_to(ROOT)))
+    missing = {n: f for n, f in found.items() if n not in C.ENV}
+    assert not missing, f"read by code but missing from deploy/contract.py ENV: {missing}"
+
+
+def test_contract_ports_match_code_defaults():
+    from rufus import server, topology
+
+    assert topology.DEFAULT_LEADER_PORT == C.PORTS["RUFUS_LEADER_PORT"]
+    assert topology.DEFAULT_HEALTH_PORT == C.PORTS["RUFUS_HEALTH_PORT"]
+    topo = topology.topology_from_env({})
+    assert getattr(topo, "leader_control_port", C.PORTS["RUFUS_CONTROL_PORT"]) == C.PORTS[
+        "RUFUS_CONTROL_PORT"]
+    srv = server.TritonServer()
+    assert (srv.grpc_port, srv.http_port, srv.metrics_port) == (
+        C.PORTS["GRPC_PORT"], C.PORTS["HTTP_PORT"], C.PORTS["METRICS_PORT"])
+    makefile = (ROOT / "Makefile").read_text()
+    for var in ("GRPC_PORT", "HTTP_PORT", "METRICS_PORT"):
+        assert re.search(rf"{var} \?= {C.PORTS[var]}\b", makefile), var
+
+
+# ---------------------------------------------------------------- ports and values
+@pytest.mark.parametrize("name", ["GRPC_PORT", "HTTP_PORT", "METRICS_PORT", "RUFUS_LEADER_PORT",
+                                  "RUFUS_CONTROL_PORT",
+                                  "RUFUS_HEALTH_PORT", "RUFUS_AGENT_PORT", "RUFUS_NODE_RANK",
+                                  "RUFUS_NNODES", "RUFUS_MODELS"])
+def test_env_values_agree_with_contract(name):
+    want = {**{k: str(v) for k, v in C.PORTS.items()}, "RUFUS_NNODES": "2",
+            "RUFUS_MODELS": C.MODEL}
+    seen = []
+    for svc, s in compose_services().items():
+        if name in s.get("environment", {}):
+            seen.append((f"compose:{svc}", str(s["environment"][name])))
+    for v, _role, c in k8s_containers():
+        seen += [(f"k8s:{v}:{c['name']}", e["value"]) for e in c.get("env", [])
+                 if e["name"] == name]
+    for f, c in ecs_containers():
+        seen += [(f"ecs:{f}:{c['name']}", e["value"]) for e in c.get("environment", [])
+                 if e["name"] == name]
+    for where, value in seen:
+        if name == "RUFUS_NODE_RANK":
+            role = "leader" if ("leader" in where) else "follower"
+            assert value == ("0" if role == "leader" else "1"), where
+        else:
+            assert value == want[name], f"{where}: {name}={value}, contract says {want[name]}"
+
+
+def test_every_url_in_commands_is_a_contract_endpoint():
+    urls = [(w, u) for w, cmd in all_commands() for u in unwrap(cmd)[0]]
+    for svc, s in compose_services().items():
+        urls += [(f"compose:{svc}", u) for u in URL.findall(json.dumps(s.get("environment", {})))]
+    for f, c in ecs_containers():
+        urls += [(f"ecs:{f}", u) for u in URL.findall(json.dumps(c.get("environment", [])))]
+    for v, _, c in k8s_containers():
+        urls += [(f"k8s:{v}", u) for u in URL.findall(json.dumps(c.get("env", [])))]
+    assert urls
+    for where, u in urls:
+        parts = urlsplit(u.replace("$(POD_NAME)", "pod"))
+        if parts.path in ("", "/"):  # a base URL: must be the leader's Triton HTTP port
+            assert parts.port == C.PORTS["HTTP_PORT"], f"{where}: {u}"
+        else:
+            assert endpoint_for(parts.port, parts.path), f"{where}: {u} is no contract endpoint"
+
+
+def test_k8s_probes_hit_contract_endpoints_and_declared_ports():
+    for v, _role, c in k8s_containers():
+        declared = {p["containerPort"] for p in c.get("ports", [])}
+        for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+            if kind not in c:
+                continue
+            g = c[kind]["httpGet"]
+            assert endpoint_for(g["port"], g["path"]), f"{v}/{c['name']} {kind}: {g}"
+            assert g["port"] in declared, f"{v}/{c['name']} {kind} port not declared"
+
+
+def test_service_targets_leader_ports():
+    leader_ports = {p["name"]: p["containerPort"] for _, role, c in k8s_containers()
+                    if role == "leaderTemplate" for p in c.get("ports", [])}
+    for p in SERVICE["spec"]["ports"]:
+        assert p["targetPort"] in leader_ports, p
+        assert p["port"] == leader_ports[p["targetPort"]], p
+    sel = SERVICE["spec"]["selector"]
+    assert sel["leaderworkerset.sigs.k8s.io/worker-index"] == "0"
+    assert sel["leaderworkerset.sigs.k8s.io/name"] in {m["metadata"]["name"] for m in LWS.values()}
+    assert SERVICE["metadata"]["name"] not in {m["metadata"]["name"] for m in LWS.values()}, \
+        "LWS creates a headless Service with its own name"
+
+
+def test_compose_ports_and_ingress():
+    s = compose_services()
+    assert set(C.COMPOSE_SERVICES.values()) <= set(s)
+    published = {int(p.split(":")[-1]) for p in s["haproxy"]["ports"]}
+    assert published == set(C.INGRESS_PORTS.values())
+    assert f"../{C.HAPROXY_CONFIG}:/etc/haproxy/haproxy.cfg:ro" in s["haproxy"]["volumes"]
+    for name in ("leader", "follower", "agent", "leader-b", "follower-b", "agent-b"):
+        exposed = {int(p) for p in s[name].get("expose", [])}
+        role = name.split("-")[0]
+        wanted = {"leader": {"GRPC_PORT", "HTTP_PORT", "METRICS_PORT", "RUFUS_LEADER_PORT",
+                             "RUFUS_CONTROL_PORT"},
+                  "follower": {"RUFUS_HEALTH_PORT"}, "agent": {"RUFUS_AGENT_PORT"}}[role]
+        assert exposed == {C.PORTS[w] for w in wanted}, name
+
+
+def test_haproxy_config_uses_what_compose_provides():
+    cfg = ROOT / C.HAPROXY_CONFIG
+    if not cfg.exists():
+        pytest.skip(f"{C.HAPROXY_CONFIG} not written yet")
+    text = cfg.read_text()
+    provided = set(compose_services()["haproxy"].get("environment", {}))
+    used = set(re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", text))
+    assert used <= provided, f"haproxy.cfg uses env vars compose does not set: {used - provided}"
+    binds = {int(m) for m in re.findall(r"^\s*bind\s+\S*:(\d+)", text, re.M)}
+    if binds:
+        assert set(C.INGRESS_PORTS.values()) & binds, f"haproxy binds {binds}"
+
+
+# ---------------------------------------------------------------- commands and health paths
+def test_commands_run_contract_entrypoints():
+    allowed = [cmd[1:] for cmd in C.COMMANDS.values()]
+    for where, cmd in all_commands():
+        urls, node = unwrap(cmd)
+        assert node[0] in ("python", "python3"), where
+        assert node[1:3] in allowed, f"{where}: {node}"
+        if urls:
+            assert cmd[0] in ("python", "python3") and (ROOT / "docker/unit_guard.py").exists()
+
+
+@pytest.mark.parametrize("module", sorted(C.MODULE_FILES))
+def test_entrypoint_modules_exist(module):
+    rel = C.MODULE_FILES[module]
+    if not (ROOT / rel).exists():
+        if rel.startswith("rufus/"):
+            pytest.fail(f"{rel} missing")
+        pytest.skip(f"{rel} not written yet (python -m {module} unchecked)")
+    assert "__main__" in (ROOT / rel).read_text()
+
+
+@pytest.mark.parametrize("key", sorted(C.HEALTH))
+def test_health_paths_are_served(key):
+    ep = C.HEALTH[key]
+    if ep.path in C.TRITON_PATHS:  # tritonserver's own; our launcher polls the same ones
+        text = (ROOT / "rufus/server.py").read_text()
+        if ep.path.startswith("/v2/models/"):
+            assert '"/v2/models/{model}/ready"' in text
+        elif ep.path == "/v2/health/ready":
+            assert f'"{ep.path}"' in text
+        elif ep.path == "/metrics":
+            assert "--allow-metrics=true" in text and "--metrics-port" in text
+        return
+    pkg = {"follower": "follower/", "agent": "proxy/"}[ep.role]
+    text = code_text(pkg)
+    if text is None:
+        pytest.skip(f"{pkg} not written yet: {ep.path} unchecked against code")
+    assert f'"{ep.path}"' in text or f"'{ep.path}'" in text, f"{pkg} does not serve {ep.path}"
+
+
+def test_healthcheck_script_matches_contract():
+    sys.path.insert(0, str(ROOT / "docker"))
+    import healthcheck
+
+    assert healthcheck.url_for("leader", {}) == "http://127.0.0.1:8000/v2/health/ready"
+    assert healthcheck.url_for("follower", {}) == "http://127.0.0.1:8081/health"
+    assert healthcheck.url_for("agent", {"RUFUS_AGENT_PORT": "9"}) == "http://127.0.0.1:9/health"
+    for name, s in compose_services().items():
+        if name != "haproxy" and "healthcheck" in s:
+            assert s["healthcheck"]["test"][-1] == "/opt/rufus/docker/healthcheck.py"
+            assert s["environment"]["RUFUS_ROLE"] in healthcheck.PROBE
+    for f, c in ecs_containers():
+        assert c["healthCheck"]["command"][-1] == "/opt/rufus/docker/healthcheck.py", f
+        roles = {e["value"] for e in c["environment"] if e["name"] == "RUFUS_ROLE"}
+        assert roles and roles <= set(healthcheck.PROBE), f
+
+
+# ---------------------------------------------------------------- structure of each path
+def test_lws_groups():
+    assert set(LWS) == {"cpu", "cuda", "neuron"}
+    for v, m in LWS.items():
+        t = m["spec"]["leaderWorkerTemplate"]
+        assert t["size"] == 2 and t["restartPolicy"] == "RecreateGroupOnPodRestart", v
+        leader = t["leaderTemplate"]["spec"]["containers"][0]
+        worker = t["workerTemplate"]["spec"]["containers"][0]
+        assert leader["command"][1:] == C.COMMANDS["leader"][1:]
+        assert worker["command"][1:] == C.COMMANDS["follower"][1:]
+        for c in (leader, worker):
+            assert {"startupProbe", "readinessProbe", "livenessProbe"} <= set(c), (v, c["name"])
+        accel = {"cpu": None, "cuda": "nvidia.com/gpu", "neuron": "aws.amazon.com/neuron"}[v]
+        for c in (leader, worker):
+            if accel:
+                assert accel in c["resources"]["limits"], (v, c["name"])
+            assert "cpu" in c["resources"]["requests"]
+    out = subprocess.run([sys.executable, str(ROOT / "deploy/kubernetes/render.py"), "--check"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+
+
+def test_ecs_leader_and_follower():
+    assert set(ECS) == {"leader", "follower"}
+    leader = {c["name"]: c for c in ECS["leader"]["containerDefinitions"]}
+    follower = {c["name"]: c for c in ECS["follower"]["containerDefinitions"]}
+    assert unwrap(leader["leader"]["command"])[1][1:] == C.COMMANDS["leader"][1:]
+    assert unwrap(follower["follower"]["command"])[1][1:] == C.COMMANDS["follower"][1:]
+    assert leader["agent"]["command"][1:] == C.COMMANDS["agent"][1:]
+    ports = {p["containerPort"] for c in leader.values() for p in c["portMappings"]}
+    assert ports == {C.PORTS[k] for k in ("GRPC_PORT", "HTTP_PORT", "METRICS_PORT",
+                                          "RUFUS_LEADER_PORT", "RUFUS_CONTROL_PORT",
+                                          "RUFUS_AGENT_PORT")}
+    assert {p["containerPort"] for p in follower["follower"]["portMappings"]} == {
+        C.PORTS["RUFUS_HEALTH_PORT"]}
+    for td in ECS.values():  # same image on every node of a unit
+        assert len({c["image"] for c in td["containerDefinitions"]}) == 1
+    assert leader["leader"]["image"] == follower["follower"]["image"]
+
+
+def test_dockerfile_targets_pins_user_and_context():
+    stages = re.findall(r"^FROM\s+(\S+)\s+AS\s+(\S+)$", DOCKERFILE, re.M)
+    names = [s for _, s in stages]
+    assert {"cpu", "cuda", "neuron"} <= set(names) and names[-1] == "cpu", "cpu is the default"
+    args = dict(re.findall(r"^ARG\s+(\w+)=(\S+)$", DOCKERFILE, re.M))
+    for image, _ in stages:
+        ref = args[image[2:-1]] if image.startswith("${") else image
+        if ref in names:
+            continue
+        tag = ref.rsplit("/", 1)[-1]
+        assert ":" in tag and not tag.endswith(":latest"), f"base image not pinned: {ref}"
+    for m in re.finditer(r"^FROM .* AS (\w+)$(.*?)(?=^FROM |\Z)", DOCKERFILE, re.M | re.S):
+        name, body = m.groups()
+        if name.endswith("-build"):
+            continue
+        assert re.search(r"^USER (?!root|0\b)\S+", body, re.M), f"{name}: no non-root USER"
+        assert "HEALTHCHECK" in body, f"{name}: no HEALTHCHECK"
+    # every COPY source exists and is let through by .dockerignore
+    allowed = [ln[1:].rstrip("/") for ln in (ROOT / ".dockerignore").read_text().splitlines()
+               if ln.startswith("!")]
+    for line in re.findall(r"^COPY (?!--from)(?:--\S+ )*(.+)$", DOCKERFILE, re.M):
+        for src in line.split()[:-1]:
+            assert (ROOT / src).exists() or src.rstrip("/") in ("follower", "proxy"), src
+            assert any(src.rstrip("/") == a or src.startswith(a + "/") for a in allowed), src
+    assert "secret" not in DOCKERFILE.lower().replace("no secrets", "")
+
+
+def test_compose_restarts_the_unit_as_a_whole():
+    s = compose_services()
+    for cell in ("", "-b"):
+        leader, follower = s[f"leader{cell}"], s[f"follower{cell}"]
+        assert leader["restart"] == follower["restart"] == "always"
+        dep = follower["depends_on"][f"leader{cell}"]
+        assert dep == {"condition": "service_started", "restart": True}
+        lw, _ = unwrap(leader["command"])
+        fw, _ = unwrap(follower["command"])
+        assert any(f"follower{cell}:" in u for u in lw), "leader must watch its follower"
+        assert any(f"leader{cell}:" in u for u in fw), "follower must watch its leader"
+        assert leader["environment"]["RUFUS_LEADER_ADDR"] == f"leader{cell}"
+        assert follower["environment"]["RUFUS_LEADER_ADDR"] == f"leader{cell}"
+    assert s["haproxy"]["depends_on"]["agent"]["condition"] == "service_healthy"
+
+
+# ---------------------------------------------------------------- the schemas are strict
+def test_vendored_schemas_reject_mistakes():
+    lws_schema = json.loads((SCHEMAS / "leaderworkerset-v1.json").read_text())
+    good = LWS["cpu"]
+    jsonschema.validate(good, lws_schema)
+    bad = copy.deepcopy(good)
+    bad["spec"]["leaderWorkerTemplate"]["restartPolicy"] = "RecreateGroup"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, lws_schema)
+    bad = copy.deepcopy(good)
+    bad["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]["comand"] = []
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, lws_schema)
+    compose_schema = json.loads((SCHEMAS / "compose-spec.json").read_text())
+    bad = copy.deepcopy(COMPOSE)
+    bad["services"]["leader"]["healthcheck"]["intervall"] = "1s"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, compose_schema)
+    ecs_schema = json.loads((SCHEMAS / "ecs-task-definition.json").read_text())
+    bad = copy.deepcopy(ECS["leader"])
+    bad["networkMode"] = "overlay"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, ecs_schema)
