@@ -99,6 +99,24 @@ class TritonMetrics(Metrics):
     def set_outstanding(self, n: int) -> None:
         self.outstanding.set(n)
 
+    def close(self) -> None:
+        """Drop metrics, then families, while the stub's shared memory still exists.
+
+        Left to interpreter shutdown, MetricFamily destructors touch freed shared memory and
+        the stub segfaults on exit (seen with Triton 2.51)."""
+        self.set_outstanding = lambda n: None  # type: ignore[method-assign]
+        self.set_scheduler = lambda *a: None  # type: ignore[method-assign]
+        self.set_engine_requests = lambda n: None  # type: ignore[method-assign]
+        for name in ("ttft", "itl", "latency", "prompt_tokens", "gen_tokens", "outstanding",
+                     "running", "waiting", "kv", "engine_reqs"):
+            setattr(self, name, None)
+        self._request_metrics.clear()
+        self._requests = None
+        self._families.clear()
+        import gc
+
+        gc.collect()
+
     def set_engine_requests(self, n: int) -> None:
         self.engine_reqs.set(n)
 

@@ -33,6 +33,17 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def die_with_parent() -> None:
+    """preexec_fn: the child gets SIGTERM when the process that started it dies, so a
+    killed test run or benchmark never leaves a tritonserver (and its engines) behind."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
 def triton_env() -> dict[str, str]:
     if not ENV_FILE.exists():
         raise SystemExit(f"{ENV_FILE} missing: run `make setup` (scripts/setup.sh) first")
@@ -89,6 +100,7 @@ class TritonServer:
         self.proc = subprocess.Popen(
             self.command(), env=self.environment(), stdout=out or None,
             stderr=subprocess.STDOUT if out else None, start_new_session=True,
+            preexec_fn=die_with_parent,
         )
         return self
 

@@ -147,7 +147,14 @@ class EngineModel:
         self.ready()
 
     def setup(self) -> None:
-        """Hook: adjust ``self.host.engine_args`` before the engine starts."""
+        """Hook: adjust ``self.host.engine_args`` before the engine starts.
+
+        The base makes the unit's model (``RUFUS_UNIT_MODEL``) the leader of a multi-node
+        unit when RUFUS_NNODES > 1 (rufus/unit.py); overrides should call ``super().setup()``.
+        """
+        from rufus.unit import attach_leader
+
+        self.unit = attach_leader(self.name, self.host)
 
     def ready(self) -> None:
         """Hook: the engine is up (e.g. warm-up, loading side artifacts)."""
@@ -172,9 +179,11 @@ class EngineModel:
 
     def finalize(self) -> None:
         log.info("%s: finalizing (outstanding=%d)", self.name, self.host.outstanding)
-        self.host.shutdown()
+        self.host.shutdown(timeout=15)
         self._responses.put(None)
         self._sender.join(10)
+        self.metrics.close()
+        log.info("%s: finalized", self.name)
 
     # --------------------------------------------------------------- requests
     def _send_loop(self) -> None:

@@ -281,6 +281,12 @@ def test_engine_death_fails_fast_then_reload_recovers(llm_server, url):
     with pytest.raises(RequestFailed):
         run(url, stream=False, sampling={"max_tokens": 4})
     admin = grpcclient.InferenceServerClient(url)
+
+    def unloaded() -> bool:
+        index = admin.get_model_repository_index(as_json=True).get("models", [])
+        return any(m["name"] == MODEL and m.get("state") == "UNAVAILABLE" for m in index)
+
+    assert wait_for(unloaded, timeout=60), "old instance never finished unloading"
     admin.load_model(MODEL)
     assert wait_for(lambda: llm_server.is_ready(MODEL), timeout=600)
     assert text(run(url, stream=False, sampling={"max_tokens": 4, "temperature": 0}))
