@@ -108,7 +108,7 @@ class _Lines:
             self.sock.settimeout(left)
             try:
                 chunk = self.sock.recv(65536)
-            except socket.timeout as exc:
+            except TimeoutError as exc:
                 raise TimeoutError(f"peer silent for {timeout:.1f} s") from exc
             if not chunk:
                 raise ConnectionError("connection closed by peer")
@@ -192,7 +192,7 @@ class LeaderControl:
                   "restarted as a whole", reason)
         try:
             self.on_fail(reason)
-        except Exception:  # noqa: BLE001 - must still drop the followers
+        except Exception:
             log.exception("unit leader: on_fail callback failed")
         for sock, stop in members:
             stop.set()
@@ -221,7 +221,7 @@ class LeaderControl:
         while not self._closed.is_set():
             try:
                 conn, addr = self._srv.accept()
-            except socket.timeout:
+            except TimeoutError:
                 continue
             except OSError:
                 return
@@ -368,9 +368,52 @@ def kill_vllm_children(pid: int | None = None) -> list[int]:
         return killed
     for p in kids:
         try:
-            if p.name().startswith("VLLM::") or "vllm" in " ".join(p.cmdline()[:3]).lower():
+            if p.name().startswith("VLLM::"):
                 os.kill(p.pid, signal.SIGKILL)
                 killed.append(p.pid)
         except (psutil.Error, ProcessLookupError):
             continue
     return killed
+
+
+# ----------------------------------------------------------------------- leader attach
+def unit_model_name(env: dict[str, str] | None = None) -> str:
+    """The one model per tritonserver whose engine spans the unit (others stay local)."""
+    return (env if env is not None else os.environ).get("RUFUS_UNIT_MODEL", "rufus_llm")
+
+
+def attach_leader(model_name: str, host: Any, topo: Topology | None = None) -> LeaderControl | None:
+    """Leader side of the unit for a Triton model, called before its engine starts.
+
+    Rewrites ``host.engine_args`` for this node (:func:`rufus.topology.apply_topology`) and
+    opens the control channel. On a broken unit it kills the engine core (in-flight
+    requests end with UNAVAILABLE through vLLM's dead-engine path) and marks the host dead
+    (the model unloads itself -> not ready). Returns None when the model is single-node.
+    """
+    from rufus.topology import apply_topology, topology_from_env
+
+    topo = topo or topology_from_env()
+    if not topo.multi_node or model_name != unit_model_name():
+        return None
+    if not topo.is_leader:
+        raise UnitError(f"{model_name}: tritonserver runs only on the leader (rank 0), this "
+                        f"node has RUFUS_NODE_RANK={topo.node_rank}; start `python -m follower`")
+    host.engine_args = apply_topology(host.engine_args, topo)
+
+    def on_fail(reason: str) -> None:
+        started = host.engine is not None
+        killed = kill_vllm_children()
+        log.error("%s: killed vLLM processes %s (%s)", model_name, killed,
+                  "in-flight requests end with UNAVAILABLE" if started
+                  else "engine start fails, model load fails")
+        if started:
+            host.mark_dead(UnitError(f"multi-node unit broken: {reason}"))
+
+    join_timeout = float(os.environ.get("RUFUS_FOLLOWER_WAIT_S", "600"))
+    control = LeaderControl(topo, fingerprint(host.engine_args), on_fail,
+                            join_timeout=join_timeout).start()
+    log.info("%s: leader of a %d-node unit: %s", model_name, topo.nnodes,
+             {k: host.engine_args.get(k) for k in ("nnodes", "node_rank", "master_addr",
+                                                    "master_port", "pipeline_parallel_size",
+                                                    "tensor_parallel_size")})
+    return control
