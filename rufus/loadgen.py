@@ -110,21 +110,23 @@ async def closed_loop(stream: Stream, prompts: list[str], concurrency: int, requ
     return out
 
 
-def triton_stream(url: str, model: str) -> Stream:
+def triton_stream(url: str, model: str, chat: bool = True) -> Stream:
+    """Through Triton. ``chat``: send ``messages`` (rendered server-side); otherwise send
+    the prompt as ``text_input`` unchanged (any official-vLLM-backend model accepts it)."""
     from rufus.client import agenerate
 
     async def stream(prompt: str, max_tokens: int) -> AsyncIterator[tuple[int, float]]:
         sampling = {"max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True}
-        messages = [{"role": "user", "content": prompt}]
-        async for chunk in agenerate(url, model, messages=messages, stream=True,
-                                     sampling=sampling,
-                                     flags={"return_num_output_tokens": True}):
+        kw: dict[str, Any] = (
+            {"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt})
+        async for chunk in agenerate(url, model, stream=True, sampling=sampling,
+                                     flags={"return_num_output_tokens": True}, **kw):
             yield int(chunk.outputs["num_output_tokens"][0]), chunk.t
 
     return stream
 
 
-def vllm_stream(engine: Any, tokenizer: Any) -> Stream:
+def vllm_stream(engine: Any, tokenizer: Any, chat: bool = True) -> Stream:
     """vLLM's AsyncLLM in this process: the baseline without Triton."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
@@ -133,13 +135,21 @@ def vllm_stream(engine: Any, tokenizer: Any) -> Stream:
 
     async def stream(prompt: str, max_tokens: int) -> AsyncIterator[tuple[int, float]]:
         text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
-                                             add_generation_prompt=True, tokenize=False)
+                                             add_generation_prompt=True, tokenize=False
+                                             ) if chat else prompt
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True,
                                 output_kind=RequestOutputKind.DELTA)
         async for out in engine.generate(text, params, f"bench-{next(ids)}"):
             yield sum(len(c.token_ids) for c in out.outputs), time.monotonic()
 
     return stream
+
+
+def render_chat(tokenizer: Any, prompts: list[str]) -> list[str]:
+    """Chat-template the prompts once, so every target receives the identical text."""
+    return [tokenizer.apply_chat_template([{"role": "user", "content": p}],
+                                          add_generation_prompt=True, tokenize=False)
+            for p in prompts]
 
 
 async def run_workload(stream: Stream, concurrency: int, requests: int | None = None,
