@@ -115,8 +115,21 @@ class TritonServer:
         except (urllib.error.URLError, OSError):
             return False
 
+    def load_failures(self) -> dict[str, str]:
+        """Models Triton gave up on (state UNAVAILABLE with a reason), from the index."""
+        req = urllib.request.Request(self.url("/v2/repository/index"), data=b"{}", method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=2) as r:
+                index = json.loads(r.read())
+        except (urllib.error.URLError, OSError, ValueError):
+            return {}
+        return {m["name"]: m.get("reason", "") for m in index
+                if m.get("name") in self.models and m.get("state") == "UNAVAILABLE"
+                and m.get("reason")}
+
     def wait_ready(self, timeout: float = 900.0, progress: bool = True) -> float:
-        """Block until every model is ready; fail early if the process exits."""
+        """Block until every model is ready; fail early if the process exits or a model
+        fails to load (explicit mode keeps the server up with the model unavailable)."""
         t0 = time.monotonic()
         last = 0.0
         while time.monotonic() - t0 < timeout:
@@ -125,6 +138,9 @@ class TritonServer:
                                    f"before ready (log: {self.log_path})")
             if all(self.is_ready(m) for m in self.models) and self.is_ready():
                 return time.monotonic() - t0
+            failed = self.load_failures()
+            if failed:
+                raise RuntimeError(f"model(s) failed to load: {failed} (log: {self.log_path})")
             if progress and time.monotonic() - last > 15:
                 last = time.monotonic()
                 print(f"[rufus.server] waiting for {self.models} "

@@ -13,8 +13,9 @@ rounds and the median of per-round ratios. Also measures tritonserver's time to 
     python scripts/bench.py --official /path/to/vllm_backend/src   # three-way
 
 --official takes the `src/` folder of a checkout of triton-inference-server/vllm_backend
-(not shipped here); its model.py runs unchanged except for the two stub workarounds every
-model here needs (sys.path from PYTHONPATH, UTF-8 locale), prepended at run time.
+(not shipped here); its model.py runs unchanged except for what is prepended at run time:
+the two stub workarounds every model here needs (sys.path from PYTHONPATH, UTF-8 locale)
+and scripts/official_backend_shim.py (three names that moved in vLLM 0.32).
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ def build_repository(engine_args: dict, official_src: Path | None) -> Path:
         dest = repo / OFFICIAL / "1"
         shutil.copytree(official_src, dest)
         model_py = dest / "model.py"
-        model_py.write_text(STUB_PRELUDE + model_py.read_text())
+        shim = (ROOT / "scripts" / "official_backend_shim.py").read_text()
+        model_py.write_text(STUB_PRELUDE + shim + model_py.read_text())
         (dest / "model.json").write_text(json.dumps(engine_args))
         (repo / OFFICIAL / "config.pbtxt").write_text(
             f'name: "{OFFICIAL}"\nbackend: "python"\n'
@@ -153,6 +155,9 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--log-dir", default=os.environ.get("RUFUS_BENCH_LOGS", tempfile.gettempdir()))
     args = ap.parse_args()
+    # The same CPU KV-cache size for the in-process engine as rufus.server gives Triton's
+    # (without it vLLM-CPU sizes the cache from gpu_memory_utilization x total RAM).
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
 
     extra_env = {"RUFUS_RUFUS_LLM_ENGINE_ARGS": args.engine_args,
                  "RUFUS_MAX_OUTSTANDING_REQUESTS": "0"}
