@@ -99,8 +99,9 @@ def topology_from_env(env: Mapping[str, str] | None = None) -> Topology:
     return Topology(nnodes, rank, leader, port, health, control)
 
 
-# Engine arguments that say where this node sits; everything else must match across nodes.
-NODE_KEYS = ("node_rank",)
+# Engine arguments that may differ between the nodes of one unit (the leader may know its
+# own address by another name than its followers do); everything else must match.
+NODE_KEYS = ("node_rank", "master_addr")
 
 
 def apply_topology(engine_args: dict[str, Any], topo: Topology) -> dict[str, Any]:

@@ -1,0 +1,175 @@
+"""One follower node: topology -> same engine config as the leader -> vLLM headless worker.
+
+Lifecycle (each step logged, ``/health`` reports the state):
+
+1. topology from the environment (``rufus.topology``; ours or LeaderWorkerSet's);
+2. engine args from the leader's ``model.json`` (``RUFUS_MODEL_JSON``, same env overrides)
+   through the same ``apply_topology`` the leader uses;
+3. dial the leader's control port with a bounded, logged retry (``RUFUS_LEADER_WAIT_S``);
+   the leader compares config fingerprints and rejects a mismatch before any vLLM work;
+4. vLLM's headless path (``create_engine_config(headless=True)`` + ``MultiprocExecutor``,
+   exactly what ``vllm serve --headless`` does for ``node_rank_within_dp > 0``): the worker
+   joins torch.distributed (Gloo on CPU), receives the leader's broadcast inputs and runs its
+   pipeline stage in lockstep;
+5. exit non-zero when the leader goes away or a local worker dies: the unit is restarted
+   whole by its supervisor, never patched up.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from follower.health import HealthState, serve_health
+from rufus.config import ConfigError, load_engine_config
+from rufus.topology import Topology, TopologyError, apply_topology, topology_from_env
+from rufus.unit import (
+    FollowerControl,
+    LeaderUnreachable,
+    Rejected,
+    fingerprint,
+    kill_vllm_children,
+    unit_model_name,
+)
+
+log = logging.getLogger("follower")
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_MODEL_JSON = ROOT / "model_repository" / "rufus_llm" / "1" / "model.json"
+
+# Exit codes an operator (or the rig) can act on.
+EXIT_OK = 0
+EXIT_CONFIG = 2          # bad topology/model.json, or the leader rejected our config
+EXIT_NO_LEADER = 3       # leader not reachable within RUFUS_LEADER_WAIT_S
+EXIT_LEADER_LOST = 4     # leader went away after we joined
+EXIT_WORKER_DIED = 5     # a local vLLM worker process died
+EXIT_JOIN_FAILED = 6     # vLLM raised while joining the unit
+
+
+def engine_args_for(topo: Topology, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """This follower's engine args: the leader's model.json + overrides + topology."""
+    env = dict(os.environ if env is None else env)
+    path = Path(env.get("RUFUS_MODEL_JSON", str(DEFAULT_MODEL_JSON)))
+    cfg = load_engine_config(path, unit_model_name(env), env)
+    return apply_topology(cfg.engine_args, topo)
+
+
+def _die(code: int, health: HealthState | None, why: str) -> None:
+    """Leave now, taking our vLLM workers with us (no orphans), from any thread."""
+    log.error("%s; exiting with %d so the unit is restarted as a whole", why, code)
+    if health is not None:
+        health.set("failed", why)
+    killed = kill_vllm_children()
+    if killed:
+        log.info("killed local vLLM workers %s", killed)
+    logging.shutdown()
+    os._exit(code)
+
+
+def build_executor(engine_args: dict[str, Any]) -> Any:
+    """vLLM's headless multi-node worker, as in vllm/entrypoints/cli/serve.py run_headless.
+
+    Platform-neutral: vLLM's platform plugin picks the worker class (CPU here, CUDA on GPU
+    hosts, Neuron via the vllm-neuron plugin on Trainium; the last is untested).
+    """
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.usage.usage_lib import UsageContext
+    from vllm.v1.executor.multiproc_executor import MultiprocExecutor
+
+    vllm_config = AsyncEngineArgs(**engine_args).create_engine_config(
+        usage_context=UsageContext.OPENAI_API_SERVER, headless=True)
+    if vllm_config.parallel_config.node_rank_within_dp <= 0:
+        raise TopologyError("this node resolved to the leader's rank within its DP group; "
+                            "a follower needs RUFUS_NODE_RANK >= 1")
+    return MultiprocExecutor(vllm_config, monitor_workers=False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=os.environ.get("RUFUS_LOG_LEVEL", "INFO"),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    try:
+        topo = topology_from_env()
+        if not topo.multi_node or topo.is_leader:
+            raise TopologyError(
+                f"a follower needs RUFUS_NNODES > 1 and RUFUS_NODE_RANK >= 1 (got nnodes="
+                f"{topo.nnodes}, rank={topo.node_rank}); rank 0 is the tritonserver leader")
+        args = engine_args_for(topo)
+    except (TopologyError, ConfigError) as exc:
+        log.error("follower configuration error: %s", exc)
+        return EXIT_CONFIG
+    log.info("follower rank %d of %d; leader %s (rendezvous %d, control %d); engine args %s",
+             topo.node_rank, topo.nnodes, topo.leader_addr, topo.leader_port,
+             topo.leader_control_port, args)
+
+    health = HealthState(topo)
+    try:
+        serve_health(health, topo.health_port)
+    except OSError as exc:
+        log.error("cannot serve /health on port %d: %s (set RUFUS_HEALTH_PORT)",
+                  topo.health_port, exc)
+        return EXIT_CONFIG
+
+    stopping = threading.Event()
+
+    def on_term(signum: int, _frame: Any) -> None:
+        if not stopping.is_set():
+            stopping.set()
+            health.set("stopping", f"signal {signum}")
+            raise SystemExit(EXIT_OK)
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+
+    control = FollowerControl(topo, fingerprint(args))
+    health.set("waiting_for_leader", f"dialling {control.address}")
+    wait_s = float(os.environ.get("RUFUS_LEADER_WAIT_S", "300"))
+    try:
+        control.connect(wait_s)
+    except Rejected as exc:
+        log.error("%s", exc)
+        health.set("failed", str(exc))
+        return EXIT_CONFIG
+    except LeaderUnreachable as exc:
+        log.error("%s", exc)
+        health.set("failed", str(exc))
+        return EXIT_NO_LEADER
+
+    def leader_lost(why: str) -> None:
+        if not stopping.is_set():
+            _die(EXIT_LEADER_LOST, health, f"lost the leader at {control.address}: {why}")
+
+    control.watch(leader_lost)
+    health.set("joining")
+    t0 = time.monotonic()
+    executor = None
+    try:
+        executor = build_executor(args)
+        health.set("running", f"joined in {time.monotonic() - t0:.1f} s")
+        log.info("running: worker(s) joined the unit in %.1f s", time.monotonic() - t0)
+        # Blocks until a local worker process dies (vLLM's own monitor, inline).
+        executor.start_worker_monitor(inline=True)
+        if not stopping.is_set():
+            _die(EXIT_WORKER_DIED, health, "a local vLLM worker process died")
+        return EXIT_OK
+    except SystemExit:
+        log.info("stopping on signal")
+        return EXIT_OK
+    except Exception as exc:
+        if stopping.is_set():
+            return EXIT_OK
+        log.exception("joining the unit failed")
+        _die(EXIT_JOIN_FAILED, health, f"joining the unit failed: {type(exc).__name__}: {exc}")
+        return EXIT_JOIN_FAILED
+    finally:
+        stopping.set()
+        control.close()
+        if executor is not None:
+            executor.shutdown()
+        kill_vllm_children()
