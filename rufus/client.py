@@ -81,6 +81,10 @@ def _status(err: Any) -> str:
         code = text[text.index("[") + 1:text.index("]")]
         if code.isupper():
             return code
+    if "Request for unknown model" in text:
+        # Triton's own message for a model that is not loaded (typo, or unloaded after its
+        # engine died); unary gRPC calls carry NOT_FOUND for it, the stream drops the code
+        return "NOT_FOUND"
     return ""
 
 
@@ -133,8 +137,57 @@ def generate(
     flags: dict[str, bool] | None = None,
     raw: dict[str, Any] | None = None,
     timeout: float = 300.0,
+    retries: int = 0,
 ) -> Iterator[Chunk]:
-    """Yield response chunks as they arrive; raise :class:`RequestFailed` on a server error."""
+    """Yield response chunks as they arrive; raise :class:`RequestFailed` on a server error.
+
+    ``retries``: how many times to resend a request that failed *before its first chunk*
+    with a status that another unit may not have (:func:`retryable`: unit down, engine dead,
+    at capacity, no healthy backend behind the load balancer). Each attempt is a new gRPC
+    stream, so the balancer routes it afresh, normally to another unit. Once a chunk has
+    been yielded, a failure is raised, never retried: the caller already holds part of the
+    answer (backoff: :func:`retry_delay`).
+    """
+    for attempt in range(retries + 1):
+        started = False
+        try:
+            for chunk in _generate_once(url, model, prompt, messages, stream=stream,
+                                        sampling=sampling, flags=flags, raw=raw, timeout=timeout):
+                started = True
+                yield chunk
+            return
+        except RequestFailed as exc:
+            if started or attempt == retries or not retryable(exc):
+                raise
+            time.sleep(retry_delay(attempt))
+
+
+def retryable(exc: RequestFailed) -> bool:
+    """Statuses that say "this server cannot take it, another might": UNAVAILABLE (unit down,
+    engine dead, at capacity, no healthy backend) and NOT_FOUND (behind a load balancer every
+    unit serves the same models, so a unit without the model has just unloaded it; a
+    misspelt model name costs ``retries`` quick round trips before the same error)."""
+    return "UNAVAILABLE" in exc.status or "NOT_FOUND" in exc.status
+
+
+def retry_delay(attempt: int) -> float:
+    """0.25, 0.5, 1, 2 s...: four retries span ~3.75 s, longer than the load balancer takes
+    to drop a broken unit (<= ~2.5 s), so a retry is not sent back into the same failure."""
+    return min(0.25 * 2**attempt, 2.0)
+
+
+def _generate_once(
+    url: str,
+    model: str,
+    prompt: str | None,
+    messages: list[dict[str, str]] | None,
+    *,
+    stream: bool,
+    sampling: dict[str, Any] | None,
+    flags: dict[str, bool] | None,
+    raw: dict[str, Any] | None,
+    timeout: float,
+) -> Iterator[Chunk]:
     import tritonclient.grpc as grpcclient
 
     q: queue.Queue[Any] = queue.Queue()
@@ -174,8 +227,39 @@ async def agenerate(
     sampling: dict[str, Any] | None = None,
     flags: dict[str, bool] | None = None,
     timeout: float = 600.0,
+    retries: int = 0,
 ) -> AsyncIterator[Chunk]:
-    """asyncio version (one gRPC stream per request), used by the load generator."""
+    """asyncio version (one gRPC stream per request), used by the load generator.
+
+    ``retries`` as in :func:`generate`: only :func:`retryable` errors, only before the
+    first chunk."""
+    import asyncio
+
+    for attempt in range(retries + 1):
+        started = False
+        try:
+            async for chunk in _agenerate_once(url, model, prompt, messages, stream=stream,
+                                               sampling=sampling, flags=flags, timeout=timeout):
+                started = True
+                yield chunk
+            return
+        except RequestFailed as exc:
+            if started or attempt == retries or not retryable(exc):
+                raise
+            await asyncio.sleep(retry_delay(attempt))
+
+
+async def _agenerate_once(
+    url: str,
+    model: str,
+    prompt: str | None,
+    messages: list[dict[str, str]] | None,
+    *,
+    stream: bool,
+    sampling: dict[str, Any] | None,
+    flags: dict[str, bool] | None,
+    timeout: float,
+) -> AsyncIterator[Chunk]:
     import tritonclient.grpc as grpcclient
     import tritonclient.grpc.aio as aioclient
 
@@ -185,17 +269,28 @@ async def agenerate(
     async def requests() -> AsyncIterator[dict[str, Any]]:
         yield {"model_name": model, "inputs": inputs, "enable_empty_final_response": True}
 
+    import grpc
+
     async with aioclient.InferenceServerClient(url) as client:
-        async for result, error in client.stream_infer(requests(), stream_timeout=timeout):
-            if error is not None:
-                raise RequestFailed(str(error), _status(error))
-            resp = result.get_response()
-            if resp.outputs:
-                outs = _outputs(result)
-                yield Chunk(_text(outs), outs, time.monotonic())
-            final = resp.parameters.get("triton_final_response")
-            if final is not None and final.bool_param:
-                return
+        try:
+            async for result, error in client.stream_infer(requests(), stream_timeout=timeout):
+                if error is not None:
+                    raise RequestFailed(str(error), _status(error))
+                resp = result.get_response()
+                if resp.outputs:
+                    outs = _outputs(result)
+                    yield Chunk(_text(outs), outs, time.monotonic())
+                final = resp.parameters.get("triton_final_response")
+                if final is not None and final.bool_param:
+                    return
+        except grpc.RpcError as exc:
+            # The aio stream raises transport failures (connection refused, stream reset by
+            # a dying server or the load balancer) as raw gRPC errors: give them the same
+            # shape as the sync client's, so callers see one error type with a status.
+            code = exc.code() if callable(getattr(exc, "code", None)) else None
+            name = code.name if code is not None else "UNKNOWN"
+            details = exc.details() if callable(getattr(exc, "details", None)) else str(exc)
+            raise RequestFailed(f"[{name}] {details}", name) from exc
 
 
 def main(argv: list[str] | None = None) -> int:

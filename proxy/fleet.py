@@ -1,0 +1,276 @@
+"""A local fleet: N inference units, one unit agent each, HAProxy in front.
+
+Each unit is the multi-node unit of ``rufus/rig.py`` (leader tritonserver + ``python -m
+follower`` processes, each its own process group) kept whole by its ``Supervisor`` (any
+node lost -> the whole unit is recreated, like LeaderWorkerSet). ``nnodes=1`` gives
+single-node units (one tritonserver), useful when CPU is scarce. Every process is ended by
+pid / process group in :meth:`Fleet.stop`.
+
+Used by ``make fleet`` (scripts/fleet.py), the proxy integration tests and the benchmark.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from proxy.haproxy import Backend, HAProxy, render
+from rufus.rig import LocalUnit, Supervisor
+from rufus.server import ROOT, free_port
+
+log = logging.getLogger("proxy.fleet")
+
+# Small engines: two units (four vLLM processes with followers) share this machine's cores.
+FLEET_ENGINE_ARGS: dict[str, Any] = {"max_num_seqs": 8, "max_model_len": 1024}
+
+
+def _python() -> str:
+    venv = ROOT / ".venv" / "bin" / "python"
+    return str(venv) if venv.exists() else sys.executable
+
+
+@dataclass
+class FleetPorts:
+    """Where one unit listens. ``fixed(i)`` is the documented layout (proxy/README.md)."""
+
+    grpc: int
+    http: int
+    metrics: int
+    leader: int
+    control: int
+    follower_health: int
+    agent: int
+    agent_check: int
+
+    @classmethod
+    def fixed(cls, i: int) -> FleetPorts:
+        b = 8100 + 10 * i
+        return cls(grpc=b + 1, http=b, metrics=b + 2, leader=29500 + 10 * i,
+                   control=29501 + 10 * i, follower_health=b + 3, agent=8190 + i,
+                   agent_check=8290 + i)
+
+    @classmethod
+    def free(cls) -> FleetPorts:
+        return cls(*(listen_port() for _ in range(8)))
+
+
+def listen_port() -> int:
+    """A free port for a server that binds it *later*, chosen outside the kernel's ephemeral
+    range.
+
+    tritonserver binds its ports only after loading the model (minutes here), and every
+    outbound connection on the machine (the agents alone open several a second) takes its
+    local port from the ephemeral range; a port picked there was seen taken by such a
+    connection when the leader finally bound it ("No address added ... wildcard listeners").
+    """
+    try:
+        lo = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return free_port()
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(20000, max(lo, 20001))
+        with socket.socket() as sock:
+            try:
+                sock.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+            return port
+    return free_port()
+
+
+@dataclass
+class FleetUnit:
+    index: int
+    unit: LocalUnit
+    sup: Supervisor
+    ports: FleetPorts
+    agent_proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def name(self) -> str:
+        return f"unit{self.index}"
+
+    @property
+    def url(self) -> str:
+        return self.unit.url
+
+    def agent_env(self) -> dict[str, str]:
+        return {
+            "RUFUS_LEADER_HTTP": f"http://127.0.0.1:{self.unit.http_port}",
+            "RUFUS_LEADER_METRICS": f"http://127.0.0.1:{self.unit.metrics_port}/metrics",
+            "RUFUS_FOLLOWER_HEALTH_URLS": ",".join(
+                self.unit.health_url(r) for r in range(1, self.unit.nnodes)),
+            "RUFUS_UNIT_MODELS": "rufus_llm",
+            "RUFUS_AGENT_PORT": str(self.ports.agent),
+            "RUFUS_AGENT_CHECK_PORT": str(self.ports.agent_check),
+        }
+
+    def backend(self) -> Backend:
+        return Backend(self.name, "127.0.0.1", self.unit.grpc_port, self.ports.agent,
+                       self.ports.agent_check)
+
+    def agent_health(self) -> tuple[int, dict[str, Any]]:
+        url = f"http://127.0.0.1:{self.ports.agent}/health"
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read() or b"{}")
+        except (urllib.error.URLError, OSError, ValueError):
+            return 0, {}
+
+    def pgids(self) -> set[int]:
+        out = {p.pid for p in self.unit.followers.values()}
+        if self.unit.leader is not None and self.unit.leader.proc is not None:
+            out.add(self.unit.leader.proc.pid)
+        if self.agent_proc is not None:
+            out.add(self.agent_proc.pid)
+        return out
+
+
+@dataclass
+class Fleet:
+    n_units: int = 2
+    nnodes: int = 2
+    engine_args: dict[str, Any] = field(default_factory=lambda: dict(FLEET_ENGINE_ARGS))
+    log_dir: Path = Path("/tmp/rufus-fleet")
+    fixed_ports: bool = False
+    ingress_port: int = 0
+    rr_port: int | None = None  # add a round-robin frontend (benchmark)
+    stats_port: int | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)
+    units: list[FleetUnit] = field(default_factory=list)
+    haproxy: HAProxy | None = None
+
+    def __post_init__(self) -> None:
+        self.log_dir = Path(self.log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        if not self.ingress_port:
+            self.ingress_port = 9000 if self.fixed_ports else listen_port()
+        if self.stats_port is None and self.fixed_ports:
+            self.stats_port = 9100
+
+    @property
+    def url(self) -> str:
+        return f"127.0.0.1:{self.ingress_port}"
+
+    @property
+    def rr_url(self) -> str:
+        if self.rr_port is None:
+            raise ValueError("fleet started without a round-robin frontend")
+        return f"127.0.0.1:{self.rr_port}"
+
+    # ------------------------------------------------------------------ lifecycle
+    def _unit_env(self, i: int) -> dict[str, str]:
+        env = dict(self.extra_env)
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        if self.nnodes == 1:
+            # one core per single-node unit, as separate hosts would have
+            ncpu = os.cpu_count() or 1
+            env.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(i % ncpu) if ncpu > 1 else "auto")
+        return env
+
+    def start(self) -> Fleet:
+        """Start units (their supervisors), agents and HAProxy; returns at once."""
+        args = dict(self.engine_args)
+        if self.nnodes > 1:
+            args.setdefault("pipeline_parallel_size", self.nnodes)
+        for i in range(self.n_units):
+            ports = FleetPorts.fixed(i) if self.fixed_ports else FleetPorts.free()
+            unit = LocalUnit(
+                nnodes=self.nnodes, engine_args=args, log_dir=self.log_dir / f"unit{i}",
+                grpc_port=ports.grpc, http_port=ports.http, metrics_port=ports.metrics,
+                leader_port=ports.leader, control_port=ports.control,
+                health_ports=[ports.follower_health + r for r in range(self.nnodes - 1)],
+                extra_env=self._unit_env(i), bind_cores=self.nnodes > 1)
+            fu = FleetUnit(i, unit, Supervisor(unit, start_timeout=900, drain_s=10), ports)
+            self.units.append(fu)
+            fu.sup.start()
+            self._start_agent(fu)
+        cfg = render([u.backend() for u in self.units], port=self.ingress_port,
+                     rr_port=self.rr_port, stats_port=self.stats_port,
+                     stats_socket=str(self.log_dir / "haproxy" / "haproxy.sock"),
+                     bind="127.0.0.1")
+        self.haproxy = HAProxy(cfg, self.log_dir / "haproxy",
+                               self.log_dir / "haproxy.log").start()
+        log.info("fleet: %d unit(s) x %d node(s) starting; ingress grpc %s; logs in %s",
+                 self.n_units, self.nnodes, self.url, self.log_dir)
+        return self
+
+    def _start_agent(self, fu: FleetUnit) -> None:
+        env = {**os.environ, **fu.agent_env()}
+        env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"]
+                                         if env.get("PYTHONPATH") else "")
+        out = open(self.log_dir / f"agent{fu.index}.log", "ab")
+        try:
+            fu.agent_proc = subprocess.Popen([_python(), "-m", "proxy.agent"], cwd=ROOT, env=env,
+                                             stdout=out, stderr=subprocess.STDOUT,
+                                             start_new_session=True)
+        finally:
+            out.close()
+
+    def wait_ready(self, timeout: float = 960.0) -> float:
+        """Every unit ready (its supervisor says so) and UP in HAProxy."""
+        t0 = time.monotonic()
+        for fu in self.units:
+            left = timeout - (time.monotonic() - t0)
+            if not fu.sup.wait_ready(max(left, 1)):
+                raise TimeoutError(f"{fu.name} not ready after {timeout:.0f} s: "
+                                   f"{[e.kind + ' ' + e.detail for e in fu.sup.events]} "
+                                   f"(logs in {fu.unit.log_dir})")
+        while time.monotonic() - t0 < timeout:
+            if all(s == "UP" for s in self.server_status().values()):
+                return time.monotonic() - t0
+            time.sleep(0.2)
+        raise TimeoutError(f"HAProxy does not see every unit UP: {self.server_status()}")
+
+    def server_status(self) -> dict[str, str]:
+        assert self.haproxy is not None
+        return {name: row["status"] for name, row in self.haproxy.servers().items()}
+
+    def served(self, backend: str = "units_lor") -> dict[str, int]:
+        """Streams each unit has been sent since HAProxy started (stot)."""
+        assert self.haproxy is not None
+        return {name: int(row["stot"] or 0) for name, row in self.haproxy.servers(backend).items()}
+
+    def stop(self) -> None:
+        """HAProxy, agents, then units (SIGTERM, then SIGKILL of each process group)."""
+        if self.haproxy is not None:
+            self.haproxy.stop()
+        for fu in self.units:
+            p = fu.agent_proc
+            if p is not None and p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(5)
+                except subprocess.TimeoutExpired:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.wait(5)
+        threads = [threading.Thread(target=fu.sup.stop, daemon=True) for fu in self.units]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(90)
+        log.info("fleet stopped")
+
+    def pgids(self) -> set[int]:
+        out: set[int] = set()
+        for fu in self.units:
+            out |= fu.pgids()
+        if self.haproxy is not None and self.haproxy.proc is not None:
+            out.add(self.haproxy.proc.pid)
+        return out
