@@ -6,7 +6,7 @@ export GRPC_PORT ?= 8001
 export HTTP_PORT ?= 8000
 export METRICS_PORT ?= 8002
 
-.PHONY: setup model serve test unit integration lint bench clean check-deploy rig
+.PHONY: setup model serve test unit integration lint bench clean check-deploy rig fleet fleet-bench fleet-sim
 
 setup:            ## venv + pinned deps, tritonserver backend, default model (idempotent)
 	bash scripts/setup.sh all
@@ -15,7 +15,7 @@ model:
 	bash scripts/setup.sh model
 
 serve: setup      ## serve model_repository on GRPC_PORT/HTTP_PORT/METRICS_PORT
-	$(PY) -m rufus.server --models "$${RUFUS_MODELS:-rufus_llm}"
+	$(PY) -m rufus.server --models "$${RUFUS_MODELS:-rufus_llm,rufus_qp_medusa}"
 
 test: setup check-deploy  ## lint + deploy checks + unit + integration tests
 	$(PY) -m ruff check .
@@ -43,3 +43,12 @@ clean:
 
 rig: setup        ## two-node unit (leader tritonserver + follower) on this machine, supervised
 	$(PY) scripts/rig.py --grpc-port $(GRPC_PORT) --http-port $(HTTP_PORT) --metrics-port $(METRICS_PORT) $(RIG_ARGS)
+
+fleet: setup      ## two units + unit agents + HAProxy (ingress printed; FLEET_ARGS=--fixed-ports -> :9000)
+	$(PY) scripts/fleet.py up $(FLEET_ARGS)
+
+fleet-bench: setup  ## least outstanding vs round robin through HAProxy, two units, same run
+	$(PY) scripts/fleet.py bench $(FLEET_ARGS)
+
+fleet-sim:        ## fleet-scale routing simulation (100+ units, bursts), seeded, < 1 min
+	$(PY) scripts/fleet_sim.py $(SIM_ARGS)

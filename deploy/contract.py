@@ -19,6 +19,7 @@ PORTS: dict[str, int] = {
     "RUFUS_CONTROL_PORT": 29501,  # leader/follower control channel rufus/topology.py (+1)
     "RUFUS_HEALTH_PORT": 8081,   # follower /health                rufus/topology.py
     "RUFUS_AGENT_PORT": 8090,    # unit agent /health, /load       proxy/agent.py
+    "RUFUS_AGENT_CHECK_PORT": 8091,  # HAProxy agent-check (load)   proxy/agent.py
 }
 
 # --- what each role runs (argv after the interpreter) -----------------------------------------
@@ -104,6 +105,9 @@ ENV: dict[str, Var] = {
     "RUFUS_LEADER_HTTP": Var(("proxy/",), "unit agent: the leader's Triton HTTP base URL"),
     "RUFUS_FOLLOWER_HEALTH_URLS": Var(("proxy/",),
                                       "unit agent: comma-separated follower /health URLs"),
+    "RUFUS_LEADER_METRICS": Var(("proxy/",), "unit agent: the leader's Triton /metrics URL (load)"),
+    "RUFUS_UNIT_MODELS": Var(("proxy/",), "unit agent: models that must be ready (rufus_llm)"),
+    "RUFUS_AGENT_CHECK_PORT": Var(("proxy/",), "unit agent: HAProxy agent-check TCP port"),
     **{f"RUFUS_UNIT{i}_{kind}": Var((HAPROXY_CONFIG,),
                                     f"ingress: unit {i}'s {kind.lower()} address (host:port)")
        for i in (0, 1) for kind in ("GRPC", "HTTP", "AGENT")},

@@ -72,10 +72,34 @@ setup_model() {
   "$VENV/bin/python" "$ROOT/scripts/build_model.py"
 }
 
+setup_qp() {
+  # Query planner (issue 6): merge the committed LoRA into the default model and build vLLM's
+  # Medusa checkpoint from the committed heads. Seconds; retraining is scripts/train_*.py.
+  step "query planner model + Medusa heads (rufus_qp_medusa)"
+  "$VENV/bin/python" -m rufus.qp.build
+}
+
+setup_proxy() {
+  # Proxy layer (issue 5): HAProxy from Debian for the data path. Installed when missing and
+  # we are root; otherwise a note (the proxy integration tests then skip, saying why).
+  if command -v haproxy >/dev/null 2>&1 || [[ -x /usr/sbin/haproxy ]]; then
+    step "haproxy present ($(/usr/sbin/haproxy -v 2>/dev/null | head -1 | cut -d' ' -f1-3))"
+  elif [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+    step "installing haproxy (Debian) for the proxy layer"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy >/dev/null \
+      || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy >/dev/null; } \
+      || echo "haproxy install failed: proxy tests will skip" >&2
+  else
+    echo "haproxy missing and not root: run 'apt-get install haproxy' (proxy tests will skip)" >&2
+  fi
+}
+
 case "${1:-all}" in
   venv) setup_venv ;;
   triton) setup_venv; setup_triton ;;
   model) setup_venv; setup_model ;;
-  all) setup_venv; setup_triton; setup_model ;;
-  *) echo "usage: $0 [all|venv|triton|model]" >&2; exit 2 ;;
+  qp) setup_venv; setup_model; setup_qp ;;
+  proxy) setup_proxy ;;
+  all) setup_venv; setup_triton; setup_model; setup_qp; setup_proxy ;;
+  *) echo "usage: $0 [all|venv|triton|model|qp|proxy]" >&2; exit 2 ;;
 esac

@@ -237,7 +237,8 @@ def test_compose_ports_and_ingress():
         role = name.split("-")[0]
         wanted = {"leader": {"GRPC_PORT", "HTTP_PORT", "METRICS_PORT", "RUFUS_LEADER_PORT",
                              "RUFUS_CONTROL_PORT"},
-                  "follower": {"RUFUS_HEALTH_PORT"}, "agent": {"RUFUS_AGENT_PORT"}}[role]
+                  "follower": {"RUFUS_HEALTH_PORT"},
+                      "agent": {"RUFUS_AGENT_PORT", "RUFUS_AGENT_CHECK_PORT"}}[role]
         assert exposed == {C.PORTS[w] for w in wanted}, name
 
 
