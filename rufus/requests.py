@@ -231,6 +231,8 @@ class GenerateRequest:
     return_logprobs: bool = False
     return_num_input_tokens: bool = False
     return_num_output_tokens: bool = False
+    # Not a Triton input of rufus_llm: set by models built on run_generate (rufus_qp_medusa).
+    return_token_ids: bool = False
 
 
 RETURN_FLAGS = (

@@ -63,4 +63,6 @@ def build_outputs(
         outputs["num_output_tokens"] = np.array(
             [len(c.token_ids) for c in completions], dtype=np.uint32
         )
+    if req.return_token_ids and len(completions) == 1:
+        outputs["output_token_ids"] = np.array(list(completions[0].token_ids), dtype=np.int32)
     return outputs

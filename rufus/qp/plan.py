@@ -36,6 +36,11 @@ SYSTEM = (
     '"filters": {"brand": ..., "max_price": ...} only when the question states them}.'
 )
 
+# The fine-tuned planner (scripts/train_qp_lora.py) needs no instructions: a short, fixed
+# system message keeps training and per-request prefill cheap.
+PLANNER_SYSTEM = "You are the query planner of a shopping assistant. Reply with the JSON plan."
+STYLES = ("finetuned", "fewshot", "zeroshot")
+
 # Hand-written; none of these questions appear in data/qp/{eval,train,calib}.jsonl.
 FEW_SHOT: list[tuple[str, dict[str, Any]]] = [
     ("sony headphones under $100", {
@@ -69,14 +74,16 @@ def render_plan(plan: dict[str, Any]) -> str:
 
 
 def build_messages(question: str, history: list[dict[str, str]] | None = None,
-                   few_shot: bool = True) -> list[dict[str, str]]:
+                   style: str = "finetuned") -> list[dict[str, str]]:
     """Chat messages for one question; previous turns are given as context in the user turn.
 
     The system message and few-shot turns are identical for every request, so vLLM's prefix
     cache serves them and only the question is prefilled per request.
     """
-    msgs = [{"role": "system", "content": SYSTEM}]
-    if few_shot:
+    if style not in STYLES:
+        raise ValueError(f"prompt style must be one of {STYLES}, got {style!r}")
+    msgs = [{"role": "system", "content": PLANNER_SYSTEM if style == "finetuned" else SYSTEM}]
+    if style == "fewshot":
         for q, plan in FEW_SHOT:
             msgs += [{"role": "user", "content": q},
                      {"role": "assistant", "content": render_plan(plan)}]
@@ -131,9 +138,9 @@ def parse_plan(text: str, question: str) -> PlanResult:
 
 def render_prompt_ids(tokenizer: Any, question: str,
                       history: list[dict[str, str]] | None = None,
-                      few_shot: bool = True) -> list[int]:
+                      style: str = "finetuned") -> list[int]:
     """Token ids of the chat-templated planner prompt (same path for server and scripts)."""
-    text = tokenizer.apply_chat_template(build_messages(question, history, few_shot),
+    text = tokenizer.apply_chat_template(build_messages(question, history, style),
                                          add_generation_prompt=True, tokenize=False)
     return list(tokenizer.encode(text, add_special_tokens=False))
 

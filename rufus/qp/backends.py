@@ -1,0 +1,221 @@
+"""Execution paths of the query planner behind one interface.
+
+``PlannerBackend.engine_args`` turns the planner's model.json (vLLM engine arguments plus the
+NxDI-style Medusa knobs) into what the engine needs; ``create_backend`` picks the path:
+
+* ``vllm_medusa`` (default on CPU/GPU): vLLM speculative decoding with our Medusa heads as
+  the draft (top-1 chain of ``vllm_num_speculative_tokens`` heads, verified in one step).
+* ``autoregressive``: the same model without speculation (baseline, and the fallback when
+  the heads are missing).
+* ``nxdi`` (Trainium/Inferentia): NeuronX Distributed Inference with
+  ``NeuronConfig(is_medusa=True, ...)`` and the sparse ``medusa_tree``. UNTESTED here: the
+  Neuron SDK only exists on Neuron hosts; written against NxDI's documented API.
+
+The knobs mirror NxDI: ``num_medusa_heads`` (trained heads used), ``medusa_speculation_length``
+(tokens verified per step = tree nodes + 1 root) and ``medusa_tree`` (candidate paths, each a
+list of top-k ranks per head, built by scripts/build_medusa_tree.py).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rufus.config import ConfigError, expand
+
+log = logging.getLogger("rufus.qp")
+
+QP_KEYS = ("qp_backend", "num_medusa_heads", "medusa_speculation_length", "medusa_tree",
+           "medusa_model", "vllm_num_speculative_tokens", "structured_output")
+BACKENDS = ("vllm_medusa", "autoregressive", "nxdi")
+
+
+@dataclass
+class MedusaSettings:
+    """The NxDI-mirroring knobs, validated against each other."""
+
+    num_medusa_heads: int
+    medusa_speculation_length: int
+    medusa_tree: list[list[int]]
+    medusa_model: str
+    vllm_num_speculative_tokens: int
+
+    def check(self) -> None:
+        if self.num_medusa_heads < 1:
+            raise ConfigError("num_medusa_heads must be >= 1")
+        paths = {tuple(p) for p in self.medusa_tree}
+        for p in self.medusa_tree:
+            if not p or len(p) > self.num_medusa_heads or any(int(k) < 0 for k in p):
+                raise ConfigError(f"medusa_tree path {p} must have 1..num_medusa_heads "
+                                  "non-negative ranks")
+            if len(p) > 1 and tuple(p[:-1]) not in paths:
+                raise ConfigError(f"medusa_tree path {p}: its parent {p[:-1]} is missing")
+        if self.medusa_speculation_length != len(self.medusa_tree) + 1:
+            raise ConfigError(f"medusa_speculation_length ({self.medusa_speculation_length}) "
+                              f"must be the tree's node count + 1 ({len(self.medusa_tree) + 1})")
+        if not 1 <= self.vllm_num_speculative_tokens <= self.num_medusa_heads:
+            raise ConfigError("vllm_num_speculative_tokens must be in 1..num_medusa_heads")
+
+
+def load_tree(value: Any) -> list[list[int]]:
+    """``medusa_tree`` is inline (list of paths) or a path to a JSON file with ``tree``."""
+    if isinstance(value, list):
+        return [list(map(int, p)) for p in value]
+    if isinstance(value, str):
+        path = Path(expand(value))
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"medusa_tree file {path}: {exc}") from exc
+        return load_tree(data["medusa_tree"] if isinstance(data, dict) else data)
+    raise ConfigError("medusa_tree must be a list of paths or a JSON file path")
+
+
+@dataclass
+class PlannerBackend:
+    """Base: split model.json into engine args and planner settings."""
+
+    name: str
+    medusa: MedusaSettings | None = None
+    structured_output: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def engine_args(self, args: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in args.items() if k not in QP_KEYS}
+
+    @property
+    def tokens_per_step_max(self) -> int:
+        return 1
+
+
+class AutoregressiveBackend(PlannerBackend):
+    """Plain greedy decoding of the same model: one token per forward pass."""
+
+
+class VllmMedusaBackend(PlannerBackend):
+    """vLLM speculative decoding, method "medusa": chain of the heads' top-1 tokens."""
+
+    def engine_args(self, args: dict[str, Any]) -> dict[str, Any]:
+        assert self.medusa is not None
+        out = super().engine_args(args)
+        out["speculative_config"] = {
+            "method": "medusa",
+            "model": self.medusa.medusa_model,
+            "num_speculative_tokens": self.medusa.vllm_num_speculative_tokens,
+        }
+        # vLLM 0.32's Medusa creates its ``token_map`` (our truncated draft vocabulary) in
+        # load_weights without reporting it as loaded, so the loader's strict "every
+        # parameter came from the checkpoint" check fails; it is a check, not a transform.
+        extra = dict(out.get("model_loader_extra_config") or {})
+        extra.setdefault("enable_weights_track", False)
+        out["model_loader_extra_config"] = extra
+        return out
+
+    @property
+    def tokens_per_step_max(self) -> int:
+        assert self.medusa is not None
+        return self.medusa.vllm_num_speculative_tokens + 1
+
+
+class NxdiMedusaBackend(PlannerBackend):
+    """NxDI on Trainium/Inferentia (UNTESTED: needs the Neuron SDK and a Neuron device).
+
+    Compiles the planner with Medusa heads and the sparse tree at batch size 1, which is
+    what NxDI supports for Medusa. The heads are exported to ``medusa_heads.pt`` in the
+    model directory, where NxDI's ``get_state_dict`` picks them up.
+    """
+
+    def neuron_config(self, args: dict[str, Any]) -> Any:
+        from neuronx_distributed_inference.models.config import NeuronConfig
+
+        assert self.medusa is not None
+        return NeuronConfig(
+            tp_degree=int(args.get("tensor_parallel_size", 1)),
+            batch_size=1,
+            max_context_length=int(args.get("max_model_len", 2048)) // 2,
+            seq_len=int(args.get("max_model_len", 2048)),
+            torch_dtype=args.get("dtype", "bfloat16"),
+            is_medusa=True,
+            medusa_speculation_length=self.medusa.medusa_speculation_length,
+            num_medusa_heads=self.medusa.num_medusa_heads,
+            medusa_tree=self.medusa.medusa_tree,
+        )
+
+    def load(self, args: dict[str, Any], compiled_path: str) -> Any:
+        """Compile (first time) and load; returns (model, generation adapter)."""
+        from neuronx_distributed_inference.models.llama.modeling_llama import (
+            LlamaInferenceConfig,
+            NeuronLlamaForCausalLM,
+        )
+        from neuronx_distributed_inference.utils.hf_adapter import (
+            HuggingFaceGenerationAdapter,
+            load_pretrained_config,
+        )
+
+        model_path = str(args["model"])
+        export_nxdi_heads(Path(model_path), self.medusa)
+        config = LlamaInferenceConfig(self.neuron_config(args),
+                                      load_config=load_pretrained_config(model_path))
+        model = NeuronLlamaForCausalLM(model_path, config)
+        model.compile(compiled_path)
+        model.load(compiled_path)
+        return model, HuggingFaceGenerationAdapter(model)
+
+    def generate(self, adapter: Any, model: Any, prompt_ids: list[int], max_tokens: int,
+                 eos_token_id: int) -> list[int]:
+        import torch
+
+        ids = torch.tensor([prompt_ids])
+        # NxDI's documented Medusa usage: the target model is its own assistant_model.
+        out = adapter.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=model,
+                               max_new_tokens=max_tokens, do_sample=False,
+                               eos_token_id=eos_token_id)
+        return out[0, len(prompt_ids):].tolist()
+
+
+def export_nxdi_heads(model_dir: Path, medusa: MedusaSettings | None) -> Path:
+    """Write our heads in NxDI's layout: ``medusa_head_{i}.0.linear.*`` (ResBlock) and
+    ``medusa_head_{i}.1.weight`` (vocab projection = the model's tied embedding)."""
+    import torch
+    from safetensors.torch import load_file
+
+    assert medusa is not None
+    src = load_file(str(Path(medusa.medusa_model) / "model.safetensors"))
+    out: dict[str, Any] = {}
+    for i in range(medusa.num_medusa_heads):
+        w = src[f"blocks.{i}.layers.0.weight"]
+        out[f"medusa_head_{i}.0.linear.weight"] = w
+        out[f"medusa_head_{i}.0.linear.bias"] = torch.zeros(w.shape[0], dtype=w.dtype)
+        out[f"medusa_head_{i}.1.weight"] = src["lm_head.weight"]
+    path = model_dir / "medusa_heads.pt"
+    torch.save(out, path)
+    return path
+
+
+def create_backend(args: dict[str, Any]) -> PlannerBackend:
+    """Pick and configure the backend named by ``qp_backend`` in model.json."""
+    name = str(args.get("qp_backend", "vllm_medusa"))
+    if name not in BACKENDS:
+        raise ConfigError(f"qp_backend must be one of {BACKENDS}, got {name!r}")
+    structured = bool(args.get("structured_output", True))
+    if name == "autoregressive":
+        return AutoregressiveBackend(name, None, structured)
+    tree = load_tree(args.get("medusa_tree", []))
+    heads = int(args.get("num_medusa_heads", 4))
+    medusa = MedusaSettings(
+        num_medusa_heads=heads,
+        medusa_speculation_length=int(args.get("medusa_speculation_length", len(tree) + 1)),
+        medusa_tree=tree,
+        medusa_model=str(args.get("medusa_model", "")),
+        vllm_num_speculative_tokens=int(args.get("vllm_num_speculative_tokens", heads)),
+    )
+    medusa.check()
+    if name == "vllm_medusa" and not (Path(medusa.medusa_model) / "config.json").exists():
+        log.warning("Medusa heads %s missing (run scripts/setup.sh qp): serving the planner "
+                    "autoregressively", medusa.medusa_model)
+        return AutoregressiveBackend("autoregressive", None, structured)
+    cls = VllmMedusaBackend if name == "vllm_medusa" else NxdiMedusaBackend
+    return cls(name, medusa, structured)

@@ -1,0 +1,160 @@
+"""Query planner pieces that need no engine: schema, parsing/fallback, request validation,
+Medusa knob validation."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from rufus.config import ConfigError
+from rufus.qp.backends import (
+    AutoregressiveBackend,
+    VllmMedusaBackend,
+    create_backend,
+    load_tree,
+)
+from rufus.qp.model import PlanSink, parse_plan_request
+from rufus.qp.plan import (
+    FEW_SHOT,
+    fallback_plan,
+    intents,
+    load_eval,
+    parse_plan,
+    render_plan,
+    validate_plan,
+)
+from rufus.requests import InvalidInput
+from rufus.server import ROOT
+
+
+def s(v: str) -> np.ndarray:
+    return np.array([v.encode()], dtype=np.object_)
+
+
+GOOD = {"intent": "product_search", "query_type": "keyword", "search_queries": ["usb c cable"],
+        "filters": {"max_price": 20}}
+
+
+def test_few_shot_examples_and_fallback_validate() -> None:
+    for _, plan in FEW_SHOT:
+        assert validate_plan(plan) == ""
+    assert validate_plan(fallback_plan("  where   is my order ")) == ""
+    assert fallback_plan("where is my order")["search_queries"] == ["where is my order"]
+
+
+def test_eval_set_intents_are_in_schema() -> None:
+    rows = load_eval(ROOT / "data/qp/eval.jsonl")
+    assert len(rows) >= 50
+    assert {r["intent"] for r in rows} == set(intents())
+    train = {r["question"] for r in load_eval(ROOT / "data/qp/train.jsonl")}
+    assert not train & {r["question"] for r in rows}, "eval must be held out"
+
+
+def test_parse_plan_valid_with_trailing_text() -> None:
+    res = parse_plan(render_plan(GOOD) + "\nHope this helps!", "q")
+    assert not res.fallback and res.plan == GOOD
+
+
+@pytest.mark.parametrize("text,reason", [
+    ("I think you want shoes", "no JSON"),
+    ('{"intent": "product_search", "query_type": ', "invalid JSON"),
+    ('{"intent": "buy", "query_type": "keyword", "search_queries": ["x"], "filters": {}}',
+     "schema: intent"),
+    ('{"intent": "other", "query_type": "keyword", "search_queries": [], "filters": {}}',
+     "schema: search_queries"),
+    ('{"intent": "other", "query_type": "keyword", "search_queries": ["x"], '
+     '"filters": {"colour": "red"}}', "schema: filters"),
+])
+def test_parse_plan_fallback(text: str, reason: str) -> None:
+    res = parse_plan(text, "red shoes")
+    assert res.fallback and reason in res.error
+    assert res.plan == fallback_plan("red shoes")
+
+
+def test_request_parsing_and_errors_name_the_field() -> None:
+    req = parse_plan_request({"question": s("red shoes")}, None, 96)
+    assert req.question == "red shoes"
+    assert req.generate.sampling == {"max_tokens": 96, "temperature": 0.0}
+    assert req.generate.messages[-1] == {"role": "user", "content": "red shoes"}
+    hist = json.dumps([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hey"}])
+    req = parse_plan_request({"question": s("and cheaper?"), "history": s(hist)}, None, 96)
+    assert "Previous conversation" in req.generate.messages[-1]["content"]
+    cases = [
+        ({}, "question"),
+        ({"question": s("  ")}, "question"),
+        ({"question": np.array([b"\xff\xfe"], dtype=np.object_)}, "question"),
+        ({"question": s("x" * 5000)}, "question"),
+        ({"question": s("q"), "history": s("[1]")}, "history[0]"),
+        ({"question": s("q"), "history": s("nope")}, "history"),
+        ({"question": s("q"), "sampling_parameters": s('{"temperature": 1}')},
+         "sampling_parameters"),
+        ({"question": s("q"), "sampling_parameters": s('{"max_tokens": 0}')},
+         "sampling_parameters.max_tokens"),
+        ({"question": s("q"), "sampling_parameters": s("{bad")}, "sampling_parameters"),
+    ]
+    for inputs, field in cases:
+        with pytest.raises(InvalidInput) as exc:
+            parse_plan_request(inputs, None, 96)
+        assert exc.value.field == field, (inputs, exc.value)
+
+
+def test_plan_sink_adds_plan_and_renames_prompt_errors() -> None:
+    sent = []
+
+    class Inner:
+        def send(self, outputs, error, final):  # type: ignore[no-untyped-def]
+            sent.append((outputs, error, final))
+
+        def is_cancelled(self) -> bool:
+            return False
+
+    from rufus.generation import ServiceError
+
+    sink = PlanSink(Inner(), "usb c cable")
+    sink.send({"text_output": s(render_plan(GOOD))}, None, True)
+    out = sent[-1][0]
+    assert json.loads(out["plan"][0]) == GOOD and not out["fallback"][0]
+    sink.send({"text_output": s("nonsense")}, None, True)
+    assert sent[-1][0]["fallback"][0]
+    sink.send(None, ServiceError("INVALID_ARG", "messages: prompt has 5000 tokens"), True)
+    assert sent[-1][1].message.startswith("question: prompt has")
+
+
+def test_backend_selection_and_knobs(tmp_path) -> None:
+    heads = tmp_path / "heads"
+    heads.mkdir()
+    (heads / "config.json").write_text("{}")
+    tree = [[0], [1], [0, 0], [0, 0, 0]]
+    args = {"model": "m", "dtype": "bfloat16", "qp_backend": "vllm_medusa",
+            "medusa_model": str(heads), "num_medusa_heads": 3, "medusa_speculation_length": 5,
+            "medusa_tree": tree, "vllm_num_speculative_tokens": 3}
+    b = create_backend(args)
+    assert isinstance(b, VllmMedusaBackend)
+    ea = b.engine_args(args)
+    assert ea["speculative_config"] == {"method": "medusa", "model": str(heads),
+                                        "num_speculative_tokens": 3}
+    assert ea["model_loader_extra_config"] == {"enable_weights_track": False}
+    assert "medusa_tree" not in ea and "qp_backend" not in ea
+    ar = create_backend({**args, "qp_backend": "autoregressive"})
+    assert isinstance(ar, AutoregressiveBackend) and "speculative_config" not in ar.engine_args(args)
+    # missing heads: serve autoregressively rather than fail
+    assert isinstance(create_backend({**args, "medusa_model": str(tmp_path / "none")}),
+                      AutoregressiveBackend)
+    for bad in ({"medusa_speculation_length": 9}, {"medusa_tree": [[0, 0]]},
+                {"medusa_tree": [[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]]},
+                {"qp_backend": "tpu"}, {"vllm_num_speculative_tokens": 4}):
+        with pytest.raises(ConfigError):
+            create_backend({**args, **bad})
+    f = tmp_path / "tree.json"
+    f.write_text(json.dumps({"medusa_tree": tree}))
+    assert load_tree(str(f)) == tree
+
+
+def test_committed_tree_matches_model_json() -> None:
+    d = ROOT / "model_repository/rufus_qp_medusa/1"
+    mj = json.loads((d / "model.json").read_text())
+    tree = load_tree(str(d / mj["medusa_tree"]))
+    assert mj["medusa_speculation_length"] == len(tree) + 1
+    assert max(len(p) for p in tree) <= mj["num_medusa_heads"]
