@@ -126,6 +126,75 @@ class TritonMetrics(Metrics):
         self.kv.set(kv_usage)
 
 
+class BufferedMetrics(Metrics):
+    """Keeps Triton metric IPC off the token path.
+
+    Every ``pb_utils`` metric update is a round trip to the Triton process; done per token
+    on the engine's event loop it delays every stream. Here the hot path only appends to a
+    deque (atomic under the GIL) and a daemon thread replays the updates into ``inner``
+    every ``interval`` seconds; gauges keep only their latest value.
+    """
+
+    def __init__(self, inner: Metrics, interval: float = 0.5) -> None:
+        import collections
+        import threading
+
+        self.inner = inner
+        self.interval = interval
+        self._events: collections.deque[tuple[str, tuple[Any, ...]]] = collections.deque()
+        self._gauges: dict[str, tuple[Any, ...]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rufus-metrics", daemon=True)
+        self._thread.start()
+
+    def observe_ttft(self, seconds: float) -> None:
+        self._events.append(("observe_ttft", (seconds,)))
+
+    def observe_itl(self, seconds: float, tokens: int = 1) -> None:
+        self._events.append(("observe_itl", (seconds, tokens)))
+
+    def observe_latency(self, seconds: float) -> None:
+        self._events.append(("observe_latency", (seconds,)))
+
+    def add_tokens(self, prompt: int, generation: int) -> None:
+        self._events.append(("add_tokens", (prompt, generation)))
+
+    def count_request(self, outcome: str) -> None:
+        self._events.append(("count_request", (outcome,)))
+
+    def set_outstanding(self, n: int) -> None:
+        self._gauges["set_outstanding"] = (n,)
+
+    def set_scheduler(self, running: int, waiting: int, kv_usage: float) -> None:
+        self._gauges["set_scheduler"] = (running, waiting, kv_usage)
+
+    def set_engine_requests(self, n: int) -> None:
+        self._gauges["set_engine_requests"] = (n,)
+
+    def flush(self) -> None:
+        while self._events:
+            name, args = self._events.popleft()
+            getattr(self.inner, name)(*args)
+        for name in list(self._gauges):
+            args = self._gauges.pop(name)
+            getattr(self.inner, name)(*args)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.flush()
+            except Exception:  # metrics must never take the model down
+                import logging
+
+                logging.getLogger("rufus.metrics").exception("metrics flush failed")
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.flush()
+        self.inner.close()
+
+
 def scheduler_stat_logger(metrics: Metrics) -> Any:
     """A vLLM stat-logger factory that forwards scheduler stats to ``metrics``."""
     from vllm.v1.metrics.loggers import StatLoggerBase

@@ -26,7 +26,7 @@ import numpy as np
 from rufus.config import load_engine_config
 from rufus.engine import EngineHost
 from rufus.generation import CancelWatcher, ServiceError, new_request_id
-from rufus.metrics import Metrics, TritonMetrics, scheduler_stat_logger
+from rufus.metrics import BufferedMetrics, Metrics, TritonMetrics, scheduler_stat_logger
 from rufus.requests import InvalidInput
 
 try:  # only importable inside the Triton Python backend stub
@@ -163,7 +163,8 @@ class EngineModel:
         if config_param(self.model_config, "REPORT_CUSTOM_METRICS", "true").lower() != "true":
             return Metrics()
         try:
-            return TritonMetrics(pb_utils, self.name, str(self.args["model_version"]))
+            return BufferedMetrics(
+                TritonMetrics(pb_utils, self.name, str(self.args["model_version"])))
         except Exception as exc:  # noqa: BLE001 - metrics disabled on the server
             log.warning("%s: custom metrics unavailable (%s)", self.name, exc)
             return Metrics()

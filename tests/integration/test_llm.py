@@ -175,8 +175,14 @@ def test_bad_inputs_do_not_disturb_a_running_stream(url, reference):
 def test_metrics_present_and_increasing(llm_server, url):
     before = scrape(llm_server)
     run(url, stream=True, sampling={"max_tokens": 8, "temperature": 0, "ignore_eos": True})
-    after = scrape(llm_server)
     labels = {"model": MODEL, "version": "1"}
+
+    def flushed() -> bool:  # metrics are published by a background thread every 0.5 s
+        return metric_value(scrape(llm_server), "rufus_generation_tokens_total", **labels) >= (
+            metric_value(before, "rufus_generation_tokens_total", **labels) + 8)
+
+    assert wait_for(flushed, timeout=10)
+    after = scrape(llm_server)
     for name in ("rufus_time_to_first_token_seconds_count",
                  "rufus_inter_token_latency_seconds_count",
                  "rufus_generation_tokens_total", "rufus_prompt_tokens_total"):
@@ -205,7 +211,8 @@ def test_cancellation_frees_the_engine_slot(llm_server, url):
     for _ in range(3):  # it is really generating
         _result, error = q.get(timeout=120)
         assert error is None
-    assert metric_value(scrape(llm_server), "rufus_requests_outstanding", model=MODEL) >= 1
+    assert wait_for(lambda: metric_value(scrape(llm_server), "rufus_engine_requests",
+                                         model=MODEL) >= 1, timeout=5)
     client.stop_stream(cancel_requests=True)
     client.close()
     assert wait_for(lambda: _engine_idle(llm_server), timeout=15), \

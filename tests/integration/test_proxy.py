@@ -161,8 +161,9 @@ def test_traffic_reaches_both_units(fleet):
     served = fleet.served()
     per_unit = {k: served[k] - served0.get(k, 0) for k in served}
     assert all(n >= 2 for n in per_unit.values()), per_unit
-    after = [unit_requests(fleet, i) for i in range(2)]
-    assert all(a > b for a, b in zip(after, before, strict=True)), (before, after)
+    # the leaders publish metrics from a background thread every 0.5 s
+    assert wait_for(lambda: all(unit_requests(fleet, i) > before[i] for i in range(2)),
+                    timeout=10), before
 
 
 def test_agent_reports_health_and_load(fleet):
