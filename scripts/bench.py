@@ -4,10 +4,11 @@ and optionally vs the official Triton vLLM backend in the same tritonserver.
 Same engine arguments (model.json + the same overrides), same workload (16 shopping
 questions rendered once with the chat template and sent as identical raw prompts; greedy;
 ignore_eos so every request generates exactly --max-tokens), same measurement code
-(rufus/loadgen.py), one run. All targets stay up and the runs alternate between them in
-each round, so a noisy shared machine disturbs them alike; the table shows medians over
-rounds and the median of per-round ratios. Also measures tritonserver's time to ready
-(--cold-start: with an empty vLLM compile cache).
+(rufus/loadgen.py), one run. Each Triton model gets its own tritonserver (a phase); within
+a phase it alternates with the in-process engine per round, so a noisy shared machine
+disturbs both alike; the table shows medians over rounds and the median of per-round
+ratios (rufus vs official = the ratio of their ratios to the same in-process engine). Also measures
+tritonserver's time to ready (--cold-start: with an empty vLLM compile cache).
 
     python scripts/bench.py --concurrency 1 16 [--rounds 3] [--max-tokens 64]
     python scripts/bench.py --official /path/to/vllm_backend/src   # three-way
@@ -83,59 +84,85 @@ def cold_start_time(extra_env: dict[str, str], log: Path) -> float:
         srv.stop()
 
 
-async def interleaved(args: argparse.Namespace, url: str, engine_args: dict,
-                      names: list[str]) -> list[dict]:
-    """Every target stays up; each round runs each concurrency on every target, in an
-    order that rotates per round. Returns per-round results."""
+async def run_phases(args: argparse.Namespace, engine_args: dict, extra_env: dict[str, str],
+                     models: list[str], repo: Path, log: Path,
+                     starts: dict[str, float]) -> dict[str, list[dict]]:
+    """One phase per Triton model, each in its own tritonserver (two vLLM engines in one
+    server disturbed each other on 2 cores). Within a phase the Triton target and the
+    in-process engine alternate per round and concurrency, so noise hits both alike."""
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
     engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args))
     prompts = loadgen.render_chat(engine.tokenizer, loadgen.SHOPPING_PROMPTS)
-    targets = {"triton": loadgen.triton_stream(url, MODEL, chat=False),
-               "vllm": loadgen.vllm_stream(engine, engine.tokenizer, chat=False),
-               "official": loadgen.triton_stream(url, OFFICIAL, chat=False)}
-    rounds: list[dict] = []
+    baseline = loadgen.vllm_stream(engine, engine.tokenizer, chat=False)
+    phases: dict[str, list[dict]] = {}
     try:
-        for r in range(args.rounds):
-            res: dict = {n: {} for n in names}
-            order = names[r % len(names):] + names[:r % len(names)]
-            for c in args.concurrency:
-                for name in order:
-                    say(f"round {r + 1}/{args.rounds}: {name}, concurrency {c}")
-                    res[name][c] = await loadgen.run_workload(
-                        targets[name], c, c * args.requests_per_worker, args.max_tokens,
-                        prompts=prompts)
-            rounds.append(res)
+        for model in models:
+            key = "triton" if model == MODEL else "official"
+            srv = TritonServer(models=[model], grpc_port=free_port(), http_port=free_port(),
+                               metrics_port=free_port(), log_path=log, extra_env=extra_env,
+                               model_repository=repo)
+            t0 = time.monotonic()
+            srv.start()
+            try:
+                srv.wait_ready(timeout=1800)
+                starts[f"{model} (cached compile)"] = time.monotonic() - t0
+                say(f"tritonserver ready ({model}) in {time.monotonic() - t0:.1f} s")
+                targets = {key: loadgen.triton_stream(f"127.0.0.1:{srv.grpc_port}", model,
+                                                      chat=False),
+                           "vllm": baseline}
+                rounds = []
+                for r in range(args.rounds):
+                    order = [key, "vllm"] if r % 2 == 0 else ["vllm", key]
+                    res: dict = {n: {} for n in order}
+                    for c in args.concurrency:
+                        for name in order:
+                            say(f"{model}: round {r + 1}/{args.rounds}: {name}, concurrency {c}")
+                            res[name][c] = await loadgen.run_workload(
+                                targets[name], c, c * args.requests_per_worker, args.max_tokens,
+                                prompts=prompts)
+                    rounds.append(res)
+                phases[key] = rounds
+            finally:
+                srv.stop()
     finally:
         engine.shutdown()
-    return rounds
+    return phases
 
 
 KEYS = [("output_tok_s", "output tok/s"), ("req_s", "req/s"), ("ttft_p50_ms", "TTFT p50 ms"),
         ("ttft_p99_ms", "TTFT p99 ms"), ("itl_p50_ms", "ITL p50 ms"), ("itl_p99_ms", "ITL p99 ms")]
-LABELS = {"triton": "rufus_llm (Triton)", "vllm": "vLLM in-process",
-          "official": "official vLLM backend (Triton)"}
 
 
-def table(rounds: list[dict], conc: list[int], names: list[str]) -> str:
-    def med(t: str, c: int, k: str) -> float:
-        return statistics.median(r[t][c][k] for r in rounds)
+def med(rounds: list[dict], t: str, c: int, k: str) -> float:
+    return statistics.median(r[t][c][k] for r in rounds)
 
-    def ratio(a: str, b: str, c: int, k: str) -> float:
-        return statistics.median(r[a][c][k] / r[b][c][k] for r in rounds)
 
-    others = [n for n in names if n != "triton"]
-    head = ["concurrency", "metric", *(LABELS[n] for n in names),
-            *(f"rufus / {LABELS[n]}" for n in others)]
+def ratio(rounds: list[dict], a: str, b: str, c: int, k: str) -> float:
+    """Median over rounds of the per-round ratio (both measured back to back)."""
+    return statistics.median(r[a][c][k] / r[b][c][k] for r in rounds)
+
+
+def table(phases: dict[str, list[dict]], conc: list[int]) -> str:
+    tri = phases["triton"]
+    off = phases.get("official")
+    head = ["concurrency", "metric", "rufus_llm (Triton)", "vLLM in-process", "ratio"]
+    if off:
+        head += ["official backend (Triton)", "vLLM in-process", "ratio",
+                 "rufus / official (ratio of ratios)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for c in conc:
         for k, label in KEYS:
-            cells = [f"{med(n, c, k):.1f}" for n in names]
-            cells += [f"{ratio('triton', n, c, k):.2f}" for n in others]
+            cells = [f"{med(tri, 'triton', c, k):.1f}", f"{med(tri, 'vllm', c, k):.1f}",
+                     f"{ratio(tri, 'triton', 'vllm', c, k):.2f}"]
+            if off:
+                cells += [f"{med(off, 'official', c, k):.1f}", f"{med(off, 'vllm', c, k):.1f}",
+                          f"{ratio(off, 'official', 'vllm', c, k):.2f}",
+                          f"{ratio(tri, 'triton', 'vllm', c, k) / ratio(off, 'official', 'vllm', c, k):.2f}"]
             lines.append(f"| {c} | {label} | " + " | ".join(cells) + " |")
-        errs = [str(sum(r[n][c]["errors"] for r in rounds)) for n in names]
-        lines.append(f"| {c} | errors | " + " | ".join(errs) + " |" + " |" * len(others))
+        errs = sum(r[t][c]["errors"] for p in phases.values() for r in p for t in r)
+        lines.append(f"| {c} | errors (all targets) | {errs} |" + " |" * (len(head) - 3))
     return "\n".join(lines)
 
 
@@ -171,30 +198,20 @@ def main() -> None:
         say("cold start (empty vLLM compile cache)")
         starts["cold"] = cold_start_time(extra_env, log)
         say(f"cold start: {starts['cold']:.1f} s")
-    names = ["triton", "vllm"] + (["official"] if args.official else [])
     models = [MODEL] + ([OFFICIAL] if args.official else [])
     repo = build_repository(engine_args, args.official)
-    srv = TritonServer(models=models, grpc_port=free_port(), http_port=free_port(),
-                       metrics_port=free_port(), log_path=log, extra_env=extra_env,
-                       model_repository=repo)
-    t0 = time.monotonic()
-    srv.start()
     try:
-        srv.wait_ready(timeout=1800)
-        starts["warm (cached compile)"] = time.monotonic() - t0
-        say(f"tritonserver ready ({', '.join(models)}) in {starts['warm (cached compile)']:.1f} s")
-        rounds = asyncio.run(interleaved(args, f"127.0.0.1:{srv.grpc_port}", engine_args, names))
+        phases = asyncio.run(run_phases(args, engine_args, extra_env, models, repo, log, starts))
     finally:
-        srv.stop()
         shutil.rmtree(repo, ignore_errors=True)
     header = (f"machine: {platform.node()} ({os.cpu_count()} cores, {platform.machine()}), "
               f"date: {time.strftime('%Y-%m-%d %H:%M')}, max_tokens={args.max_tokens}, "
               f"requests per worker={args.requests_per_worker}, rounds={args.rounds}")
     print(header)
-    print(table(rounds, args.concurrency, names))
+    print(table(phases, args.concurrency))
     print("time to ready: " + ", ".join(f"{k} {v:.1f} s" for k, v in starts.items()))
     if args.json:
-        args.json.write_text(json.dumps({"rounds": rounds, "ready_s": starts,
+        args.json.write_text(json.dumps({"phases": phases, "ready_s": starts,
                                          "engine_args": engine_args, "header": header},
                                         indent=1))
 
