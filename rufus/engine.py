@@ -100,10 +100,11 @@ class EngineHost:
     async def _watch(self) -> None:
         """Poll the engine's health: a dead engine core must flip readiness quickly."""
         while True:
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(0.5 if self.dead_reason is None else 0.1)
             if self.dead_reason is None and getattr(self.engine, "errored", False):
                 err = getattr(self.engine, "dead_error", None) or RuntimeError("engine errored")
                 self.mark_dead(err)
+            self._maybe_report_dead()
             if self.on_poll is not None:
                 try:
                     self.on_poll(self)
@@ -111,13 +112,32 @@ class EngineHost:
                     log.exception("%s: poll callback failed", self.name)
 
     def mark_dead(self, err: BaseException) -> None:
+        """Refuse new requests now; report (unload) once in-flight ones have their errors.
+
+        Safe from any thread. ``on_dead`` runs on the watch loop when no request is
+        outstanding (or after ``DEAD_REPORT_GRACE_S``): unloading the Triton model while a
+        request is still in flight left that request unreleased and the unload stuck in
+        UNLOADING (seen with Triton 2.51), so the model could never be loaded again.
+        """
         if self.dead_reason is not None:
             return
         self.dead_reason = f"{type(err).__name__}: {err}"
+        self._dead_error = err
+        self._dead_since = time.monotonic()
         log.error("%s: engine is dead (%s); model will report not ready", self.name, self.dead_reason)
+
+    DEAD_REPORT_GRACE_S = 5.0
+
+    def _maybe_report_dead(self) -> None:
+        if self.dead_reason is None or getattr(self, "_dead_reported", False):
+            return
+        waited = time.monotonic() - self._dead_since
+        if self.outstanding > 0 and waited < self.DEAD_REPORT_GRACE_S:
+            return
+        self._dead_reported = True
         if self.on_dead is not None:
             try:
-                self.on_dead(err)
+                self.on_dead(self._dead_error)
             except Exception:
                 log.exception("%s: on_dead callback failed", self.name)
 

@@ -247,6 +247,7 @@ def test_admission_bound_rejects_immediately(llm_server, url):
     for t, err in rejected:
         assert "at capacity" in str(err) and str(err).startswith("[UNAVAILABLE]")
         assert t - t0 < 30
+    time.sleep(1.0)  # gauges are published every 0.5 s: don't read a value from before the burst
     assert wait_for(lambda: _engine_idle(llm_server), timeout=30)
     # And the server still serves.
     assert text(run(url, stream=False, sampling={"max_tokens": 4, "temperature": 0}))
