@@ -63,8 +63,24 @@ def config_param(model_config: dict[str, Any], name: str, default: str = "") -> 
     return model_config.get("parameters", {}).get(name, {}).get("string_value", default)
 
 
+def send_now(sender: Any, outputs: dict[str, np.ndarray] | None, error: ServiceError | None,
+             final: bool) -> None:
+    flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
+    try:
+        sender.send(to_triton_response(outputs, error), flags=flags)
+    except Exception:  # a client gone mid-stream must not stop others
+        log.exception("sending a response failed")
+
+
+# "loop" (default): send on the thread that produced the response. "thread": hand it to a
+# sender thread, as the official backend does. Measured (docs/benchmarks.md): with a
+# sender thread, 16 streams on 2 cores hit the GIL convoy effect -- every send releases
+# and re-acquires the GIL against the busy engine loop -- and responses arrived in bursts.
+SEND_MODE = os.environ.get("RUFUS_SEND_MODE", "loop")
+
+
 class TritonSink:
-    """Queues responses for the sender thread so vLLM's loop never blocks on Triton IPC."""
+    """Sends responses for one request (directly, or through the sender thread)."""
 
     def __init__(self, sender: Any, out_queue: queue.Queue[Any]) -> None:
         self.sender = sender
@@ -72,7 +88,10 @@ class TritonSink:
 
     def send(self, outputs: dict[str, np.ndarray] | None, error: ServiceError | None,
              final: bool) -> None:
-        self.queue.put((self.sender, outputs, error, final))
+        if SEND_MODE == "thread":
+            self.queue.put((self.sender, outputs, error, final))
+        else:
+            send_now(self.sender, outputs, error, final)
 
     def is_cancelled(self) -> bool:
         return bool(self.sender.is_cancelled())
@@ -192,12 +211,7 @@ class EngineModel:
             item = self._responses.get()
             if item is None:
                 return
-            sender, outputs, error, final = item
-            flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
-            try:
-                sender.send(to_triton_response(outputs, error), flags=flags)
-            except Exception:
-                log.exception("%s: sending a response failed", self.name)
+            send_now(*item)
 
     def parameters_json(self, request: Any) -> str | None:
         raw = request.parameters()
