@@ -82,6 +82,8 @@ ENV: dict[str, Var] = {
     "RUFUS_CACHE_DIR": Var(("rufus/config.py",), "root of built models and caches"),
     "RUFUS_MODEL_DIR": Var(("rufus/config.py",), "the default model's directory"),
     "RUFUS_LOG_LEVEL": Var(("rufus/triton_backend.py",), "Python logging level in the backend"),
+    "RUFUS_SEND_MODE": Var(("rufus/triton_backend.py",),
+                           "loop (default) or thread: where streamed responses are sent from"),
     "RUFUS_ENGINE_ARGS": Var(("rufus/config.py",), "JSON engine-argument overrides, all models"),
     "RUFUS_RUFUS_LLM_ENGINE_ARGS": Var(("rufus/config.py",),
                                        "JSON engine-argument overrides for rufus_llm"),
