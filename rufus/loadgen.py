@@ -47,6 +47,12 @@ class RequestStats:
     error: str = ""
 
 
+# summarize() keys and their table labels, for every benchmark script's tables
+SUMMARY_KEYS = [("output_tok_s", "output tok/s"), ("req_s", "req/s"),
+                ("ttft_p50_ms", "TTFT p50 ms"), ("ttft_p99_ms", "TTFT p99 ms"),
+                ("itl_p50_ms", "ITL p50 ms"), ("itl_p99_ms", "ITL p99 ms")]
+
+
 def pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")

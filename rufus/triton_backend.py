@@ -17,7 +17,6 @@ import queue
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -95,9 +94,6 @@ class TritonSink:
 
     def is_cancelled(self) -> bool:
         return bool(self.sender.is_cancelled())
-
-
-_ERROR_CODES = ("INVALID_ARG", "UNAVAILABLE", "CANCELLED", "INTERNAL")
 
 
 def to_triton_response(outputs: dict[str, np.ndarray] | None, error: ServiceError | None) -> Any:
@@ -259,5 +255,3 @@ def add_io(auto_complete_model_config: Any, inputs: list[dict[str, Any]],
     auto_complete_model_config.set_max_batch_size(0)
     return auto_complete_model_config
 
-
-Handler = Callable[..., Any]

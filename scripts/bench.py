@@ -131,8 +131,7 @@ async def run_phases(args: argparse.Namespace, engine_args: dict, extra_env: dic
     return phases
 
 
-KEYS = [("output_tok_s", "output tok/s"), ("req_s", "req/s"), ("ttft_p50_ms", "TTFT p50 ms"),
-        ("ttft_p99_ms", "TTFT p99 ms"), ("itl_p50_ms", "ITL p50 ms"), ("itl_p99_ms", "ITL p99 ms")]
+KEYS = loadgen.SUMMARY_KEYS
 
 
 def med(rounds: list[dict], t: str, c: int, k: str) -> float:

@@ -105,9 +105,7 @@ def table(one: dict, two: dict, conc: list[int]) -> str:
     rows = ["| concurrency | metric | 1 node | 2-node unit | unit / 1 node |",
             "|---|---|---|---|---|"]
     for c in conc:
-        for key, label in (("output_tok_s", "output tok/s"), ("req_s", "req/s"),
-                           ("ttft_p50_ms", "TTFT p50 ms"), ("ttft_p99_ms", "TTFT p99 ms"),
-                           ("itl_p50_ms", "ITL p50 ms"), ("itl_p99_ms", "ITL p99 ms")):
+        for key, label in loadgen.SUMMARY_KEYS:
             a, b = one[c][key], two[c][key]
             rows.append(f"| {c} | {label} | {a:.1f} | {b:.1f} | {b / a:.2f} |")
         rows.append(f"| {c} | errors | {one[c]['errors']} | {two[c]['errors']} | |")
