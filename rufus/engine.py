@@ -39,8 +39,13 @@ class EngineHost:
         on_dead: Callable[[BaseException], None] | None = None,
         on_poll: Callable[[EngineHost], None] | None = None,
         name: str = "engine",
+        engine_factory: Callable[[dict[str, Any]], Any] | None = None,
     ) -> None:
         self.engine_args = dict(engine_args)
+        # None: vLLM's AsyncLLM. Otherwise a callable building an object with the same small
+        # surface (generate/abort/tokenizer/model_config/errored/shutdown), e.g. the query
+        # planner's torch Medusa engine (rufus/qp/torch_engine.py).
+        self.engine_factory = engine_factory
         self.max_outstanding = max_outstanding
         self.stat_loggers = stat_loggers or []
         self.on_dead = on_dead
@@ -83,8 +88,12 @@ class EngineHost:
 
         self._stop = asyncio.Event()
         try:
-            args = AsyncEngineArgs(**self.engine_args)
-            self.engine = AsyncLLM.from_engine_args(args, stat_loggers=self.stat_loggers or None)
+            if self.engine_factory is not None:
+                self.engine = self.engine_factory(self.engine_args)
+            else:
+                args = AsyncEngineArgs(**self.engine_args)
+                self.engine = AsyncLLM.from_engine_args(args,
+                                                        stat_loggers=self.stat_loggers or None)
             self.tokenizer = self.engine.tokenizer
             self.max_model_len = int(self.engine.model_config.max_model_len)
         except BaseException as exc:  # noqa: BLE001 - handed back to start()

@@ -6,7 +6,8 @@ is the model's actual token (acc[d][r]). A candidate path (r_1..r_d) is accepted
 probability ~ prod acc[i][r_i]; adding nodes in order of that probability keeps the tree
 prefix-closed and maximises expected accepted tokens per step for its size. The size is
 chosen with a *measured* cost model: the time of one forward pass verifying n tokens on this
-machine (fp32 transformers, batch 1), so the tree stays as small as CPU verification needs.
+machine with the engine that serves the tree (rufus/qp/torch_llama.py, bf16, batch 1), so the
+tree stays as small as CPU verification needs.
 The same figures give the best top-1 chain length for vLLM's chain-only Medusa proposer.
 
 Writes model_repository/rufus_qp_medusa/1/medusa_tree.json (NxDI's medusa_tree format plus
@@ -43,6 +44,7 @@ def main() -> None:
     ap.add_argument("--calib", default=str(ROOT / "data/qp/calib.jsonl"))
     ap.add_argument("--max-nodes", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--dtype", default="bfloat16", help="dtype of the served model (cost model)")
     a = ap.parse_args()
 
     import torch
@@ -82,23 +84,17 @@ def main() -> None:
     for k in range(K):
         say(f"head {k}: top-1 {acc[k][0]:.3f}, top-{TOPK} {sum(acc[k]):.3f}")
 
-    # measured verification cost: one forward of n new tokens after a 100-token context
-    ctx_ids = (seqs[0][0] * 4)[:100]
-    with torch.no_grad():
-        past = model(input_ids=torch.tensor([ctx_ids]), use_cache=True).past_key_values
-        cost: dict[int, float] = {}
-        for n in (1, 2, 4, 8, 16, 32, 64):
-            if n > a.max_nodes + 1:
-                break
-            x = torch.tensor([(seqs[0][0] * 8)[:n]])
-            best = float("inf")
-            for _ in range(3):
-                t0 = time.perf_counter()
-                model(input_ids=x, past_key_values=past, use_cache=True)
-                best = min(best, time.perf_counter() - t0)
-                past.crop(-n)
-            cost[n] = best
-    say("verify cost (ms) by tokens: " + ", ".join(f"{n}: {c * 1e3:.0f}" for n, c in cost.items()))
+    # measured verification cost: one forward of n new tokens after a 100-token context, on
+    # the engine that serves the tree (rufus/qp/torch_llama.py, the served dtype)
+    from rufus.qp.medusa_decode import time_forward
+    from rufus.qp.torch_llama import TinyLlama
+
+    served = TinyLlama(mdir, a.dtype, 512)
+    cost: dict[int, float] = {}
+    for n in (1, 2, 4, 6, 8, 12, 16, 24, 32, 64):
+        if n <= a.max_nodes + 1:
+            cost[n] = min(time_forward(served, n, 100, 10) for _ in range(3))
+    say("verify cost (ms) by tokens: " + ", ".join(f"{n}: {c * 1e3:.1f}" for n, c in cost.items()))
 
     def step_cost(n: int) -> float:  # linear interpolation over the measured points
         pts = sorted(cost.items())

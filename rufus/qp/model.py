@@ -170,6 +170,18 @@ def spec_stat_logger(counters: dict[str, Any]) -> Any:
     return _SpecLogger
 
 
+def _step_counter(counters: dict[str, Any]) -> Any:
+    """The torch engine's per-request callback, feeding the same Medusa counters as vLLM's."""
+
+    def on_stats(steps: int, drafted: int, accepted: int) -> None:
+        counters["num_drafts"].increment(steps)
+        counters["num_draft_tokens"].increment(drafted)
+        if accepted:
+            counters["num_accepted_tokens"].increment(accepted)
+
+    return on_stats
+
+
 class QueryPlannerModel(EngineModel):
     INPUTS = {i["name"] for i in QP_INPUTS}
     backend: PlannerBackend
@@ -190,8 +202,11 @@ class QueryPlannerModel(EngineModel):
             raise RuntimeError("qp_backend=nxdi runs on Neuron hosts through NxDI "
                                "(rufus/qp/backends.py), not inside this vLLM model")
         self._spec_families: list[Any] = []
-        if self.backend.name == "vllm_medusa" and pb_utils is not None:
-            self.host.stat_loggers.append(spec_stat_logger(self._spec_counters()))
+        counters = self._spec_counters() if pb_utils is not None and self.backend.medusa else None
+        if self.backend.name == "vllm_medusa" and counters is not None:
+            self.host.stat_loggers.append(spec_stat_logger(counters))
+        self.host.engine_factory = self.backend.engine_factory(
+            None if counters is None else _step_counter(counters))
         super().setup()
 
     def _spec_counters(self) -> dict[str, Any]:

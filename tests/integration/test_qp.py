@@ -1,12 +1,14 @@
 """rufus_qp_medusa through a real tritonserver with the real planner model and Medusa heads.
 
-Two servers for this module, started together: the model as configured (vLLM + Medusa) and
-the same model with ``qp_backend=autoregressive`` (the losslessness reference). Each is one
-tritonserver process group, ended by pid at the end of the module.
+Servers for this module: the model as configured (torch Medusa decoder, bf16) and the same
+model with ``qp_backend=torch_autoregressive`` (the losslessness reference), started
+together; the float32 losslessness test starts its own pair. Each is one tritonserver
+process group, ended by pid at the end of the module.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -34,10 +36,11 @@ def _server(log_dir, kind: str, args: dict[str, object]) -> TritonServer:
     )
 
 
-@pytest.fixture(scope="module")
-def qp_servers(log_dir):
-    servers = {"medusa": _server(log_dir, "medusa", {}),
-               "ar": _server(log_dir, "ar", {"qp_backend": "autoregressive"})}
+@contextlib.contextmanager
+def _pair(log_dir, dtype: str):
+    servers = {"medusa": _server(log_dir, f"medusa-{dtype}", {"dtype": dtype}),
+               "ar": _server(log_dir, f"ar-{dtype}", {"qp_backend": "torch_autoregressive",
+                                                      "dtype": dtype})}
     for s in servers.values():
         s.start()
     try:
@@ -45,12 +48,18 @@ def qp_servers(log_dir):
             try:
                 s.wait_ready(timeout=900)
             except Exception:
-                print((log_dir / f"tritonserver-qp-{kind}.log").read_text()[-5000:])
+                print((log_dir / f"tritonserver-qp-{kind}-{dtype}.log").read_text()[-5000:])
                 raise
         yield servers
     finally:
         for s in servers.values():
             s.stop()
+
+
+@pytest.fixture(scope="module")
+def qp_servers(log_dir):
+    with _pair(log_dir, "bfloat16") as servers:
+        yield servers
 
 
 @pytest.fixture(scope="module")
@@ -116,9 +125,9 @@ def test_bad_input_does_not_affect_other_requests(qp_url):
         assert r is not None and validate_plan(r.plan) == ""
 
 
-def test_lossless_on_eval_set(qp_servers, log_dir):
+def check_lossless(servers, log_dir, dtype: str) -> float:
     """Every eval output equals the autoregressive one, or first differs at a near-tie."""
-    urls = {k: f"127.0.0.1:{s.grpc_port}" for k, s in qp_servers.items()}
+    urls = {k: f"127.0.0.1:{s.grpc_port}" for k, s in servers.items()}
     rows = load_eval(ROOT / "data/qp/eval.jsonl")
     report = []
     for r in rows:
@@ -128,12 +137,22 @@ def test_lossless_on_eval_set(qp_servers, log_dir):
         report.append({"question": r["question"], "identical": c.identical,
                        "first_diff": c.first_diff, "gap": c.gap, "ok": c.ok})
     identical = sum(x["identical"] for x in report) / len(report)
-    (log_dir / "qp-lossless-bf16.json").write_text(json.dumps(report, indent=1))
-    print(f"\nqp lossless (bf16): identical {identical:.3f} of {len(report)}; "
+    (log_dir / f"qp-lossless-{dtype}.json").write_text(json.dumps(report, indent=1))
+    print(f"\nqp lossless ({dtype}): identical {identical:.3f} of {len(report)}; "
           f"near-tie threshold {NEAR_TIE_NATS} nats")
     bad = [x for x in report if not x["ok"]]
     assert not bad, f"outputs differ beyond a near-tie: {bad}"
     # Medusa actually ran: drafts were accepted
-    text = scrape(qp_servers["medusa"])
+    text = scrape(servers["medusa"])
     assert metric_value(text, "rufus_qp_spec_num_accepted_tokens_total") > 0
     assert os.environ.get("RUFUS_QP_REQUIRE_IDENTICAL") != "1" or identical == 1.0
+    return identical
+
+
+def test_lossless_on_eval_set(qp_servers, log_dir):
+    check_lossless(qp_servers, log_dir, "bfloat16")
+
+
+def test_lossless_on_eval_set_float32(log_dir):
+    with _pair(log_dir, "float32") as servers:
+        check_lossless(servers, log_dir, "float32")

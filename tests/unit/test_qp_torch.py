@@ -1,0 +1,181 @@
+"""The torch planner decoder on a tiny random Llama: the forward pass equals transformers',
+Medusa tree decoding equals plain greedy decoding (float32), prefix reuse and KV compaction
+keep it so across requests, and the tree / grammar plumbing behaves."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from rufus.qp.backends import TorchBackend, create_backend
+from rufus.qp.medusa_decode import Decoder, Tree
+from rufus.qp.torch_llama import MedusaHeads, TinyLlama
+
+VOCAB = 96
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    from safetensors.torch import save_file
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    d = tmp_path_factory.mktemp("tiny")
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=256, tie_word_embeddings=True, rope_theta=10000.0)
+    LlamaForCausalLM(cfg).save_pretrained(d / "model")
+    heads = d / "heads"
+    heads.mkdir()
+    # heads = small perturbations of "repeat the model's own next-token guess": random but
+    # deterministic drafts, some accepted and some rejected
+    sd = {f"blocks.{k}.layers.0.weight": torch.randn(64, 64) * 0.05 for k in range(3)}
+    sd["lm_head.weight"] = torch.randn(40, 64)
+    sd["token_map"] = torch.arange(0, 80, 2)
+    save_file(sd, str(heads / "model.safetensors"))
+    (heads / "config.json").write_text("{}")
+    return d / "model", heads
+
+
+def test_forward_matches_transformers(tiny: tuple[Path, Path]) -> None:
+    from transformers import AutoModelForCausalLM
+
+    model_dir, _ = tiny
+    ids = list(range(3, 40))
+    ref = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        want = ref(torch.tensor([ids])).logits[0]
+    m = TinyLlama(model_dir, "float32", 128)
+    got = m.logits(m.forward(torch.tensor(ids), torch.arange(len(ids)), 0,
+                             m.prefill_mask(0, len(ids))))
+    assert torch.allclose(got, want, atol=1e-4)
+    # split prefill (what prefix reuse does) gives the same logits
+    m.forward(torch.tensor(ids[:10]), torch.arange(10), 0, m.prefill_mask(0, 10))
+    rest = m.logits(m.forward(torch.tensor(ids[10:]), torch.arange(10, len(ids)), 10,
+                              m.prefill_mask(10, len(ids) - 10)))
+    assert torch.allclose(rest, want[10:], atol=1e-4)
+
+
+def test_tree_structure() -> None:
+    t = Tree.from_paths([[0, 0], [0], [1], [0, 1], [0, 0, 0]])
+    assert t.paths == [(0,), (1,), (0, 0), (0, 1), (0, 0, 0)]
+    assert t.parent == [-1, 0, 0, 1, 1, 3]
+    assert t.depth == [0, 1, 1, 2, 2, 3]
+    assert t.children[1] == [3, 4] and t.max_rank == 1 and t.max_depth == 3
+    assert t.mask is not None
+    assert t.mask[5].tolist() == [True, True, False, True, False, True]
+    with pytest.raises(ValueError, match="parent"):
+        Tree.from_paths([[0, 0]])
+
+
+def test_medusa_equals_greedy_across_requests(tiny: tuple[Path, Path]) -> None:
+    model_dir, heads_dir = tiny
+    m_ar = TinyLlama(model_dir, "float32", 256)
+    m_md = TinyLlama(model_dir, "float32", 256)
+    ar = Decoder(m_ar, None, None, eos_ids={1})
+    tree = Tree.from_paths([[0], [1], [0, 0], [0, 1], [0, 0, 0]])
+    md = Decoder(m_md, MedusaHeads(heads_dir, torch.float32, 3), tree, eos_ids={1})
+    accepted = 0
+    for prompt in ([5, 6, 7, 8, 9], [5, 6, 7, 30, 31, 32], [50, 51], [5, 6, 7, 8, 9]):
+        want = [t for s in ar.generate(prompt, 60) for t in s.tokens]
+        steps = list(md.generate(prompt, 60))
+        got = [t for s in steps for t in s.tokens]
+        assert got == want
+        assert steps[-1].finish_reason in ("stop", "length")
+        assert all(s.finish_reason is None for s in steps[:-1])
+        accepted += sum(s.accepted for s in steps)
+        # the cache holds the prompt and every token but the last: the next request reuses it
+        assert md.cached == prompt + got[:-1]
+    assert accepted == 0  # random heads: every draft rejected, one token per step
+
+
+class OracleHeads:
+    """Drafts the true greedy continuation at rank 0 (its last draft wrong every other
+    step) and a wrong token at rank 1: partial acceptance along non-contiguous tree nodes,
+    so the KV compaction is exercised."""
+
+    num_heads = 3
+
+    def __init__(self, decoder: Decoder, prompt: list[int], want: list[int]) -> None:
+        self.decoder, self.prompt, self.want, self.calls = decoder, prompt, want, 0
+
+    def topk(self, hidden: torch.Tensor, k: int, heads: int = 0) -> list[list[int]]:
+        done = len(self.decoder.cached) - len(self.prompt) + 1  # tokens emitted so far
+        nxt = [*self.want[done:], 0, 0, 0, 0][1:4]  # after the root token
+        self.calls += 1
+        if self.calls % 2:
+            nxt[2] = (nxt[2] + 1) % VOCAB
+        return [[t, (t + 3) % VOCAB][:k] for t in nxt]
+
+
+def test_medusa_accepts_correct_drafts(tiny: tuple[Path, Path]) -> None:
+    model_dir, _ = tiny
+    prompt = [5, 6, 7, 8, 9]
+    want = [t for s in Decoder(TinyLlama(model_dir, "float32", 256), None, None, {1})
+            .generate(prompt, 40) for t in s.tokens]
+    tree = Tree.from_paths([[0], [1], [0, 1], [0, 0], [0, 0, 1], [0, 0, 0]])
+    md = Decoder(TinyLlama(model_dir, "float32", 256), None, None, {1})
+    md.tree, md.heads = tree, OracleHeads(md, prompt, want)  # type: ignore[assignment]
+    steps = list(md.generate(prompt, 40))
+    assert [t for s in steps for t in s.tokens] == want
+    assert sum(s.accepted for s in steps) > len(want) // 2
+    assert max(len(s.tokens) for s in steps) == 4  # 3 drafts + the verified token
+
+
+def test_logprobs_and_length_limit(tiny: tuple[Path, Path]) -> None:
+    model_dir, _ = tiny
+    d = Decoder(TinyLlama(model_dir, "float32", 64), None, None, eos_ids=set())
+    steps = list(d.generate([3, 4, 5], 7, logprobs=3))
+    toks = [t for s in steps for t in s.tokens]
+    assert len(toks) == 7 and steps[-1].finish_reason == "length"
+    for s in steps:
+        assert s.logprobs is not None
+        for tok, pos in zip(s.tokens, s.logprobs, strict=True):
+            assert pos[tok][1] == 1  # greedy: the chosen token has rank 1
+            assert len(pos) >= 3
+    with pytest.raises(ValueError, match="exceeds"):
+        list(d.generate(list(range(60)), 10))
+
+
+def test_grammar_constrains_choice(tiny: tuple[Path, Path]) -> None:
+    """A real xgrammar grammar over a toy vocabulary: the decoder emits exactly what the
+    grammar allows, picking the model's preferred token where it has a choice, and stops
+    when the grammar ends (with the stop token), in plain and Medusa decoding alike."""
+    import xgrammar as xgr
+
+    from rufus.qp.medusa_decode import Grammar
+
+    vocab = ["<eos>"] + [chr(ord("a") + i) for i in range(26)] + [f"w{i}" for i in range(69)]
+    info = xgr.TokenizerInfo(vocab, stop_token_ids=[0])
+    compiled = xgr.GrammarCompiler(info).compile_grammar('root ::= "abc" [a-z] [a-z] "x"')
+    model_dir, heads_dir = tiny
+    outs = []
+    for heads, tree in ((None, None), (MedusaHeads(heads_dir, torch.float32, 3),
+                                       Tree.from_paths([[0], [1], [0, 0]]))):
+        d = Decoder(TinyLlama(model_dir, "float32", 64), heads, tree, eos_ids={0})
+        steps = list(d.generate([3, 4, 5], 20, Grammar(compiled, VOCAB)))
+        toks = [t for s in steps for t in s.tokens]
+        assert toks[:3] == [1, 2, 3] and 1 <= toks[3] <= 26 and 1 <= toks[4] <= 26
+        assert toks[5:] == [24, 0] and steps[-1].finish_reason == "stop"
+        outs.append(toks)
+    assert outs[0] == outs[1]
+
+
+def test_torch_backends(tiny: tuple[Path, Path]) -> None:
+    model_dir, heads_dir = tiny
+    args = {"model": str(model_dir), "dtype": "float32", "max_model_len": 128,
+            "medusa_model": str(heads_dir), "num_medusa_heads": 3,
+            "medusa_tree": [[0], [0, 0]], "medusa_speculation_length": 3,
+            "vllm_num_speculative_tokens": 2, "enable_prefix_caching": True}
+    b = create_backend(args)  # torch_medusa is the default
+    assert isinstance(b, TorchBackend) and b.name == "torch_medusa"
+    assert b.engine_args(args) == {"model": str(model_dir), "dtype": "float32",
+                                   "max_model_len": 128}
+    assert b.tokens_per_step_max == 3
+    ar = create_backend({**args, "qp_backend": "torch_autoregressive"})
+    assert ar.medusa is None and ar.engine_factory() is not None
+    missing = create_backend({**args, "medusa_model": "/nonexistent"})
+    assert missing.name == "torch_autoregressive"
+    assert callable(b.engine_factory())  # the engine itself is exercised by the real server
