@@ -11,10 +11,10 @@
 
 Training uses a sampled softmax (data tokens + random negatives) because the 49k-token
 projection dominates CPU time; accuracy is reported over the full vocabulary. Only the
-blocks are saved (K x 576 x 576, ~2.7 MB in fp16): rufus/qp/build.py adds the
+blocks are saved (K x 576 x 576, ~4.0 MB in fp16 for 6 heads): rufus/qp/build.py adds the
 shared projection when it builds vLLM's Medusa checkpoint. Seeded; progress on stdout.
 
-    .venv/bin/python scripts/train_medusa.py [--heads 4 --epochs 6]
+    .venv/bin/python scripts/train_medusa.py [--heads 6 --epochs 6]
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def main() -> None:
     ap.add_argument("--train", default=str(ROOT / "data/qp/train.jsonl"))
     ap.add_argument("--model", default="", help="planner model dir (default: setup's)")
     ap.add_argument("--out", default=str(HEADS_PATH))
-    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--heads", type=int, default=6)
     ap.add_argument("--epochs", type=int, default=6)
     ap.add_argument("--batch", type=int, default=256, help="positions per optimizer step")
     ap.add_argument("--lr", type=float, default=1e-3)

@@ -4,7 +4,8 @@ Input: ``question`` (+ optional ``history``: previous chat turns as JSON). Outpu
 generated text, the parsed plan as JSON (``plan``), and ``fallback`` / ``fallback_reason``
 when the text did not validate against rufus/qp/plan_schema.json (the plan then passes the
 question through as the search query). Decoding is greedy, constrained to the plan schema
-(vLLM structured outputs) and, by default, accelerated by Medusa heads (rufus/qp/backends.py).
+(an xgrammar JSON-schema grammar, passed as vLLM structured outputs) and, by default,
+accelerated by Medusa heads verified as a tree by the torch decoder (rufus/qp/backends.py).
 
 Generation, admission, cancellation, metrics and error mapping are rufus_llm's own
 (:func:`rufus.generation.run_generate`); this module only builds the request and turns the
@@ -220,6 +221,12 @@ class QueryPlannerModel(EngineModel):
             self._spec_families.append(fam)
             out[key] = fam.Metric(labels=labels)
         return out
+
+    def ready(self) -> None:
+        """The torch engine compiles the plan grammar before the model reports ready."""
+        warm = getattr(self.host.engine, "warm_grammar", None)
+        if warm is not None and self.backend.structured_output:
+            warm(structured_outputs().json)
 
     def parse(self, inputs: dict[str, np.ndarray | None], parameters: str | None) -> PlanRequest:
         return parse_plan_request(inputs, parameters, self.default_max_tokens)

@@ -168,8 +168,12 @@ class TorchPlannerEngine:
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
+    def warm_grammar(self, schema: Any) -> None:
+        """Compile a JSON-schema grammar now (~0.3 s) rather than on the first request."""
+        self._pool.submit(self._grammar, schema).result()
+
     # --------------------------------------------------------------- decoding thread
-    def _grammar(self, schema: str) -> Any:
+    def _grammar(self, schema: Any) -> Any:
         import xgrammar as xgr
 
         from rufus.qp.medusa_decode import Grammar
