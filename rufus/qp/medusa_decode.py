@@ -179,8 +179,8 @@ class Decoder:
                 node_tok = [root]
             else:
                 top = self.heads.topk(h_last, self.tree.max_rank + 1, self.tree.max_depth)
-                node_tok = [root] + [top[len(p) - 1][p[-1]] for p in self.tree.paths]
-                # the tree must fit: drop nothing, but never write past the cache
+                # node i's token: rank path[-1] of head len(path) - 1
+                node_tok = [root] + [top[len(path) - 1][path[-1]] for path in self.tree.paths]
                 ids = node_tok
                 pos = [cache_len + d for d in self.tree.depth]
                 assert self.tree.mask is not None

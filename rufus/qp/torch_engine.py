@@ -209,28 +209,24 @@ class TorchPlannerEngine:
                     steps, drafted, accepted = (steps + 1, drafted + step.drafted,
                                                 accepted + step.accepted)
                 all_ids += step.tokens
-                lps = None
                 if step.logprobs is not None:
-                    lps = [{t: Logprob(lp, rank, self.tokenizer.decode([t]))
-                            for t, (lp, rank) in pos.items()} for pos in step.logprobs]
-                    all_lps += lps
+                    all_lps += [{t: Logprob(lp, rank, self.tokenizer.decode([t]))
+                                 for t, (lp, rank) in pos.items()} for pos in step.logprobs]
                     cum += sum(pos[t][0] for pos, t in zip(step.logprobs, step.tokens,
                                                           strict=True))
                 finished = step.finish_reason is not None
+                if not (req.delta or finished):
+                    continue  # final-only: detokenize once, at the end
                 text = self.tokenizer.decode(all_ids, skip_special_tokens=True)
                 if not finished and text.endswith("\ufffd"):
                     continue  # half a UTF-8 character: wait for the rest
-                if req.delta:
-                    comp = Completion(text[len(sent_text):], all_ids[sent_n:], step.finish_reason,
-                                      cum if req.logprobs else None,
-                                      all_lps[sent_n:] if req.logprobs else None)
-                    sent_text, sent_n = text, len(all_ids)
-                    put(req.queue.put_nowait, Output([comp], finished, req.request_id))
-                elif finished:
-                    put(req.queue.put_nowait, Output(
-                        [Completion(text, list(all_ids), step.finish_reason,
-                                    cum if req.logprobs else None,
-                                    all_lps if req.logprobs else None)], True, req.request_id))
+                # a delta since the last response; final-only sends everything (sent_n == 0)
+                put(req.queue.put_nowait, Output(
+                    [Completion(text[len(sent_text):], all_ids[sent_n:], step.finish_reason,
+                                cum if req.logprobs else None,
+                                all_lps[sent_n:] if req.logprobs else None)],
+                    finished, req.request_id))
+                sent_text, sent_n = text, len(all_ids)
             log.debug("request %s: %d tokens, %d Medusa steps, %.0f ms", req.request_id,
                       len(all_ids), steps, (time.monotonic() - t_start) * 1e3)
             if self.on_stats is not None and steps:
