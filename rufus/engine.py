@@ -131,7 +131,10 @@ class EngineHost:
         if self.dead_reason is not None:
             return
         self.dead_reason = f"{type(err).__name__}: {err}"
-        self._dead_error = err
+        # Keep the message, not ``err``: its traceback would keep the frames of whichever
+        # request saw the death, and everything they reference (a Triton response sender
+        # among them), alive for as long as this instance lives.
+        self._dead_error: BaseException = EngineUnavailable(self.dead_reason)
         self._dead_since = time.monotonic()
         log.error("%s: engine is dead (%s); model will report not ready", self.name, self.dead_reason)
 

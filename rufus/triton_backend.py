@@ -9,6 +9,7 @@ the response-sender thread, metrics registration and unloading a model whose eng
 
 from __future__ import annotations
 
+import gc
 import json
 import locale
 import logging
@@ -17,6 +18,7 @@ import queue
 import sys
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +111,12 @@ def to_triton_response(outputs: dict[str, np.ndarray] | None, error: ServiceErro
     )
 
 
+def _describe(obj: Any) -> str:
+    """A short name for what holds a response sender (for the stalled-unload warning)."""
+    code = getattr(obj, "f_code", None) or getattr(obj, "cr_code", None)
+    return f"{type(obj).__name__}({code.co_name})" if code else type(obj).__name__
+
+
 def read_inputs(request: Any, names: set[str]) -> dict[str, np.ndarray | None]:
     out: dict[str, np.ndarray | None] = {}
     for name in names:
@@ -143,6 +151,8 @@ class EngineModel:
                  self.engine_config.source, self.engine_config.overrides or "none",
                  self.engine_config.engine_args)
         self.metrics: Metrics = self._make_metrics()
+        self._sinks: weakref.WeakSet[TritonSink] = weakref.WeakSet()
+        self._finalized = False
         self.default_max_tokens = int(config_param(self.model_config, "default_max_tokens", "256"))
         self.host = EngineHost(
             self.engine_config.engine_args,
@@ -192,8 +202,29 @@ class EngineModel:
         except Exception as exc:  # noqa: BLE001 - needs --model-control-mode=explicit
             log.error("%s: engine failed (%s) and the model could not be unloaded (%s); "
                       "start tritonserver with --model-control-mode=explicit", self.name, err, exc)
+            return
+        timer = threading.Timer(self.UNLOAD_CHECK_S, self._check_unloaded)
+        timer.daemon = True
+        timer.start()
+
+    UNLOAD_CHECK_S = 20.0
+
+    def _check_unloaded(self) -> None:
+        """Triton finalizes an instance only once every request it handed us is released,
+        i.e. its response sender is gone. If that has not happened, say what holds them."""
+        if self._finalized:
+            return
+        gc.collect()
+        live = list(self._sinks)
+        holders = sorted({_describe(r) for sink in live for r in gc.get_referrers(sink)
+                          if r is not live})
+        log.warning("%s: not finalized %.0f s after the unload request; %d response "
+                    "sender(s) still alive, held by %s. Restart the server if the model "
+                    "stays UNLOADING.", self.name, self.UNLOAD_CHECK_S, len(live),
+                    holders or "nothing in Python (Triton side)")
 
     def finalize(self) -> None:
+        self._finalized = True
         log.info("%s: finalizing (outstanding=%d)", self.name, self.host.outstanding)
         self.host.shutdown(timeout=15)
         self._responses.put(None)
@@ -217,6 +248,7 @@ class EngineModel:
         arrival = time.monotonic()
         for request in requests:
             sink = TritonSink(request.get_response_sender(), self._responses)
+            self._sinks.add(sink)
             try:
                 parsed = self.parse(read_inputs(request, self.INPUTS), self.parameters_json(request))
             except InvalidInput as exc:

@@ -7,8 +7,12 @@ ignore_eos so every request generates exactly --max-tokens), same measurement co
 (rufus/loadgen.py), one run. Each Triton model gets its own tritonserver (a phase); within
 a phase it alternates with the in-process engine per round, so a noisy shared machine
 disturbs both alike; the table shows medians over rounds and the median of per-round
-ratios (rufus vs official = the ratio of their ratios to the same in-process engine). Also measures
-tritonserver's time to ready (--cold-start: with an empty vLLM compile cache).
+ratios (rufus vs official = the ratio of their ratios to the same in-process engine).
+
+Every measurement starts after --gap idle seconds: a vLLM CPU worker busy-polls for 1 s
+after its last request, and the two engines of a phase share the machine, so without the
+gap whichever target ran second shared the CPU with the other's spinning worker. Also
+measures tritonserver's time to ready (--cold-start: with an empty vLLM compile cache).
 
     python scripts/bench.py --concurrency 1 16 [--rounds 3] [--max-tokens 64]
     python scripts/bench.py --official /path/to/vllm_backend/src   # three-way
@@ -118,6 +122,10 @@ async def run_phases(args: argparse.Namespace, engine_args: dict, extra_env: dic
                     res: dict = {n: {} for n in order}
                     for c in args.concurrency:
                         for name in order:
+                            # let the other engine's worker stop its 1 s post-request
+                            # busy-poll first (shm_broadcast), so neither target runs
+                            # beside the other's spinning worker.
+                            await asyncio.sleep(args.gap)
                             say(f"{model}: round {r + 1}/{args.rounds}: {name}, concurrency {c}")
                             res[name][c] = await loadgen.run_workload(
                                 targets[name], c, c * args.requests_per_worker, args.max_tokens,
@@ -178,6 +186,9 @@ def main() -> None:
                     help="src/ of a vllm_backend checkout: add the official backend")
     ap.add_argument("--engine-args", default="{}",
                     help="JSON overrides for every target (e.g. '{\"max_num_seqs\": 16}')")
+    ap.add_argument("--gap", type=float, default=2.0,
+                    help="idle seconds before each measurement (vLLM CPU workers busy-poll "
+                         "for 1 s after their last request)")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--log-dir", default=os.environ.get("RUFUS_BENCH_LOGS", tempfile.gettempdir()))
     args = ap.parse_args()

@@ -295,11 +295,14 @@ def test_engine_death_fails_fast_then_reload_recovers(llm_server, url):
         return any(m["name"] == MODEL and m.get("state") == "UNAVAILABLE" for m in index)
 
     if not wait_for(unloaded, timeout=60):
-        # Intermittent (2 of 5 runs on 2026-11-22, cause not found): Triton never calls
-        # finalize on the dead instance, so it cannot be reloaded in this process.
-        # Everything an operator relies on held (UNAVAILABLE, not ready, fail fast); the
-        # remedy is a restart, which the unit's health check triggers. Looks like the class
-        # of triton-inference-server/server#8755. Kept visible as an xfail, not hidden.
+        # Seen after the rest of this module in 5 of 8 runs on 2026-11-22, never when only
+        # the cancellation or admission test (or nothing) ran first (0 of 9): Triton never finalizes
+        # the dead instance, so it cannot be reloaded in this process. No response sender
+        # is alive in the stub by then, and Triton's shutdown reports 0 in-flight
+        # inferences but 1 live model: something on Triton's side (cf.
+        # triton-inference-server/server#8755) keeps the model. Everything an operator
+        # relies on held (UNAVAILABLE, not ready, fail fast); the remedy is a restart,
+        # which the unit's health check triggers. Kept visible as an xfail, not hidden.
         pytest.xfail("Triton never finished unloading the dead instance: restart needed")
     admin.load_model(MODEL)
     assert wait_for(lambda: llm_server.is_ready(MODEL), timeout=600)

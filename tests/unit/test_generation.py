@@ -5,6 +5,8 @@ admission counter always comes back down, cancellation aborts inside the engine.
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -146,3 +148,30 @@ def test_cancellation_aborts_in_engine_and_ends_stream():
     assert "c1" in host.aborted
     assert sink.sent[-1][1].code == "CANCELLED" and sink.sent[-1][2]
     assert host.outstanding == 0
+
+
+def test_dead_engine_error_does_not_pin_the_request_that_saw_it():
+    """The error kept for reporting must not hold the frames of the request that noticed
+    the death, nor its Triton response sender through them."""
+    host = EngineHost({}, name="t")
+    reported: list[BaseException] = []
+    host.on_dead = reported.append
+
+    class Sender:
+        pass
+
+    def serve(sender: Sender) -> None:
+        try:
+            raise RuntimeError("engine core died")
+        except RuntimeError as exc:
+            host.mark_dead(exc)
+
+    sender = Sender()
+    ref = weakref.ref(sender)
+    serve(sender)
+    del sender
+    gc.collect()
+    assert ref() is None, "the stored error keeps the request's frames alive"
+    host._maybe_report_dead()
+    assert "engine core died" in str(reported[0])
+    assert host.dead_reason == "RuntimeError: engine core died"
