@@ -295,7 +295,7 @@ def test_engine_death_fails_fast_then_reload_recovers(llm_server, url):
         return any(m["name"] == MODEL and m.get("state") == "UNAVAILABLE" for m in index)
 
     if not wait_for(unloaded, timeout=60):
-        # Seen after the rest of this module in 6 of 9 runs on 2026-11-22. The smallest
+        # Seen after the rest of this module in 7 of 10 runs on 2026-11-22. The smallest
         # trigger found is test_metrics_present_and_increasing followed by
         # test_admission_bound_rejects_immediately (either one alone with this test: fine;
         # 13 runs of other subsets never stalled). Triton never finalizes the dead instance, so it
