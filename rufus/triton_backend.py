@@ -210,8 +210,9 @@ class EngineModel:
     UNLOAD_CHECK_S = 20.0
 
     def _check_unloaded(self) -> None:
-        """Triton finalizes an instance only once every request it handed us is released,
-        i.e. its response sender is gone. If that has not happened, say what holds them."""
+        """Triton finalizes an instance only after every request it handed us is released
+        (its response sender gone). If finalize has not come, say what in Python still
+        holds senders; none means the hold is on Triton's side."""
         if self._finalized:
             return
         gc.collect()

@@ -298,13 +298,13 @@ def test_engine_death_fails_fast_then_reload_recovers(llm_server, url):
         # Seen after the rest of this module in 7 of 10 runs on 2026-11-22. The smallest
         # trigger found is test_metrics_present_and_increasing followed by
         # test_admission_bound_rejects_immediately (either one alone with this test: fine;
-        # 13 runs of other subsets never stalled). Triton never finalizes the dead instance, so it
-        # cannot be reloaded in this process. No response sender
-        # is alive in the stub by then, and Triton's shutdown reports 0 in-flight
-        # inferences but 1 live model: something on Triton's side (cf.
-        # triton-inference-server/server#8755) keeps the model. Everything an operator
-        # relies on held (UNAVAILABLE, not ready, fail fast); the remedy is a restart,
-        # which the unit's health check triggers. Kept visible as an xfail, not hidden.
+        # 13 runs of other subsets never stalled). Triton never finalizes the dead
+        # instance, so it cannot be reloaded in this process. No response sender is alive
+        # in the stub by then, and Triton's shutdown reports 0 in-flight inferences but 1
+        # live model: something on Triton's side (cf. triton-inference-server/server#8755)
+        # keeps the model. Everything an operator relies on held (UNAVAILABLE, not ready,
+        # fail fast); the remedy is a restart, which the unit's health check triggers.
+        # Kept visible as an xfail, not hidden.
         pytest.xfail("Triton never finished unloading the dead instance: restart needed")
     admin.load_model(MODEL)
     assert wait_for(lambda: llm_server.is_ready(MODEL), timeout=600)
