@@ -15,7 +15,7 @@ model:
 	bash scripts/setup.sh model
 
 serve: setup      ## serve model_repository on GRPC_PORT/HTTP_PORT/METRICS_PORT
-	$(PY) -m rufus.server --models "$${RUFUS_MODELS:-rufus_llm,rufus_qp_medusa}"
+	$(PY) -m rufus.harness.server --models "$${RUFUS_MODELS:-rufus_llm,rufus_qp_medusa}"
 
 test: setup check-deploy  ## lint + deploy checks + unit + integration tests
 	$(PY) -m ruff check .

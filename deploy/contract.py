@@ -12,12 +12,12 @@ from dataclasses import dataclass
 
 # --- ports -----------------------------------------------------------------------------------
 PORTS: dict[str, int] = {
-    "GRPC_PORT": 8001,           # tritonserver gRPC (leader)      rufus/server.py
-    "HTTP_PORT": 8000,           # tritonserver HTTP (leader)      rufus/server.py
-    "METRICS_PORT": 8002,        # tritonserver /metrics (leader)  rufus/server.py
-    "RUFUS_LEADER_PORT": 29500,  # torch.distributed rendezvous    rufus/topology.py
-    "RUFUS_CONTROL_PORT": 29501,  # leader/follower control channel rufus/topology.py (+1)
-    "RUFUS_HEALTH_PORT": 8081,   # follower /health                rufus/topology.py
+    "GRPC_PORT": 8001,           # tritonserver gRPC (leader)      rufus/harness/server.py
+    "HTTP_PORT": 8000,           # tritonserver HTTP (leader)      rufus/harness/server.py
+    "METRICS_PORT": 8002,        # tritonserver /metrics (leader)  rufus/harness/server.py
+    "RUFUS_LEADER_PORT": 29500,  # torch.distributed rendezvous    rufus/multinode/topology.py
+    "RUFUS_CONTROL_PORT": 29501,  # leader/follower control channel rufus/multinode/topology.py (+1)
+    "RUFUS_HEALTH_PORT": 8081,   # follower /health                rufus/multinode/topology.py
     "RUFUS_AGENT_PORT": 8090,    # unit agent /health, /load       proxy/agent.py
     "RUFUS_AGENT_CHECK_PORT": 8091,  # HAProxy agent-check (load)   proxy/agent.py
 }
@@ -25,13 +25,13 @@ PORTS: dict[str, int] = {
 # --- what each role runs (argv after the interpreter) -----------------------------------------
 MODEL = "rufus_llm"
 COMMANDS: dict[str, list[str]] = {
-    "leader": ["python", "-m", "rufus.server"],
+    "leader": ["python", "-m", "rufus.harness.server"],
     "follower": ["python", "-m", "follower"],
     "agent": ["python", "-m", "proxy.agent"],
 }
 # the file that ``python -m <module>`` runs, relative to the repository root
 MODULE_FILES: dict[str, str] = {
-    "rufus.server": "rufus/server.py",
+    "rufus.harness.server": "rufus/harness/server.py",
     "follower": "follower/__main__.py",
     "proxy.agent": "proxy/agent.py",
 }
@@ -75,34 +75,34 @@ class Var:
 
 
 ENV: dict[str, Var] = {
-    "GRPC_PORT": Var(("rufus/server.py",), "leader gRPC port"),
-    "HTTP_PORT": Var(("rufus/server.py",), "leader HTTP port"),
-    "METRICS_PORT": Var(("rufus/server.py",), "leader metrics port"),
-    "RUFUS_MODELS": Var(("rufus/server.py",), "models tritonserver loads"),
-    "RUFUS_CACHE_DIR": Var(("rufus/config.py",), "root of built models and caches"),
-    "RUFUS_MODEL_DIR": Var(("rufus/config.py",), "the default model's directory"),
-    "RUFUS_LOG_LEVEL": Var(("rufus/triton_backend.py",), "Python logging level in the backend"),
-    "RUFUS_SEND_MODE": Var(("rufus/triton_backend.py",),
+    "GRPC_PORT": Var(("rufus/harness/server.py",), "leader gRPC port"),
+    "HTTP_PORT": Var(("rufus/harness/server.py",), "leader HTTP port"),
+    "METRICS_PORT": Var(("rufus/harness/server.py",), "leader metrics port"),
+    "RUFUS_MODELS": Var(("rufus/harness/server.py",), "models tritonserver loads"),
+    "RUFUS_CACHE_DIR": Var(("rufus/serving/config.py",), "root of built models and caches"),
+    "RUFUS_MODEL_DIR": Var(("rufus/serving/config.py",), "the default model's directory"),
+    "RUFUS_LOG_LEVEL": Var(("rufus/serving/triton_backend.py",), "Python logging level in the backend"),
+    "RUFUS_SEND_MODE": Var(("rufus/serving/triton_backend.py",),
                            "loop (default) or thread: where streamed responses are sent from"),
-    "RUFUS_ENGINE_ARGS": Var(("rufus/config.py",), "JSON engine-argument overrides, all models"),
-    "RUFUS_RUFUS_LLM_ENGINE_ARGS": Var(("rufus/config.py",),
+    "RUFUS_ENGINE_ARGS": Var(("rufus/serving/config.py",), "JSON engine-argument overrides, all models"),
+    "RUFUS_RUFUS_LLM_ENGINE_ARGS": Var(("rufus/serving/config.py",),
                                        "JSON engine-argument overrides for rufus_llm"),
-    "RUFUS_NNODES": Var(("rufus/topology.py",), "nodes in the unit"),
-    "RUFUS_NODE_RANK": Var(("rufus/topology.py",), "this node's rank (0 = leader)"),
-    "RUFUS_LEADER_ADDR": Var(("rufus/topology.py",), "leader host"),
-    "RUFUS_LEADER_PORT": Var(("rufus/topology.py",), "leader rendezvous port"),
-    "RUFUS_HEALTH_PORT": Var(("rufus/topology.py",), "follower health port"),
-    "RUFUS_CONTROL_PORT": Var(("rufus/topology.py",),
+    "RUFUS_NNODES": Var(("rufus/multinode/topology.py",), "nodes in the unit"),
+    "RUFUS_NODE_RANK": Var(("rufus/multinode/topology.py",), "this node's rank (0 = leader)"),
+    "RUFUS_LEADER_ADDR": Var(("rufus/multinode/topology.py",), "leader host"),
+    "RUFUS_LEADER_PORT": Var(("rufus/multinode/topology.py",), "leader rendezvous port"),
+    "RUFUS_HEALTH_PORT": Var(("rufus/multinode/topology.py",), "follower health port"),
+    "RUFUS_CONTROL_PORT": Var(("rufus/multinode/topology.py",),
                               "leader's control port (handshake, heartbeats)"),
-    "RUFUS_UNIT_MODEL": Var(("rufus/unit.py",), "the model whose engine spans the unit"),
-    "RUFUS_HEARTBEAT_S": Var(("rufus/unit.py",), "leader/follower heartbeat period"),
-    "RUFUS_PEER_TIMEOUT_S": Var(("rufus/unit.py",), "peer declared dead after this silence"),
-    "RUFUS_FOLLOWER_WAIT_S": Var(("rufus/unit.py",), "how long a follower waits to join"),
+    "RUFUS_UNIT_MODEL": Var(("rufus/multinode/control.py",), "the model whose engine spans the unit"),
+    "RUFUS_HEARTBEAT_S": Var(("rufus/multinode/control.py",), "leader/follower heartbeat period"),
+    "RUFUS_PEER_TIMEOUT_S": Var(("rufus/multinode/control.py",), "peer declared dead after this silence"),
+    "RUFUS_FOLLOWER_WAIT_S": Var(("rufus/multinode/control.py",), "how long a follower waits to join"),
     "RUFUS_MODEL_JSON": Var(("follower/",), "follower: the model.json it shares with the leader"),
     "RUFUS_LEADER_WAIT_S": Var(("follower/",), "follower: how long it waits for the leader"),
-    "LWS_GROUP_SIZE": Var(("rufus/topology.py",), "set by LeaderWorkerSet"),
-    "LWS_WORKER_INDEX": Var(("rufus/topology.py",), "set by LeaderWorkerSet"),
-    "LWS_LEADER_ADDRESS": Var(("rufus/topology.py",), "set by LeaderWorkerSet"),
+    "LWS_GROUP_SIZE": Var(("rufus/multinode/topology.py",), "set by LeaderWorkerSet"),
+    "LWS_WORKER_INDEX": Var(("rufus/multinode/topology.py",), "set by LeaderWorkerSet"),
+    "LWS_LEADER_ADDRESS": Var(("rufus/multinode/topology.py",), "set by LeaderWorkerSet"),
     "RUFUS_AGENT_PORT": Var(("proxy/",), "unit agent HTTP port"),
     "RUFUS_LEADER_HTTP": Var(("proxy/",), "unit agent: the leader's Triton HTTP base URL"),
     "RUFUS_FOLLOWER_HEALTH_URLS": Var(("proxy/",),

@@ -9,7 +9,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from rufus.topology import Topology
+from rufus.multinode.topology import Topology
 
 log = logging.getLogger("follower.health")
 

@@ -2,7 +2,7 @@
 
 Lifecycle (each step logged, ``/health`` reports the state):
 
-1. topology from the environment (``rufus.topology``; ours or LeaderWorkerSet's);
+1. topology from the environment (``rufus.multinode.topology``; ours or LeaderWorkerSet's);
 2. engine args from the leader's ``model.json`` (``RUFUS_MODEL_JSON``, same env overrides)
    through the same ``apply_topology`` the leader uses;
 3. dial the leader's control port with a bounded, logged retry (``RUFUS_LEADER_WAIT_S``);
@@ -27,9 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from follower.health import HealthState, serve_health
-from rufus.config import ConfigError, load_engine_config
-from rufus.topology import Topology, TopologyError, apply_topology, topology_from_env
-from rufus.unit import (
+from rufus.multinode.control import (
     FollowerControl,
     LeaderUnreachable,
     Rejected,
@@ -37,6 +35,8 @@ from rufus.unit import (
     kill_vllm_children,
     unit_model_name,
 )
+from rufus.multinode.topology import Topology, TopologyError, apply_topology, topology_from_env
+from rufus.serving.config import ConfigError, load_engine_config
 
 log = logging.getLogger("follower")
 

@@ -1,6 +1,6 @@
 """A local fleet: N inference units, one unit agent each, HAProxy in front.
 
-Each unit is the multi-node unit of ``rufus/rig.py`` (leader tritonserver + ``python -m
+Each unit is the multi-node unit of ``rufus/harness/rig.py`` (leader tritonserver + ``python -m
 follower`` processes, each its own process group) kept whole by its ``Supervisor`` (any
 node lost -> the whole unit is recreated, like LeaderWorkerSet). ``nnodes=1`` gives
 single-node units (one tritonserver), useful when CPU is scarce. Every process is ended by
@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from proxy.haproxy import Backend, HAProxy, render
-from rufus.rig import LocalUnit, Supervisor
-from rufus.server import ROOT, free_port
+from rufus.harness.rig import LocalUnit, Supervisor
+from rufus.harness.server import ROOT, free_port
 
 log = logging.getLogger("proxy.fleet")
 

@@ -4,7 +4,7 @@ and optionally vs the official Triton vLLM backend in the same tritonserver.
 Same engine arguments (model.json + the same overrides), same workload (16 shopping
 questions rendered once with the chat template and sent as identical raw prompts; greedy;
 ignore_eos so every request generates exactly --max-tokens), same measurement code
-(rufus/loadgen.py), one run. Each Triton model gets its own tritonserver (a phase); within
+(rufus/harness/loadgen.py), one run. Each Triton model gets its own tritonserver (a phase); within
 a phase it alternates with the in-process engine per round, so a noisy shared machine
 disturbs both alike; the table shows medians over rounds and the median of per-round
 ratios (rufus vs official = the ratio of their ratios to the same in-process engine).
@@ -39,9 +39,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rufus import loadgen
-from rufus.config import load_engine_config
-from rufus.server import ROOT, TritonServer, free_port
+from rufus.harness import loadgen
+from rufus.harness.server import ROOT, TritonServer, free_port
+from rufus.serving.config import load_engine_config
 
 MODEL = "rufus_llm"
 OFFICIAL = "official_vllm"
@@ -192,7 +192,7 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--log-dir", default=os.environ.get("RUFUS_BENCH_LOGS", tempfile.gettempdir()))
     args = ap.parse_args()
-    # The same CPU KV-cache size for the in-process engine as rufus.server gives Triton's
+    # The same CPU KV-cache size for the in-process engine as rufus.harness.server gives Triton's
     # (without it vLLM-CPU sizes the cache from gpu_memory_utilization x total RAM).
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
 

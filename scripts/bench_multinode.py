@@ -1,10 +1,10 @@
 """Benchmark: one node vs the two-node unit (leader + follower, pipeline parallel 2).
 
-One run, same workload (rufus/loadgen.py through Triton gRPC streaming: chat prompts,
+One run, same workload (rufus/harness/loadgen.py through Triton gRPC streaming: chat prompts,
 greedy, ignore_eos, --max-tokens per request), same engine arguments except the split:
 
 1. single-node tritonserver (model.json + --engine-args);
-2. the two-node unit from rufus/rig.py under its Supervisor (+ pipeline_parallel_size=2);
+2. the two-node unit from rufus/harness/rig.py under its Supervisor (+ pipeline_parallel_size=2);
 3. failure drill on the unit: SIGKILL the follower's process group during a stream and time
    (a) the in-flight stream's UNAVAILABLE, (b) the leader's model going not ready,
    (c) the supervisor's whole-unit restart until it serves a correct answer again.
@@ -26,10 +26,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rufus import loadgen
 from rufus.client import RequestFailed, generate
-from rufus.rig import LocalUnit, Supervisor
-from rufus.server import TritonServer, free_port
+from rufus.harness import loadgen
+from rufus.harness.rig import LocalUnit, Supervisor
+from rufus.harness.server import TritonServer, free_port
 
 MODEL = "rufus_llm"
 CHECK_PROMPT = "The best way to keep running shoes clean is"

@@ -10,7 +10,7 @@ at batch size 1, one request at a time, rotating which goes first (the CPU cores
 so interleaved runs give fair ratios). Prints and writes
 (--json) latency p50/p99, tokens/s, mean accepted tokens per verification step (from the
 servers' Medusa counters), speedups, JSON validity, intent accuracy and the losslessness
-check (rufus/qp/lossless.py).
+check (rufus/qp/tooling/lossless.py).
 
     .venv/bin/python scripts/bench_qp.py [--rounds 2] [--dtype bfloat16] [--baselines ...]
                                          [--json out.json]
@@ -32,10 +32,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from rufus.harness.server import ROOT, TritonServer, free_port
 from rufus.qp.client import PlanResponse, plan
-from rufus.qp.lossless import LOGPROBS_K, NEAR_TIE_NATS, compare
 from rufus.qp.plan import load_eval
-from rufus.server import ROOT, TritonServer, free_port
+from rufus.qp.tooling.lossless import LOGPROBS_K, NEAR_TIE_NATS, compare
 
 MODEL = "rufus_qp_medusa"
 OVERRIDE = "RUFUS_RUFUS_QP_MEDUSA_ENGINE_ARGS"

@@ -6,7 +6,7 @@ is the model's actual token (acc[d][r]). A candidate path (r_1..r_d) is accepted
 probability ~ prod acc[i][r_i]; adding nodes in order of that probability keeps the tree
 prefix-closed and maximises expected accepted tokens per step for its size. The size is
 chosen with a *measured* cost model: the time of one forward pass verifying n tokens on this
-machine with the engine that serves the tree (rufus/qp/torch_llama.py, bf16, batch 1), so the
+machine with the engine that serves the tree (rufus/qp/decoder/torch_llama.py, bf16, batch 1), so the
 tree stays as small as CPU verification needs.
 The same figures give the best top-1 chain length for vLLM's chain-only Medusa proposer.
 
@@ -28,8 +28,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rufus.qp.build import HEADS_PATH, qp_model_dir  # noqa: E402
 from rufus.qp.plan import load_eval  # noqa: E402
+from rufus.qp.tooling.build import HEADS_PATH, qp_model_dir  # noqa: E402
 
 MODEL_DIR = ROOT / "model_repository" / "rufus_qp_medusa" / "1"
 TOPK = 8
@@ -85,9 +85,9 @@ def main() -> None:
         say(f"head {k}: top-1 {acc[k][0]:.3f}, top-{TOPK} {sum(acc[k]):.3f}")
 
     # measured verification cost: one forward of n new tokens after a 100-token context, on
-    # the engine that serves the tree (rufus/qp/torch_llama.py, the served dtype)
-    from rufus.qp.medusa_decode import time_forward
-    from rufus.qp.torch_llama import TinyLlama
+    # the engine that serves the tree (rufus/qp/decoder/torch_llama.py, the served dtype)
+    from rufus.qp.decoder.medusa_decode import time_forward
+    from rufus.qp.decoder.torch_llama import TinyLlama
 
     served = TinyLlama(mdir, a.dtype, 512)
     cost: dict[int, float] = {}

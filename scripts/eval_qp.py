@@ -34,7 +34,7 @@ def main() -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from rufus.qp.build import qp_model_dir
+    from rufus.qp.tooling.build import qp_model_dir
 
     llm = LLM(model=a.model or str(qp_model_dir()), dtype=a.dtype, max_model_len=2048, seed=0,
               enable_prefix_caching=True, gpu_memory_utilization=0.3)

@@ -27,7 +27,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from proxy.fleet import Fleet
-from rufus.loadgen import SHOPPING_PROMPTS, closed_loop
+from rufus.harness.loadgen import SHOPPING_PROMPTS, closed_loop
 
 log = logging.getLogger("fleet")
 
@@ -133,7 +133,7 @@ async def _calibrate(url: str) -> dict[str, Any]:
     ITL vs batch size (closed loop at 1, 4, 8 streams, 48 tokens) and TTFT vs prompt length
     at one stream (raw prompts of about 50, 300 and 700 tokens)."""
     from rufus.client import agenerate
-    from rufus.loadgen import triton_stream
+    from rufus.harness.loadgen import triton_stream
 
     out: dict[str, Any] = {"itl_ms": {}, "ttft_ms_by_prompt_tokens": {}}
     stream = triton_stream(url, "rufus_llm")

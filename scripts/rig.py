@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rufus.rig import DEFAULT_ENGINE_ARGS, LocalUnit, Supervisor
+from rufus.harness.rig import DEFAULT_ENGINE_ARGS, LocalUnit, Supervisor
 
 
 def main() -> int:

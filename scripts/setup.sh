@@ -76,7 +76,7 @@ setup_qp() {
   # Query planner (issue 6): merge the committed LoRA into the default model and build vLLM's
   # Medusa checkpoint from the committed heads. Seconds; retraining is scripts/train_*.py.
   step "query planner model + Medusa heads (rufus_qp_medusa)"
-  "$VENV/bin/python" -m rufus.qp.build
+  "$VENV/bin/python" -m rufus.qp.tooling.build
 }
 
 setup_proxy() {

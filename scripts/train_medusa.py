@@ -11,7 +11,7 @@
 
 Training uses a sampled softmax (data tokens + random negatives) because the 49k-token
 projection dominates CPU time; accuracy is reported over the full vocabulary. Only the
-blocks are saved (K x 576 x 576, ~4.0 MB in fp16 for 6 heads): rufus/qp/build.py adds the
+blocks are saved (K x 576 x 576, ~4.0 MB in fp16 for 6 heads): rufus/qp/tooling/build.py adds the
 shared projection when it builds vLLM's Medusa checkpoint. Seeded; progress on stdout.
 
     .venv/bin/python scripts/train_medusa.py [--heads 6 --epochs 6]
@@ -29,8 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rufus.qp.build import HEADS_PATH, qp_model_dir  # noqa: E402
 from rufus.qp.plan import build_messages, load_eval  # noqa: E402
+from rufus.qp.tooling.build import HEADS_PATH, qp_model_dir  # noqa: E402
 
 
 def say(msg: str) -> None:

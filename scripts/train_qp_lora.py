@@ -23,9 +23,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rufus.config import default_model_dir  # noqa: E402
-from rufus.qp.build import LORA_PATH, LORA_TARGETS  # noqa: E402
 from rufus.qp.plan import build_messages, load_eval, render_plan  # noqa: E402
+from rufus.qp.tooling.build import LORA_PATH, LORA_TARGETS  # noqa: E402
+from rufus.serving.config import default_model_dir  # noqa: E402
 
 
 def say(msg: str) -> None:

@@ -92,7 +92,7 @@ def manifest(variant: str) -> dict[str, Any]:
     security = {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001,
                 "allowPrivilegeEscalation": False}
     # LWS injects LWS_LEADER_ADDRESS, LWS_GROUP_SIZE and LWS_WORKER_INDEX into every pod;
-    # rufus/topology.py reads them. Only the ports and engine arguments are ours.
+    # rufus/multinode/topology.py reads them. Only the ports and engine arguments are ours.
     common_env = {"RUFUS_LEADER_PORT": str(PORTS["RUFUS_LEADER_PORT"]),
                   "RUFUS_CONTROL_PORT": str(PORTS["RUFUS_CONTROL_PORT"]),
                   "RUFUS_HEALTH_PORT": str(PORTS["RUFUS_HEALTH_PORT"]),
@@ -103,7 +103,7 @@ def manifest(variant: str) -> dict[str, Any]:
     leader = {
         "name": "leader",
         "image": v["image"],
-        "command": [py, "-m", "rufus.server"],
+        "command": [py, "-m", "rufus.harness.server"],
         "env": env_list({"GRPC_PORT": str(PORTS["GRPC_PORT"]),
                          "HTTP_PORT": str(PORTS["HTTP_PORT"]),
                          "METRICS_PORT": str(PORTS["METRICS_PORT"]), **common_env}),

@@ -4,7 +4,7 @@
 NxDI-style Medusa knobs) into what the engine needs; ``create_backend`` picks the path:
 
 * ``torch_medusa`` (default off Neuron): the project's own batch-1 decoder
-  (rufus/qp/medusa_decode.py): the ``medusa_tree`` verified in one forward pass with a tree
+  (rufus/qp/decoder/medusa_decode.py): the ``medusa_tree`` verified in one forward pass with a tree
   attention mask, greedy acceptance under the plan grammar. Measured 2.6-2.7x over plain
   decoding on the 2-core CPU, where vLLM's speculative step cost ~2.3x its plain step.
 * ``torch_autoregressive``: the same decoder without the heads (algorithmic baseline).
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rufus.config import ConfigError, expand
+from rufus.serving.config import ConfigError, expand
 
 log = logging.getLogger("rufus.qp")
 
@@ -107,7 +107,7 @@ class AutoregressiveBackend(PlannerBackend):
 
 
 class TorchBackend(PlannerBackend):
-    """rufus/qp/torch_engine.py: batch-1 decoding in PyTorch, Medusa tree or plain."""
+    """rufus/qp/decoder/torch_engine.py: batch-1 decoding in PyTorch, Medusa tree or plain."""
 
     def engine_args(self, args: dict[str, Any]) -> dict[str, Any]:
         return {k: args[k] for k in TORCH_ARGS if k in args}
@@ -117,7 +117,7 @@ class TorchBackend(PlannerBackend):
         return 1 if self.medusa is None else 1 + max(len(p) for p in self.medusa.medusa_tree)
 
     def engine_factory(self, on_stats: Any = None) -> Any:
-        from rufus.qp.torch_engine import TorchPlannerEngine
+        from rufus.qp.decoder.torch_engine import TorchPlannerEngine
 
         medusa = self.medusa
 

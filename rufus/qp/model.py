@@ -8,7 +8,7 @@ question through as the search query). Decoding is greedy, constrained to the pl
 accelerated by Medusa heads verified as a tree by the torch decoder (rufus/qp/backends.py).
 
 Generation, admission, cancellation, metrics and error mapping are rufus_llm's own
-(:func:`rufus.generation.run_generate`); this module only builds the request and turns the
+(:func:`rufus.serving.generation.run_generate`); this module only builds the request and turns the
 final text into a plan on its way out.
 """
 
@@ -20,10 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from rufus.generation import ServiceError, run_generate
 from rufus.qp.backends import PlannerBackend, create_backend
 from rufus.qp.plan import build_messages, parse_plan, structured_outputs
-from rufus.requests import (
+from rufus.serving.generation import ServiceError, run_generate
+from rufus.serving.requests import (
     GenerateRequest,
     InvalidInput,
     _text,
@@ -31,7 +31,7 @@ from rufus.requests import (
     parse_sampling_json,
     validate_sampling,
 )
-from rufus.triton_backend import EngineModel, TritonSink, add_io, pb_utils
+from rufus.serving.triton_backend import EngineModel, TritonSink, add_io, pb_utils
 
 MAX_QUESTION_CHARS = 1000
 MAX_HISTORY_TURNS = 8

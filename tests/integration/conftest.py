@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from rufus.server import TritonServer, free_port
+from rufus.harness.server import TritonServer, free_port
 
 # Small enough to test admission quickly, large enough for the 16-stream test.
 ADMISSION_LIMIT = 24

@@ -1,5 +1,5 @@
 """The proxy layer with real processes: two units (leader tritonserver + follower each,
-rufus/rig.py), a unit agent per unit, HAProxy in front (proxy/fleet.py = `make fleet`).
+rufus/harness/rig.py), a unit agent per unit, HAProxy in front (proxy/fleet.py = `make fleet`).
 
 One fleet for the module (every vLLM start costs 1-3 minutes on 2 cores); tests run in
 file order and the failure test comes after the ones that need a whole fleet. Every
@@ -97,7 +97,7 @@ def test_real_haproxy_and_agent_take_a_unit_out_and_back_quickly(tmp_path, monke
     (both renderings), to pin the take-out and put-back times the fleet relies on."""
     from proxy.agent import AgentConfig, UnitAgent
     from proxy.haproxy import Backend, HAProxy, render, render_compose
-    from rufus.server import free_port
+    from rufus.harness.server import free_port
 
     leader = _FakeLeader()
     cfg = AgentConfig(leader_http=f"http://127.0.0.1:{leader.port}",

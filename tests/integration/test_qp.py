@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 
 from rufus.client import RequestFailed
+from rufus.harness.server import ROOT, TritonServer, free_port
 from rufus.qp.client import plan
-from rufus.qp.lossless import LOGPROBS_K, NEAR_TIE_NATS, compare
 from rufus.qp.plan import fallback_plan, load_eval, validate_plan
-from rufus.server import ROOT, TritonServer, free_port
+from rufus.qp.tooling.lossless import LOGPROBS_K, NEAR_TIE_NATS, compare
 
 from .conftest import metric_value, scrape
 

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from rufus.config import ConfigError, env_override_name, expand, load_engine_config
-from rufus.topology import TopologyError, topology_from_env
+from rufus.multinode.topology import TopologyError, topology_from_env
+from rufus.serving.config import ConfigError, env_override_name, expand, load_engine_config
 
 
 def write(tmp_path, obj):

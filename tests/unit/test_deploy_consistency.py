@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from deploy import contract as C
-from rufus.config import env_override_name
+from rufus.serving.config import env_override_name
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "docker/compose.yaml").read_text())
@@ -144,7 +144,8 @@ def test_code_env_vars_are_all_in_the_contract():
 
 
 def test_contract_ports_match_code_defaults():
-    from rufus import server, topology
+    from rufus.harness import server
+    from rufus.multinode import topology
 
     assert topology.DEFAULT_LEADER_PORT == C.PORTS["RUFUS_LEADER_PORT"]
     assert topology.DEFAULT_HEALTH_PORT == C.PORTS["RUFUS_HEALTH_PORT"]
@@ -280,7 +281,7 @@ def test_entrypoint_modules_exist(module):
 def test_health_paths_are_served(key):
     ep = C.HEALTH[key]
     if ep.path in C.TRITON_PATHS:  # tritonserver's own; our launcher polls the same ones
-        text = (ROOT / "rufus/server.py").read_text()
+        text = (ROOT / "rufus/harness/server.py").read_text()
         if ep.path.startswith("/v2/models/"):
             assert '"/v2/models/{model}/ready"' in text
         elif ep.path == "/v2/health/ready":

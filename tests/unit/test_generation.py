@@ -14,10 +14,10 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from rufus.engine import AtCapacity, EngineHost, EngineUnavailable
-from rufus.generation import CancelWatcher, run_generate
-from rufus.metrics import Metrics
-from rufus.requests import GenerateRequest
+from rufus.serving.engine import AtCapacity, EngineHost, EngineUnavailable
+from rufus.serving.generation import CancelWatcher, run_generate
+from rufus.serving.metrics import Metrics
+from rufus.serving.requests import GenerateRequest
 
 
 class FakeTokenizer:

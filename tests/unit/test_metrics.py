@@ -1,6 +1,6 @@
 """BufferedMetrics replays hot-path updates into the real sink off the event loop."""
 
-from rufus.metrics import BufferedMetrics, Metrics
+from rufus.serving.metrics import BufferedMetrics, Metrics
 
 
 class Recorder(Metrics):

@@ -13,10 +13,10 @@ import urllib.request
 import pytest
 
 from follower.health import HealthState, serve_health
-from rufus import unit
-from rufus.rig import core_binding
-from rufus.server import free_port
-from rufus.topology import Topology, TopologyError, apply_topology, topology_from_env
+from rufus.harness.rig import core_binding
+from rufus.harness.server import free_port
+from rufus.multinode import control as unit
+from rufus.multinode.topology import Topology, TopologyError, apply_topology, topology_from_env
 
 ARGS = {"model": "org/model", "dtype": "bfloat16", "pipeline_parallel_size": 2}
 
@@ -242,7 +242,7 @@ class FakeUnit:
 
 
 def test_supervisor_recreates_the_whole_unit_and_detach_stops_acting():
-    from rufus.rig import Supervisor
+    from rufus.harness.rig import Supervisor
 
     fake = FakeUnit()
     sup = Supervisor(fake, drain_s=0.2).start()

@@ -26,7 +26,7 @@ from proxy.agent import (
     parse_load,
     weight_percent,
 )
-from rufus.server import free_port
+from rufus.harness.server import free_port
 
 LEADER = "http://leader:8000"
 METRICS_TEXT = """# HELP rufus_requests_outstanding x

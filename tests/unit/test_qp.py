@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from rufus.config import ConfigError
+from rufus.harness.server import ROOT
 from rufus.qp.backends import (
     AutoregressiveBackend,
     VllmMedusaBackend,
@@ -25,8 +25,8 @@ from rufus.qp.plan import (
     render_plan,
     validate_plan,
 )
-from rufus.requests import InvalidInput
-from rufus.server import ROOT
+from rufus.serving.config import ConfigError
+from rufus.serving.requests import InvalidInput
 
 
 def s(v: str) -> np.ndarray:
@@ -110,7 +110,7 @@ def test_plan_sink_adds_plan_and_renames_prompt_errors() -> None:
         def is_cancelled(self) -> bool:
             return False
 
-    from rufus.generation import ServiceError
+    from rufus.serving.generation import ServiceError
 
     sink = PlanSink(Inner(), "usb c cable")
     sink.send({"text_output": s(render_plan(GOOD))}, None, True)

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from rufus.qp.backends import TorchBackend, create_backend
-from rufus.qp.medusa_decode import Decoder, Tree
-from rufus.qp.torch_llama import MedusaHeads, TinyLlama
+from rufus.qp.decoder.medusa_decode import Decoder, Tree
+from rufus.qp.decoder.torch_llama import MedusaHeads, TinyLlama
 
 VOCAB = 96
 
@@ -145,7 +145,7 @@ def test_grammar_constrains_choice(tiny: tuple[Path, Path]) -> None:
     when the grammar ends (with the stop token), in plain and Medusa decoding alike."""
     import xgrammar as xgr
 
-    from rufus.qp.medusa_decode import Grammar
+    from rufus.qp.decoder.medusa_decode import Grammar
 
     vocab = ["<eos>"] + [chr(ord("a") + i) for i in range(26)] + [f"w{i}" for i in range(69)]
     info = xgr.TokenizerInfo(vocab, stop_token_ids=[0])

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from rufus.requests import InvalidInput, parse_generate_request, validate_sampling
+from rufus.serving.requests import InvalidInput, parse_generate_request, validate_sampling
 
 
 def t(s: str | bytes) -> np.ndarray:

@@ -10,8 +10,8 @@ for _p in reversed([p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep
     sys.path.insert(0, _p)
     site.addsitedir(_p)
 
-from rufus.llm import LLMModel  # noqa: E402
+from rufus.serving.llm import LLMModel  # noqa: E402
 
 
 class TritonPythonModel(LLMModel):
-    """Decoupled Python-backend model wrapping vLLM's async engine (see rufus/llm.py)."""
+    """Decoupled Python-backend model wrapping vLLM's async engine (see rufus/serving/llm.py)."""

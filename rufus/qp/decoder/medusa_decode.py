@@ -6,7 +6,7 @@ attention mask. Walking down the tree, the model's own greedy choice at each nod
 the JSON-schema grammar when one is given) is emitted; while that choice is a child of the
 node, the walk continues. So every emitted token is exactly the token plain greedy decoding
 would pick from the same logits: the output is the autoregressive output (lossless), up to
-kernels rounding differently for a different number of query rows (see rufus/qp/lossless.py).
+kernels rounding differently for a different number of query rows (see rufus/qp/tooling/lossless.py).
 The accepted nodes' KV entries are then compacted into consecutive cache slots.
 
 Batch size 1, one sequence at a time: what the planner's latency SLA is about. The KV of the
@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from rufus.qp.torch_llama import MedusaHeads, TinyLlama
+from rufus.qp.decoder.torch_llama import MedusaHeads, TinyLlama
 
 
 @dataclass

@@ -14,12 +14,12 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from rufus.engine import AtCapacity, EngineHost, EngineUnavailable
-from rufus.metrics import Metrics
-from rufus.requests import GenerateRequest, InvalidInput, check_prompt_length
-from rufus.responses import Outputs, build_outputs
+from rufus.serving.engine import AtCapacity, EngineHost, EngineUnavailable
+from rufus.serving.metrics import Metrics
+from rufus.serving.requests import GenerateRequest, InvalidInput, check_prompt_length
+from rufus.serving.responses import Outputs, build_outputs
 
-log = logging.getLogger("rufus.generation")
+log = logging.getLogger("rufus.serving.generation")
 
 INVALID_ARG, UNAVAILABLE, CANCELLED, INTERNAL = "INVALID_ARG", "UNAVAILABLE", "CANCELLED", "INTERNAL"
 

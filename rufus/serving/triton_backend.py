@@ -2,7 +2,7 @@
 
 Each ``model.py`` subclasses :class:`EngineModel` and only names its request parser and
 its request handler. Everything Triton-specific lives here: reading tensors, turning
-results and :class:`~rufus.generation.ServiceError` into ``InferenceResponse`` objects,
+results and :class:`~rufus.serving.generation.ServiceError` into ``InferenceResponse`` objects,
 the response-sender thread, metrics registration and unloading a model whose engine died
 (so Triton's readiness endpoints report it not ready).
 """
@@ -24,11 +24,11 @@ from typing import Any
 
 import numpy as np
 
-from rufus.config import load_engine_config
-from rufus.engine import EngineHost
-from rufus.generation import CancelWatcher, ServiceError, new_request_id
-from rufus.metrics import BufferedMetrics, Metrics, TritonMetrics, scheduler_stat_logger
-from rufus.requests import InvalidInput
+from rufus.serving.config import load_engine_config
+from rufus.serving.engine import EngineHost
+from rufus.serving.generation import CancelWatcher, ServiceError, new_request_id
+from rufus.serving.metrics import BufferedMetrics, Metrics, TritonMetrics, scheduler_stat_logger
+from rufus.serving.requests import InvalidInput
 
 try:  # only importable inside the Triton Python backend stub
     import triton_python_backend_utils as pb_utils
@@ -175,9 +175,9 @@ class EngineModel:
         """Hook: adjust ``self.host.engine_args`` before the engine starts.
 
         The base makes the unit's model (``RUFUS_UNIT_MODEL``) the leader of a multi-node
-        unit when RUFUS_NNODES > 1 (rufus/unit.py); overrides should call ``super().setup()``.
+        unit when RUFUS_NNODES > 1 (rufus/multinode/control.py); overrides should call ``super().setup()``.
         """
-        from rufus.unit import attach_leader
+        from rufus.multinode.control import attach_leader
 
         self.unit = attach_leader(self.name, self.host)
 

@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from rufus.generation import run_generate
-from rufus.requests import KNOWN_INPUTS, GenerateRequest, parse_generate_request
-from rufus.triton_backend import EngineModel, TritonSink, add_io
+from rufus.serving.generation import run_generate
+from rufus.serving.requests import KNOWN_INPUTS, GenerateRequest, parse_generate_request
+from rufus.serving.triton_backend import EngineModel, TritonSink, add_io
 
 
 def _opt(name: str, dtype: str) -> dict[str, Any]:

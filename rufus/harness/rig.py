@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rufus.server import ROOT, TritonServer, free_port
+from rufus.harness.server import ROOT, TritonServer, free_port
 
-log = logging.getLogger("rufus.rig")
+log = logging.getLogger("rufus.harness.rig")
 
 MODEL = "rufus_llm"
 DEFAULT_ENGINE_ARGS: dict[str, Any] = {"pipeline_parallel_size": 2}

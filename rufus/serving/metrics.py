@@ -186,7 +186,7 @@ class BufferedMetrics(Metrics):
             except Exception:  # metrics must never take the model down
                 import logging
 
-                logging.getLogger("rufus.metrics").exception("metrics flush failed")
+                logging.getLogger("rufus.serving.metrics").exception("metrics flush failed")
 
     def close(self) -> None:
         self._stop.set()

@@ -4,7 +4,7 @@ One launcher for ``make serve``, the tests, the benchmarks and the multi-node ri
 all run the server the same way (paths and library settings written by scripts/setup.sh to
 ``build/triton/env.json``).
 
-    python -m rufus.server [--models rufus_llm,...] [--grpc-port N ...]
+    python -m rufus.harness.server [--models rufus_llm,...] [--grpc-port N ...]
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ENV_FILE = ROOT / "build" / "triton" / "env.json"
 
 
@@ -143,7 +143,7 @@ class TritonServer:
                 raise RuntimeError(f"model(s) failed to load: {failed} (log: {self.log_path})")
             if progress and time.monotonic() - last > 15:
                 last = time.monotonic()
-                print(f"[rufus.server] waiting for {self.models} "
+                print(f"[rufus.harness.server] waiting for {self.models} "
                       f"({time.monotonic() - t0:.0f} s)", file=sys.stderr, flush=True)
             time.sleep(0.5)
         raise TimeoutError(f"tritonserver not ready after {timeout:.0f} s (log: {self.log_path})")
@@ -180,7 +180,7 @@ def main() -> None:
     a = ap.parse_args()
     srv = TritonServer(models=[m for m in a.models.split(",") if m], grpc_port=a.grpc_port,
                        http_port=a.http_port, metrics_port=a.metrics_port)
-    print("[rufus.server] " + " ".join(srv.command()), file=sys.stderr, flush=True)
+    print("[rufus.harness.server] " + " ".join(srv.command()), file=sys.stderr, flush=True)
     # exec: tritonserver becomes this process, so signals and exit codes are its own.
     os.execve(srv.command()[0], srv.command(), srv.environment())
 

@@ -1,11 +1,11 @@
 """The torch Medusa decoder behind the small slice of vLLM's ``AsyncLLM`` that rufus uses.
 
-:class:`rufus.engine.EngineHost` and :func:`rufus.generation.run_generate` drive an engine
+:class:`rufus.serving.engine.EngineHost` and :func:`rufus.serving.generation.run_generate` drive an engine
 through ``generate(prompt, sampling_params, request_id)`` (an async iterator of
 ``RequestOutput``-shaped objects), ``abort``, ``tokenizer``, ``model_config.max_model_len``,
 ``errored`` and ``shutdown``. :class:`TorchPlannerEngine` provides exactly that, so the
 planner keeps rufus_llm's admission control, cancellation, metrics and error mapping while
-decoding runs on :mod:`rufus.qp.medusa_decode`.
+decoding runs on :mod:`rufus.qp.decoder.medusa_decode`.
 
 Requests are decoded one at a time (batch size 1, FIFO) on one worker thread, so the asyncio
 loop stays free; each decoding step is streamed back as a delta.
@@ -30,7 +30,7 @@ log = logging.getLogger("rufus.qp.torch")
 
 @dataclass
 class Logprob:
-    """Same fields as vLLM's ``Logprob`` (what rufus.responses serialises)."""
+    """Same fields as vLLM's ``Logprob`` (what rufus.serving.responses serialises)."""
 
     logprob: float
     rank: int
@@ -39,7 +39,7 @@ class Logprob:
 
 @dataclass
 class Completion:
-    """Same fields as vLLM's ``CompletionOutput`` that rufus.responses reads."""
+    """Same fields as vLLM's ``CompletionOutput`` that rufus.serving.responses reads."""
 
     text: str
     token_ids: list[int]
@@ -109,8 +109,8 @@ class TorchPlannerEngine:
         """On the decoding thread: thread count, weights, heads, one warm-up pass."""
         import torch
 
-        from rufus.qp.medusa_decode import Decoder, Tree
-        from rufus.qp.torch_llama import MedusaHeads, TinyLlama
+        from rufus.qp.decoder.medusa_decode import Decoder, Tree
+        from rufus.qp.decoder.torch_llama import MedusaHeads, TinyLlama
 
         # default: every core this process may run on (torch_threads in model.json caps it)
         threads = int(args.get("torch_threads", 0) or 0) or len(os.sched_getaffinity(0))
@@ -176,7 +176,7 @@ class TorchPlannerEngine:
     def _grammar(self, schema: Any) -> Any:
         import xgrammar as xgr
 
-        from rufus.qp.medusa_decode import Grammar
+        from rufus.qp.decoder.medusa_decode import Grammar
 
         # keep the schema's property order: xgrammar emits properties in that order, and the
         # planner (and its Medusa heads) were trained on it

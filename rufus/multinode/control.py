@@ -35,9 +35,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rufus.topology import NODE_KEYS, Topology
+from rufus.multinode.topology import NODE_KEYS, Topology
 
-log = logging.getLogger("rufus.unit")
+log = logging.getLogger("rufus.multinode.control")
 
 HEARTBEAT_S = float(os.environ.get("RUFUS_HEARTBEAT_S", "1.0"))
 PEER_TIMEOUT_S = float(os.environ.get("RUFUS_PEER_TIMEOUT_S", "5.0"))
@@ -385,12 +385,12 @@ def unit_model_name(env: dict[str, str] | None = None) -> str:
 def attach_leader(model_name: str, host: Any, topo: Topology | None = None) -> LeaderControl | None:
     """Leader side of the unit for a Triton model, called before its engine starts.
 
-    Rewrites ``host.engine_args`` for this node (:func:`rufus.topology.apply_topology`) and
+    Rewrites ``host.engine_args`` for this node (:func:`rufus.multinode.topology.apply_topology`) and
     opens the control channel. On a broken unit it kills the engine core (in-flight
     requests end with UNAVAILABLE through vLLM's dead-engine path) and marks the host dead
     (the model unloads itself -> not ready). Returns None when the model is single-node.
     """
-    from rufus.topology import apply_topology, topology_from_env
+    from rufus.multinode.topology import apply_topology, topology_from_env
 
     topo = topo or topology_from_env()
     if not topo.multi_node or model_name != unit_model_name():

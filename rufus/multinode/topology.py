@@ -16,7 +16,7 @@ follower health port        ``RUFUS_HEALTH_PORT`` (8081)     -
 
 The rendezvous port is vLLM's ``master_port`` (torch.distributed); the control port is our
 own leader/follower channel (handshake with a config fingerprint, then heartbeats), see
-``rufus/unit.py``. :func:`apply_topology` turns a ``Topology`` into vLLM engine arguments
+``rufus/multinode/control.py``. :func:`apply_topology` turns a ``Topology`` into vLLM engine arguments
 and is the one place both the leader (Triton model) and the follower use.
 """
 

@@ -16,7 +16,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
-log = logging.getLogger("rufus.engine")
+log = logging.getLogger("rufus.serving.engine")
 
 
 class EngineUnavailable(RuntimeError):
@@ -44,7 +44,7 @@ class EngineHost:
         self.engine_args = dict(engine_args)
         # None: vLLM's AsyncLLM. Otherwise a callable building an object with the same small
         # surface (generate/abort/tokenizer/model_config/errored/shutdown), e.g. the query
-        # planner's torch Medusa engine (rufus/qp/torch_engine.py).
+        # planner's torch Medusa engine (rufus/qp/decoder/torch_engine.py).
         self.engine_factory = engine_factory
         self.max_outstanding = max_outstanding
         self.stat_loggers = stat_loggers or []

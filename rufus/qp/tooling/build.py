@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rufus.config import cache_dir, default_model_dir
+from rufus.serving.config import cache_dir, default_model_dir
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DATA = ROOT / "data" / "qp"
 LORA_PATH = DATA / "lora.safetensors"
 HEADS_PATH = DATA / "medusa_heads.safetensors"

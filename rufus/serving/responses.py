@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from rufus.requests import GenerateRequest
+from rufus.serving.requests import GenerateRequest
 
 Outputs = dict[str, np.ndarray]
 
