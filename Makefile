@@ -5,8 +5,9 @@ PY := $(VENV)/bin/python
 export GRPC_PORT ?= 8001
 export HTTP_PORT ?= 8000
 export METRICS_PORT ?= 8002
+export OPENAI_PORT ?= 9000
 
-.PHONY: setup model serve test unit integration lint bench clean check-deploy rig fleet fleet-bench fleet-sim
+.PHONY: setup model serve test unit integration lint bench bench-openai clean check-deploy rig fleet fleet-bench fleet-sim
 
 setup:            ## venv + pinned deps, tritonserver backend, default model (idempotent)
 	bash scripts/setup.sh all
@@ -14,8 +15,8 @@ setup:            ## venv + pinned deps, tritonserver backend, default model (id
 model:
 	bash scripts/setup.sh model
 
-serve: setup      ## serve model_repository on GRPC_PORT/HTTP_PORT/METRICS_PORT
-	$(PY) -m rufus.harness.server --models "$${RUFUS_MODELS:-rufus_llm,rufus_qp_medusa}"
+serve: setup      ## serve model_repository on GRPC_PORT/HTTP_PORT/METRICS_PORT + OpenAI API on OPENAI_PORT
+	$(PY) -m rufus.harness.stack --models "$${RUFUS_MODELS:-rufus_llm,rufus_qp_medusa,rufus_assistant}"
 
 test: setup check-deploy  ## lint + deploy checks + unit + integration tests
 	$(PY) -m ruff check .
@@ -37,6 +38,9 @@ lint:
 
 bench: setup      ## Triton path vs in-process vLLM, concurrency 1 and 16
 	$(PY) scripts/bench.py --concurrency 1 16
+
+bench-openai: setup  ## OpenAI API: frontend -> Triton vs vLLM's OpenAI server (vllm bench serve)
+	$(PY) scripts/bench_openai.py --concurrency 1 16 --output-len 64
 
 clean:
 	rm -rf build .pytest_cache .ruff_cache

@@ -20,6 +20,7 @@ PORTS: dict[str, int] = {
     "RUFUS_HEALTH_PORT": 8081,   # follower /health                rufus/multinode/topology.py
     "RUFUS_AGENT_PORT": 8090,    # unit agent /health, /load       proxy/agent.py
     "RUFUS_AGENT_CHECK_PORT": 8091,  # HAProxy agent-check (load)   proxy/agent.py
+    "OPENAI_PORT": 9000,         # OpenAI-compatible HTTP API      rufus/frontend/__main__.py
 }
 
 # --- what each role runs (argv after the interpreter) -----------------------------------------
@@ -28,12 +29,14 @@ COMMANDS: dict[str, list[str]] = {
     "leader": ["python", "-m", "rufus.harness.server"],
     "follower": ["python", "-m", "follower"],
     "agent": ["python", "-m", "proxy.agent"],
+    "openai": ["python", "-m", "rufus.frontend"],
 }
 # the file that ``python -m <module>`` runs, relative to the repository root
 MODULE_FILES: dict[str, str] = {
     "rufus.harness.server": "rufus/harness/server.py",
     "follower": "follower/__main__.py",
     "proxy.agent": "proxy/agent.py",
+    "rufus.frontend": "rufus/frontend/__main__.py",
 }
 
 
@@ -59,6 +62,8 @@ HEALTH: dict[str, Endpoint] = {
     "agent_health": Endpoint("agent", "RUFUS_AGENT_PORT", "/health",
                              "200 when every node of the unit is healthy, else 503 naming it"),
     "agent_load": Endpoint("agent", "RUFUS_AGENT_PORT", "/load", "the unit's current load"),
+    "openai_health": Endpoint("openai", "OPENAI_PORT", "/health",
+                              "200 when Triton and every served model are ready, else 503"),
 }
 # Triton's own paths: served by tritonserver itself, not by our code.
 TRITON_PATHS = frozenset({"/v2/health/live", "/v2/health/ready", f"/v2/models/{MODEL}/ready",
@@ -66,6 +71,9 @@ TRITON_PATHS = frozenset({"/v2/health/live", "/v2/health/ready", f"/v2/models/{M
 
 
 HAPROXY_CONFIG = "proxy/haproxy/haproxy.cfg"
+# Variables that hold secrets: a deployment file may only reference them (secretKeyRef, ECS
+# secrets, ${VAR} from the compose environment), never carry a value.
+SECRET_ENV = frozenset({"RUFUS_ADMIN_KEY", "RUFUS_UNIT_SECRET", "RUFUS_OPENAI_API_KEY"})
 
 # --- environment variables -------------------------------------------------------------------
 @dataclass(frozen=True)
@@ -82,11 +90,23 @@ ENV: dict[str, Var] = {
     "RUFUS_CACHE_DIR": Var(("rufus/serving/config.py",), "root of built models and caches"),
     "RUFUS_MODEL_DIR": Var(("rufus/serving/config.py",), "the default model's directory"),
     "RUFUS_LOG_LEVEL": Var(("rufus/serving/triton_backend.py",), "Python logging level in the backend"),
-    "RUFUS_SEND_MODE": Var(("rufus/serving/triton_backend.py",),
-                           "loop (default) or thread: where streamed responses are sent from"),
+    "RUFUS_ENGINE_RESTART": Var(("rufus/serving/engine.py",),
+                                "replace a dead engine in place (true) or leave it down"),
+    "RUFUS_ENGINE_MAX_FAILURES": Var(("rufus/serving/engine.py",),
+                                     "engine deaths allowed in the window before giving up"),
+    "RUFUS_ENGINE_FAILURE_WINDOW_S": Var(("rufus/serving/engine.py",),
+                                         "window for RUFUS_ENGINE_MAX_FAILURES, seconds"),
+    "RUFUS_ENGINE_RESTART_BACKOFF_S": Var(("rufus/serving/engine.py",),
+                                          "first restart backoff, doubled per failure"),
+    "RUFUS_ENGINE_RESTART_BACKOFF_MAX_S": Var(("rufus/serving/engine.py",),
+                                              "cap of the restart backoff, seconds"),
+    "RUFUS_QP_TORCH_FAULT_AT": Var(("rufus/qp/decoder/torch_engine.py",),
+                                   "TEST ONLY: the N-th planner decode crashes (death test)"),
     "RUFUS_ENGINE_ARGS": Var(("rufus/serving/config.py",), "JSON engine-argument overrides, all models"),
     "RUFUS_RUFUS_LLM_ENGINE_ARGS": Var(("rufus/serving/config.py",),
                                        "JSON engine-argument overrides for rufus_llm"),
+    "RUFUS_RUFUS_QP_MEDUSA_ENGINE_ARGS": Var(("rufus/qp/tooling/bench.py",),
+                                             "JSON engine-argument overrides for rufus_qp_medusa"),
     "RUFUS_NNODES": Var(("rufus/multinode/topology.py",), "nodes in the unit"),
     "RUFUS_NODE_RANK": Var(("rufus/multinode/topology.py",), "this node's rank (0 = leader)"),
     "RUFUS_LEADER_ADDR": Var(("rufus/multinode/topology.py",), "leader host"),
@@ -110,11 +130,45 @@ ENV: dict[str, Var] = {
     "RUFUS_LEADER_METRICS": Var(("proxy/",), "unit agent: the leader's Triton /metrics URL (load)"),
     "RUFUS_UNIT_MODELS": Var(("proxy/",), "unit agent: models that must be ready (rufus_llm)"),
     "RUFUS_AGENT_CHECK_PORT": Var(("proxy/",), "unit agent: HAProxy agent-check TCP port"),
+    "RUFUS_FLEET_NNODES": Var(("proxy/fleet.py",), "local fleet (make fleet): nodes per unit"),
     **{f"RUFUS_UNIT{i}_{kind}": Var((HAPROXY_CONFIG,),
                                     f"ingress: unit {i}'s {kind.lower()} address (host:port)")
        for i in (0, 1) for kind in ("GRPC", "HTTP", "AGENT")},
+    # secrets (SECURITY.md): from a Kubernetes Secret / ECS secrets / the compose environment,
+    # never a literal value in a deployment file
+    "RUFUS_ADMIN_KEY": Var(("rufus/harness/server.py",),
+                           "secret: opens Triton's restricted APIs (model control); unset = random"),
+    "RUFUS_UNIT_SECRET": Var(("rufus/multinode/control.py",),
+                             "secret: the unit's control-channel HMAC key, same on every node"),
+    "RUFUS_CONTROL_BIND": Var(("rufus/multinode/control.py",),
+                              "leader: control channel bind address (default 0.0.0.0)"),
+    "RUFUS_HEALTH_BIND": Var(("follower/",), "follower: /health bind address (default 0.0.0.0)"),
+    "RUFUS_CONFIG_VARS": Var(("rufus/serving/config.py",),
+                             "extra non-RUFUS_ variables model.json may expand (comma-separated)"),
+    # the OpenAI-compatible frontend (python -m rufus.frontend)
+    "OPENAI_PORT": Var(("rufus/frontend/__main__.py",), "frontend: HTTP port (9000)"),
+    "OPENAI_HOST": Var(("rufus/frontend/__main__.py",), "frontend: bind address (0.0.0.0)"),
+    "TRITON_GRPC_URL": Var(("rufus/frontend/__main__.py",),
+                           "frontend: Triton gRPC address, one leader or the ingress"),
+    "RUFUS_OPENAI_MODELS": Var(("rufus/frontend/__main__.py",),
+                               "frontend: Triton models offered as OpenAI model ids"),
+    "RUFUS_OPENAI_RETRIES": Var(("rufus/frontend/__main__.py",),
+                                "frontend: resends before the first token (UNAVAILABLE)"),
+    "RUFUS_OPENAI_API_KEY": Var(("rufus/frontend/__main__.py",),
+                                "secret: bearer key the frontend requires on /v1 (unset: open)"),
+    "RUFUS_BENCH_LOGS": Var(("rufus/harness/bench_openai.py",), "benchmarks: log directory"),
     "RUFUS_ROLE": Var(("docker/healthcheck.py",),
-                      "leader|follower|agent: which endpoint the image HEALTHCHECK probes"),
+                      "leader|follower|agent|openai: which endpoint the image HEALTHCHECK probes"),
+    # the shopping assistant (rufus_assistant, rufus/assistant/, rufus/retrieval/)
+    "RUFUS_TRITON_GRPC_URL": Var(("rufus/harness/server.py",),
+                                 "rufus_assistant: the server's own gRPC address (set by the "
+                                 "launcher; default 127.0.0.1:8001)"),
+    "RUFUS_ASSISTANT_PLAN_TIMEOUT_S": Var(("rufus/assistant/pipeline.py",),
+                                          "assistant: planner time limit before the fallback plan (10)"),
+    "RUFUS_CATALOG": Var(("rufus/retrieval/__init__.py",),
+                         "assistant: your own catalog (.jsonl/.csv) instead of the generated one"),
+    "RUFUS_CATALOG_INDEX": Var(("rufus/retrieval/__init__.py",),
+                               "assistant: search index file (build/retrieval/catalog.sqlite)"),
 }
 # Read by third-party code (the environment is their documented interface), not by ours.
 EXTERNAL_ENV: dict[str, str] = {

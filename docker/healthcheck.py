@@ -1,6 +1,6 @@
 """Container health check for the one image (Dockerfile HEALTHCHECK, compose, ECS).
 
-Probes the endpoint of this container's role (``RUFUS_ROLE``: leader, follower or agent),
+Probes the endpoint of this container's role (``RUFUS_ROLE``: leader, follower, agent or openai),
 as listed in deploy/contract.py; or the URL given as the only argument. Standard library
 only, so it runs under the venv's python and under the CUDA/Neuron base images' python3.
 
@@ -18,8 +18,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from deploy.contract import HEALTH, PORTS
 
-# leader: tritonserver ready (every loaded model ready); follower, agent: their /health
-PROBE = {"leader": "leader_ready", "follower": "follower_health", "agent": "agent_health"}
+# leader: tritonserver ready (every loaded model ready); follower, agent, openai: their /health
+PROBE = {"leader": "leader_ready", "follower": "follower_health", "agent": "agent_health",
+         "openai": "openai_health"}
 
 
 def url_for(role: str, env: dict[str, str] | os._Environ[str] = os.environ) -> str:

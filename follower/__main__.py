@@ -1,8 +1,17 @@
-"""Entrypoint: ``python -m follower`` (configuration from the environment only)."""
+"""Entrypoint: ``python -m follower`` (configuration from the environment only; ``--help``
+lists the variables)."""
 
 import sys
 
-from follower.node import main
+from rufus.env import exits_on_env_error
+
+
+@exits_on_env_error
+def _run() -> int:
+    from follower.node import main  # reads RUFUS_HEARTBEAT_S etc. on import
+
+    return main()
+
 
 if __name__ == "__main__":  # vLLM spawns workers: the guard is required
-    sys.exit(main())
+    sys.exit(_run())

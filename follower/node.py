@@ -27,13 +27,16 @@ from pathlib import Path
 from typing import Any
 
 from follower.health import HealthState, serve_health
+from rufus.env import EnvError, env_float, help_text
 from rufus.multinode.control import (
     FollowerControl,
     LeaderUnreachable,
     Rejected,
+    UnitError,
     fingerprint,
     kill_vllm_children,
     unit_model_name,
+    unit_secret,
 )
 from rufus.multinode.topology import Topology, TopologyError, apply_topology, topology_from_env
 from rufus.serving.config import ConfigError, load_engine_config
@@ -90,7 +93,39 @@ def build_executor(engine_args: dict[str, Any]) -> Any:
     return MultiprocExecutor(vllm_config, monitor_workers=False)
 
 
+ENVIRONMENT = {
+    "RUFUS_NNODES / LWS_GROUP_SIZE": "nodes in the unit (> 1 for a follower)",
+    "RUFUS_NODE_RANK / LWS_WORKER_INDEX": "this node's rank (>= 1; 0 is the tritonserver leader)",
+    "RUFUS_LEADER_ADDR / LWS_LEADER_ADDRESS": "leader host (default 127.0.0.1)",
+    "RUFUS_LEADER_PORT": "torch.distributed rendezvous port on the leader (default 29500)",
+    "RUFUS_CONTROL_PORT": "the leader's control channel (default leader port + 1)",
+    "RUFUS_UNIT_SECRET": "control-channel secret, the same on every node (required)",
+    "RUFUS_HEALTH_PORT, RUFUS_HEALTH_BIND": "this follower's /health (default 8081, 0.0.0.0)",
+    "RUFUS_MODEL_JSON": "the leader's model.json (default model_repository/rufus_llm/1/)",
+    "RUFUS_UNIT_MODEL": "the model whose engine spans the unit (default rufus_llm)",
+    "RUFUS_ENGINE_ARGS, RUFUS_<MODEL>_ENGINE_ARGS": "JSON engine-arg overrides (as the leader)",
+    "RUFUS_MODEL_DIR, RUFUS_CACHE_DIR": "where the default model is (as the leader)",
+    "RUFUS_LEADER_WAIT_S": "bound on waiting for the leader, seconds (default 300)",
+    "RUFUS_HEARTBEAT_S, RUFUS_PEER_TIMEOUT_S": "control channel timing (default 1, 5)",
+    "RUFUS_LOG_LEVEL": "logging level (default INFO)",
+}
+
+
+def parse_args(argv: list[str] | None = None) -> None:
+    """``--help`` only: every setting comes from the environment (one contract for the
+    rig, LeaderWorkerSet and ECS; docs/architecture.md)."""
+    import argparse
+
+    argparse.ArgumentParser(
+        prog="python -m follower", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="A follower node of a multi-node inference unit: joins the leader's vLLM "
+                    "engine as a headless worker and serves /health. Exit codes: 0 stopped, "
+                    "2 configuration, 3 no leader, 4 leader lost, 5 worker died, 6 join failed.",
+        epilog=help_text(ENVIRONMENT)).parse_args(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
+    parse_args(argv)
     logging.basicConfig(level=os.environ.get("RUFUS_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
@@ -101,7 +136,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"a follower needs RUFUS_NNODES > 1 and RUFUS_NODE_RANK >= 1 (got nnodes="
                 f"{topo.nnodes}, rank={topo.node_rank}); rank 0 is the tritonserver leader")
         args = engine_args_for(topo)
-    except (TopologyError, ConfigError) as exc:
+        secret = unit_secret()
+        wait_s = env_float("RUFUS_LEADER_WAIT_S", 300.0, minimum=0.0)
+    except (TopologyError, ConfigError, UnitError, EnvError) as exc:
         log.error("follower configuration error: %s", exc)
         return EXIT_CONFIG
     log.info("follower rank %d of %d; leader %s (rendezvous %d, control %d); engine args %s",
@@ -110,10 +147,10 @@ def main(argv: list[str] | None = None) -> int:
 
     health = HealthState(topo)
     try:
-        serve_health(health, topo.health_port)
+        serve_health(health, topo.health_port, os.environ.get("RUFUS_HEALTH_BIND", "0.0.0.0"))
     except OSError as exc:
-        log.error("cannot serve /health on port %d: %s (set RUFUS_HEALTH_PORT)",
-                  topo.health_port, exc)
+        log.error("cannot serve /health on port %d: %s (set RUFUS_HEALTH_PORT / "
+                  "RUFUS_HEALTH_BIND)", topo.health_port, exc)
         return EXIT_CONFIG
 
     stopping = threading.Event()
@@ -127,9 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
 
-    control = FollowerControl(topo, fingerprint(args))
+    control = FollowerControl(topo, fingerprint(args), secret)
     health.set("waiting_for_leader", f"dialling {control.address}")
-    wait_s = float(os.environ.get("RUFUS_LEADER_WAIT_S", "300"))
     try:
         control.connect(wait_s)
     except Rejected as exc:

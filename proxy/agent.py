@@ -4,8 +4,9 @@ It answers one question for the load balancer — *can this unit take a new requ
 loaded is it?* — from the facts the unit's nodes publish:
 
 - the leader's tritonserver: ``GET /v2/health/ready`` and ``GET /v2/models/<m>/ready`` for
-  every model the unit serves (a model whose engine died unloads itself, so "not ready"
-  also covers a dead engine core or a follower the leader has already given up on);
+  every model the unit serves, and each model's ``rufus_engine_ready`` gauge (a model whose
+  engine died stays loaded while it replaces the engine, so the gauge covers a dead engine
+  core or a follower the leader has already given up on);
 - every follower's ``GET /health`` (200 only while it runs in lockstep with the leader). The
   follower is probed directly, not only through the leader, because the leader needs up to
   its peer timeout to notice a hung follower while a dead one refuses our probe at once;
@@ -14,8 +15,9 @@ loaded is it?* — from the facts the unit's nodes publish:
 The unit is healthy iff every one of those health probes passes. A background thread probes
 all nodes in parallel every 0.5 s with a short timeout, so a broken unit is reported within
 about one second and HAProxy (one agent ``down``, or 2 failed HTTP checks) takes it out well
-inside the 5 s budget (measured: 0.5-0.6 s). Probe results are cached: the endpoints
-below never block on the unit, so a hung leader cannot hang the load balancer's checks.
+inside the 5 s budget (figures: docs/benchmarks.md, "Failover"). Probe results are cached:
+the endpoints below never block on the unit, so a hung leader cannot hang the load
+balancer's checks.
 
 Endpoints (``RUFUS_AGENT_PORT``, default 8090):
 
@@ -48,6 +50,8 @@ from dataclasses import asdict, dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
+
+from rufus.env import env_port, help_text
 
 log = logging.getLogger("proxy.agent")
 
@@ -89,8 +93,8 @@ class AgentConfig:
             leader_metrics=env.get("RUFUS_LEADER_METRICS", cls.leader_metrics),
             follower_health_urls=csv("RUFUS_FOLLOWER_HEALTH_URLS", ""),
             models=csv("RUFUS_UNIT_MODELS", "rufus_llm"),
-            port=int(env.get("RUFUS_AGENT_PORT", cls.port)),
-            check_port=int(env.get("RUFUS_AGENT_CHECK_PORT", cls.check_port)),
+            port=env_port("RUFUS_AGENT_PORT", cls.port, env),
+            check_port=env_port("RUFUS_AGENT_CHECK_PORT", cls.check_port, env),
             unit=urlsplit(leader).netloc,
         )
 
@@ -181,6 +185,22 @@ def judge_follower(url: str, status: int | None, body: str) -> NodeCheck:
     state = info.get("state")
     detail = f"state {state}: {info.get('detail', '')}" if state else _short(body)
     return NodeCheck(name, "health", False, f"HTTP {status} {detail}".strip())
+
+
+def judge_engines(text: str, models: Sequence[str]) -> list[NodeCheck]:
+    """``rufus_engine_ready`` per model: a model whose engine died stays loaded (Triton's
+    model readiness stays 200) while it replaces the engine, so this gauge is the check."""
+    out = []
+    for line in text.splitlines():
+        if not line.startswith("rufus_engine_ready{"):
+            continue
+        head, _, value = line.rpartition(" ")
+        model = dict(_labels(head)).get("model")
+        if model in models:
+            ok = value.strip() not in ("0", "0.0")
+            out.append(NodeCheck("leader", f"engine {model}", ok,
+                                 "serving" if ok else "engine down (restarting or given up)"))
+    return out
 
 
 def parse_load(text: str, models: Sequence[str]) -> Load:
@@ -307,8 +327,10 @@ class UnitAgent:
                 checks.append(judge_leader(status, body, f"model {key[6:]} ready"))
             else:
                 checks.append(judge_follower(key[9:], status, body))
-        snap = Snapshot(checks=checks, at=time.time())
         status, body = metrics.result()
+        if status == 200:
+            checks.extend(judge_engines(body, cfg.models))
+        snap = Snapshot(checks=checks, at=time.time())
         if status == 200:
             try:
                 snap.load = parse_load(body, cfg.models)
@@ -513,7 +535,24 @@ def _esc(v: str) -> str:
     return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ")
 
 
-def main() -> int:
+ENVIRONMENT = {
+    "RUFUS_LEADER_HTTP": "the leader's tritonserver HTTP (default http://127.0.0.1:8000)",
+    "RUFUS_LEADER_METRICS": "its Prometheus metrics (default http://127.0.0.1:8002/metrics)",
+    "RUFUS_FOLLOWER_HEALTH_URLS": "comma-separated follower /health URLs (default none)",
+    "RUFUS_UNIT_MODELS": "comma-separated models the unit must serve (default rufus_llm)",
+    "RUFUS_AGENT_PORT": "this agent's HTTP port: /health /load /metrics (default 8090)",
+    "RUFUS_AGENT_CHECK_PORT": "HAProxy agent-check port (default 8091)",
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    argparse.ArgumentParser(
+        prog="python -m proxy.agent", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Unit agent: health and load of one inference unit for the load "
+                    "balancer. Configuration from the environment only.",
+        epilog=help_text(ENVIRONMENT)).parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         cfg = AgentConfig.from_env()

@@ -6,11 +6,13 @@ node lost -> the whole unit is recreated, like LeaderWorkerSet). ``nnodes=1`` gi
 single-node units (one tritonserver), useful when CPU is scarce. Every process is ended by
 pid / process group in :meth:`Fleet.stop`.
 
-Used by ``make fleet`` (scripts/fleet.py), the proxy integration tests and the benchmark.
+Used by ``make fleet`` (``python -m proxy.fleet``, or scripts/fleet.py), the proxy
+integration tests and the benchmark (proxy/fleet_bench.py).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
@@ -19,6 +21,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -28,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from proxy.haproxy import Backend, HAProxy, render
+from rufus.env import EnvError, env_int
 from rufus.harness.rig import LocalUnit, Supervisor
 from rufus.harness.server import ROOT, free_port
 
@@ -238,6 +242,24 @@ class Fleet:
             time.sleep(0.2)
         raise TimeoutError(f"HAProxy does not see every unit UP: {self.server_status()}")
 
+    def describe(self) -> str:
+        """Where everything listens, for the operator (printed by ``make fleet``)."""
+        lines = [f"ingress (gRPC, least outstanding): {self.url}"]
+        if self.rr_port:
+            lines.append(f"ingress (gRPC, round robin):       {self.rr_url}")
+        if self.stats_port:
+            lines.append(f"HAProxy stats: http://127.0.0.1:{self.stats_port}/stats  "
+                         f"Prometheus: http://127.0.0.1:{self.stats_port}/metrics")
+        for fu in self.units:
+            u = fu.unit
+            lines.append(f"{fu.name}: leader grpc :{u.grpc_port} http :{u.http_port} metrics "
+                         f":{u.metrics_port}; followers "
+                         f"{[u.health_url(r) for r in range(1, u.nnodes)]}; agent "
+                         f"http://127.0.0.1:{fu.ports.agent}/health, agent-check "
+                         f":{fu.ports.agent_check}")
+        lines.append(f"logs: {self.log_dir}")
+        return "\n".join(lines)
+
     def server_status(self) -> dict[str, str]:
         assert self.haproxy is not None
         return {name: row["status"] for name, row in self.haproxy.servers().items()}
@@ -274,3 +296,128 @@ class Fleet:
         if self.haproxy is not None and self.haproxy.proc is not None:
             out.add(self.haproxy.proc.pid)
         return out
+
+
+# ---------------------------------------------------------------------------- CLI
+FLEET_HELP = """commands:
+  up      start the fleet, print where everything listens; Ctrl-C stops all (make fleet)
+  bench   least outstanding vs round robin in one run (make fleet-bench; proxy/fleet_bench.py)
+
+Every process started here is ended by process group on exit (Ctrl-C, SIGTERM, or an error).
+
+environment:
+  RUFUS_FLEET_NNODES  default of --nnodes (2)
+  (the units read the serving variables of docs/architecture.md, e.g. RUFUS_ENGINE_ARGS)
+"""
+
+
+def say(msg: str) -> None:
+    print(f"[fleet] {msg}", file=sys.stderr, flush=True)
+
+
+def build_fleet(a: argparse.Namespace, rr: bool = False) -> Fleet:
+    fleet = Fleet(n_units=a.units, nnodes=a.nnodes, log_dir=Path(a.log_dir),
+                  fixed_ports=a.fixed_ports,
+                  rr_port=(9001 if a.fixed_ports else listen_port()) if rr else None)
+    if a.engine_args:
+        fleet.engine_args.update(json.loads(a.engine_args))
+    return fleet
+
+
+def cmd_up(a: argparse.Namespace) -> int:
+    fleet = build_fleet(a)
+    stop = {"flag": False}
+    signal.signal(signal.SIGINT, lambda *_: stop.update(flag=True))
+    signal.signal(signal.SIGTERM, lambda *_: stop.update(flag=True))
+    try:
+        fleet.start()
+        say("starting (first engine start compiles: 1-3 minutes on 2 cores)\n" + fleet.describe())
+        t0 = time.monotonic()
+        while not stop["flag"]:
+            st = fleet.server_status()
+            if all(s == "UP" for s in st.values()):
+                say(f"all units UP after {time.monotonic() - t0:.0f} s. Try:\n"
+                    f"  .venv/bin/python -m rufus.client --url {fleet.url} "
+                    f"\"What should I pack for a beach trip?\"\nCtrl-C stops everything.")
+                break
+            time.sleep(1)
+        last: dict[str, str] = {}
+        while not stop["flag"]:
+            st = fleet.server_status()
+            if st != last:
+                say(f"HAProxy sees {st}")
+                last = st
+            time.sleep(1)
+    finally:
+        say("stopping HAProxy, agents and units")
+        fleet.stop()
+    return 0
+
+
+def cmd_bench(a: argparse.Namespace) -> int:
+    from proxy.fleet_bench import run_bench  # needs the client and load generator
+
+    fleet = build_fleet(a, rr=True)
+
+    def on_signal(*_: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_signal)
+    result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M"), "units": a.units,
+                              "nnodes": a.nnodes, "engine_args": fleet.engine_args,
+                              "concurrency": a.concurrency, "requests_per_phase": a.requests,
+                              "short_tokens": a.short, "long_tokens": a.long,
+                              "long_fraction": a.long_frac}
+    try:
+        fleet.start()
+        say(fleet.describe())
+        say(f"fleet ready in {fleet.wait_ready():.0f} s")
+        result.update(run_bench(fleet, concurrency=a.concurrency, requests=a.requests,
+                                phases=a.phases, short=a.short, long=a.long,
+                                long_frac=a.long_frac, seed=a.seed, calibrate_units=a.calibrate))
+    finally:
+        fleet.stop()
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(result, indent=1))
+    print(json.dumps(result["summary"], indent=1))
+    say(f"results in {a.out}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m proxy.fleet", epilog=FLEET_HELP,
+        description="A local fleet: N inference units + unit agents + HAProxy on this machine.",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("command", nargs="?", default="up", choices=["up", "bench"])
+    ap.add_argument("--units", type=int, default=2)
+    ap.add_argument("--nnodes", type=int, default=None,
+                    help="nodes per unit (leader + followers); 1 = single-node units "
+                         "(default: RUFUS_FLEET_NNODES or 2)")
+    ap.add_argument("--fixed-ports", action="store_true",
+                    help="documented ports (ingress 9000, RR 9001, stats 9100, unit i at 8100+10i)")
+    ap.add_argument("--engine-args", default="", help="JSON engine-arg overrides for every unit")
+    ap.add_argument("--log-dir", default=os.path.join(tempfile.gettempdir(), "rufus-fleet"))
+    b = ap.add_argument_group("bench")
+    b.add_argument("--concurrency", type=int, default=16)
+    b.add_argument("--requests", type=int, default=96, help="requests per phase")
+    b.add_argument("--phases", type=int, default=4, help="LOR, RR, RR, LOR (first N)")
+    b.add_argument("--short", type=int, default=16)
+    b.add_argument("--long", type=int, default=160)
+    b.add_argument("--long-frac", type=float, default=0.2)
+    b.add_argument("--seed", type=int, default=1)
+    b.add_argument("--calibrate", action="store_true",
+                   help="also measure service times for scripts/fleet_sim.py")
+    b.add_argument("--out", default="bench-results/proxy-bench.json")
+    a = ap.parse_args(argv)
+    if a.nnodes is None:
+        try:
+            a.nnodes = env_int("RUFUS_FLEET_NNODES", 2, minimum=1)
+        except EnvError as exc:
+            ap.error(str(exc))
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    return cmd_bench(a) if a.command == "bench" else cmd_up(a)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -5,6 +5,10 @@ must be fast, correct HTTP/2 and boring. HAProxy (Debian's 2.6) gives us, with n
 
 - HTTP/2 cleartext (h2c) on both sides, so gRPC streams pass through unchanged (trailers,
   flow control, RST_STREAM on failure);
+- closed by default: only inference, health and metadata RPCs/paths pass; anything else
+  (model control, repository, shared memory, statistics, trace, logging, config) gets
+  PERMISSION_DENIED (gRPC) or 403 (HTTP) from HAProxy itself; short request-header
+  timeouts and per-address connection caps stop slow clients (:class:`Limits`);
 - a load-balancing decision **per HTTP/2 stream**: each gRPC call is one stream, and
   ``balance leastconn`` picks the server with the fewest streams in flight (HAProxy counts
   them itself, exactly, with no reporting lag) divided by its weight;
@@ -61,6 +65,140 @@ def documented_units(n: int, host: str = "127.0.0.1") -> list[Backend]:
     return [Backend(f"unit{i}", host, 8101 + 10 * i, 8190 + i, 8290 + i) for i in range(n)]
 
 
+@dataclass(frozen=True)
+class Limits:
+    """Timeouts and connection limits of the ingress (one set for every rendering).
+
+    Slow clients vs long streams: ``http_request`` bounds how long a client may take to
+    send a request's headers (HTTP/1) or its first request on a new connection (HTTP/2),
+    so a slowloris client is cut after seconds; ``client``/``server`` bound *idle* time on
+    an open stream (a request waiting in the engine's queue, gaps between tokens) and stay
+    long, so a token stream is never cut while it makes progress. ``per_source`` caps one
+    client address's concurrent connections (gRPC multiplexes: a real client needs few);
+    raise it when many clients share one address (NAT, another proxy in front).
+    """
+
+    http_request: str = "10s"
+    keep_alive: str = "60s"
+    client: str = "10m"
+    server: str = "10m"
+    client_fin: str = "5s"
+    connect: str = "1s"
+    check: str = "800ms"
+    queue: str = "5s"
+    maxconn: int = 4096
+    per_source: int = 256
+
+
+# The one balance setting: least outstanding requests. HAProxy counts the streams in
+# flight per unit itself; the benchmark's round-robin frontend is its baseline only.
+BALANCE = "leastconn"
+
+# What a public client may call; everything else is refused at the ingress (SECURITY.md).
+# gRPC: Triton's inference, health and metadata RPCs.
+GRPC_SERVICE = "/inference.GRPCInferenceService/"
+PUBLIC_RPCS = ("ModelInfer", "ModelStreamInfer", "ServerLive", "ServerReady", "ModelReady",
+               "ServerMetadata", "ModelMetadata")
+# Triton HTTP: GET health/metadata/readiness, POST infer/generate(_stream). Model names are
+# plain (no '%', no '/'), so an encoded path cannot reach another API behind an allowed one;
+# /v2/models/stats is Triton's statistics API, not a model called "stats".
+_MODEL = r"/v2/models/[A-Za-z0-9_.-]+(/versions/[0-9]+)?"
+HTTP_READ_RE = rf"^/v2(/health/(live|ready))?$|^{_MODEL}(/ready)?$"
+HTTP_POST_RE = rf"^{_MODEL}/(infer|generate|generate_stream)$"
+REFUSAL = "not served at this ingress: inference, health and metadata only (SECURITY.md)"
+
+
+def _global(limits: Limits, stats_socket: str | None = None) -> list[str]:
+    out = ["global",
+           "    log stdout format raw local0 info",
+           f"    maxconn {limits.maxconn}",
+           "    # one HTTP/2 stream per gRPC request: room for many in flight per client connection",
+           "    tune.h2.max-concurrent-streams 256"]
+    if stats_socket:
+        out.append(f"    stats socket {stats_socket} mode 600 level admin")
+    return out
+
+
+def _defaults(limits: Limits) -> list[str]:
+    """The one defaults block of every rendering."""
+    return [
+        "defaults",
+        "    mode http",
+        "    log global",
+        "    option httplog",
+        "    # log only failed/retried/redispatched/refused streams: at thousands of requests a",
+        "    # second the normal ones are noise; the Prometheus exporter has the counts",
+        "    option dontlog-normal",
+        f"    timeout connect {limits.connect}",
+        "    # slow clients (slowloris): request headers, or a new connection's first request,",
+        "    # within this; idle connections between requests within keep-alive",
+        f"    timeout http-request {limits.http_request}",
+        f"    timeout http-keep-alive {limits.keep_alive}",
+        f"    timeout client-fin {limits.client_fin}",
+        "    # an open stream is idle while a request waits in the engine's queue or between",
+        "    # tokens: be generous, so long token streams are never cut",
+        f"    timeout client {limits.client}",
+        f"    timeout server {limits.server}",
+        f"    timeout check {limits.check}",
+        f"    timeout queue {limits.queue}",
+        "    # a unit whose gRPC port refuses the connection (tritonserver just died) gets the",
+        "    # stream sent to another unit; errors *inside* a gRPC stream are the client's to",
+        "    # retry (rufus.client retries=N, before the first token only)",
+        "    retries 3",
+        "    option redispatch 1",
+        "    retry-on conn-failure",
+    ]
+
+
+def _per_source(limits: Limits) -> list[str]:
+    """One table counting each client address's connections across every frontend."""
+    return ["backend per_source",
+            "    # concurrent connections per client address (all frontends together)",
+            "    stick-table type ipv6 size 100k expire 60s store conn_cur"]
+
+
+def _limit_lines(limits: Limits) -> list[str]:
+    return ["    tcp-request connection track-sc0 src table per_source",
+            f"    tcp-request connection reject if {{ sc0_conn_cur gt {limits.per_source} }}"]
+
+
+def _grpc_frontend(name: str, bind: str, backend: str, limits: Limits) -> list[str]:
+    """h2c frontend forwarding only the public RPCs; others get PERMISSION_DENIED (7) as a
+    gRPC trailers-only response, so clients see a gRPC error, not a transport failure."""
+    rpcs = " ".join(GRPC_SERVICE + r for r in PUBLIC_RPCS)
+    return [f"frontend {name}",
+            "    # no `proto h2`: HAProxy detects the h2c preface itself, and until then the",
+            "    # connection is under `timeout http-request` (with `proto h2`, 2.6 leaves a",
+            "    # connection that never sends a byte to `timeout client`: a slowloris hole)",
+            f"    bind {bind}",
+            *_limit_lines(limits),
+            f"    acl public_rpc path {rpcs}",
+            "    http-request set-var(txn.refused) bool(true) if !public_rpc",
+            "    # a trailers-only gRPC response: HTTP 200, grpc-status 7 (PERMISSION_DENIED)",
+            f'    http-request return status 200 hdr grpc-status 7 hdr grpc-message "{REFUSAL}" '
+            "if !public_rpc",
+            "    # `return` without a body drops its content-type; gRPC clients want one",
+            "    http-after-response set-header content-type application/grpc "
+            "if { var(txn.refused) -m bool }",
+            f"    default_backend {backend}"]
+
+
+def _http_frontend(name: str, bind: str, backend: str, limits: Limits) -> list[str]:
+    """Triton HTTP frontend forwarding only health, metadata and inference paths; the rest
+    gets 403 with a one-line reason."""
+    return [f"frontend {name}",
+            f"    bind {bind}",
+            *_limit_lines(limits),
+            "    acl read_method method GET HEAD",
+            f"    acl read_path path_reg {HTTP_READ_RE}",
+            "    acl triton_stats path /v2/models/stats",
+            f"    acl post_path path_reg {HTTP_POST_RE}",
+            "    http-request allow if read_method read_path !triton_stats",
+            "    http-request allow if METH_POST post_path",
+            f'    http-request return status 403 content-type text/plain string "{REFUSAL}"',
+            f"    default_backend {backend}"]
+
+
 def render(
     units: list[Backend],
     *,
@@ -72,6 +210,7 @@ def render(
     check_inter_ms: int = 1000,
     fall: int = 2,
     rise: int = 2,
+    limits: Limits = Limits(),
 ) -> str:
     """haproxy.cfg text. ``rr_port`` adds a round-robin frontend over the same units
     (tracking the same health), used by the benchmark to compare policies in one run.
@@ -91,51 +230,20 @@ def render(
     """
     if not units:
         raise ValueError("no units to balance")
-    g = ["global",
-         "    log stdout format raw local0 info",
-         "    maxconn 4096",
-         "    # one HTTP/2 stream per gRPC request: room for many in flight per client connection",
-         "    tune.h2.max-concurrent-streams 256"]
-    if stats_socket:
-        g.append(f"    stats socket {stats_socket} mode 600 level admin")
-    out = [
-        *g,
-        "",
-        "defaults",
-        "    mode http",
-        "    log global",
-        "    option httplog",
-        "    # log only failed/retried/redispatched streams: at thousands of requests a second",
-        "    # the normal ones are noise; the Prometheus exporter has the counts",
-        "    option dontlog-normal",
-        "    timeout connect 1s",
-        "    # a stream is idle while a request waits in the engine's queue: be generous",
-        "    timeout client 10m",
-        "    timeout server 10m",
-        "    timeout check 800ms",
-        "    timeout queue 5s",
-        "    # a unit whose gRPC port refuses the connection (tritonserver just died) gets the",
-        "    # stream sent to another unit; errors *inside* a gRPC stream are the client's job",
-        "    retries 3",
-        "    option redispatch 1",
-        "    retry-on conn-failure",
-        "",
-        "frontend grpc_lor",
-        f"    bind {bind}:{port} proto h2",
-        "    default_backend units_lor",
-    ]
+    out = [*_global(limits, stats_socket), "", *_defaults(limits), "",
+           *_grpc_frontend("grpc_lor", f"{bind}:{port}", "units_lor", limits)]
     if rr_port is not None:
-        out += ["", "frontend grpc_rr", f"    bind {bind}:{rr_port} proto h2",
-                "    default_backend units_rr"]
+        out += ["", *_grpc_frontend("grpc_rr", f"{bind}:{rr_port}", "units_rr", limits)]
     if stats_port is not None:
         out += ["", "frontend stats", f"    bind {bind}:{stats_port}",
                 "    http-request use-service prometheus-exporter if { path /metrics }",
                 "    stats enable", "    stats uri /stats", "    stats refresh 2s"]
     out += [
+        "", *_per_source(limits),
         "",
         "backend units_lor",
         "    # least outstanding requests: HAProxy counts in-flight streams per unit itself",
-        "    balance leastconn",
+        f"    balance {BALANCE}",
         "    option httpchk",
         "    # the check goes to the unit agent (HTTP/1.1 on the server's `check port`), not to",
         "    # the h2c gRPC port: without `proto h1` here HAProxy would speak h2 to it",
@@ -158,7 +266,8 @@ def render(
 
 
 def render_compose(n_units: int = 2, *, grpc_port: int = 8001, http_port: int = 8000,
-                   agent_check_port: int = 8091, check_inter_ms: int = 1000) -> str:
+                   agent_check_port: int = 8091, check_inter_ms: int = 1000,
+                   limits: Limits = Limits()) -> str:
     """The checked-in proxy/haproxy/haproxy.cfg: the deployment flavor (docker/compose.yaml).
 
     Addresses come from the environment HAProxy runs with (deploy/contract.py):
@@ -171,43 +280,17 @@ def render_compose(n_units: int = 2, *, grpc_port: int = 8001, http_port: int = 
     the agent's *weight* stays on the tracked server (HAProxy does not propagate weights), so
     here routing is plain leastconn on HAProxy's own stream counts; the local fleet, whose
     agents share the leader's host, uses :func:`render` and gets the weights too.
+    Only inference, health and metadata pass either frontend (SECURITY.md).
     """
     if n_units < 1:
         raise ValueError("no units to balance")
     out = [
         "# Rendered by `python -m proxy.haproxy --compose` (proxy/haproxy.py); do not edit by hand.",
         "# Unit addresses come from the environment: RUFUS_UNIT<i>_GRPC/_HTTP/_AGENT (host:port).",
-        "global",
-        "    log stdout format raw local0 info",
-        "    maxconn 4096",
-        "    # one HTTP/2 stream per gRPC request: room for many in flight per client connection",
-        "    tune.h2.max-concurrent-streams 256",
-        "",
-        "defaults",
-        "    mode http",
-        "    log global",
-        "    option httplog",
-        "    option dontlog-normal",
-        "    timeout connect 1s",
-        "    # a stream is idle while a request waits in the engine's queue: be generous",
-        "    timeout client 10m",
-        "    timeout server 10m",
-        "    timeout check 800ms",
-        "    timeout queue 5s",
-        "    # connection failures go to another unit; errors inside a gRPC stream are the",
-        "    # client's to retry (rufus.client retries=N, before the first token only)",
-        "    retries 3",
-        "    option redispatch 1",
-        "    retry-on conn-failure",
-        "",
-        "frontend grpc_lor",
-        f"    bind :{grpc_port} proto h2",
-        "    default_backend units_lor",
-        "",
-        "frontend triton_http",
-        f"    bind :{http_port}",
-        "    default_backend units_http",
-        "",
+        *_global(limits), "", *_defaults(limits), "",
+        *_grpc_frontend("grpc_lor", f":{grpc_port}", "units_lor", limits), "",
+        *_http_frontend("triton_http", f":{http_port}", "units_http", limits), "",
+        *_per_source(limits), "",
         "backend unit_health",
         "    # one server per unit agent: GET /health (200 iff every node of the unit is ready)",
         "    # and the agent-check line ('down #why' takes the unit out at once)",
@@ -220,14 +303,13 @@ def render_compose(n_units: int = 2, *, grpc_port: int = 8001, http_port: int = 
     for i in range(n_units):
         out.append(f'    server unit{i} "${{RUFUS_UNIT{i}_AGENT}}" check agent-check '
                    f"agent-port {agent_check_port}")
-    out += ["", "backend units_lor",
-            "    # least outstanding requests: HAProxy counts in-flight streams per unit itself",
-            "    balance leastconn"]
-    for i in range(n_units):
-        out.append(f'    server unit{i} "${{RUFUS_UNIT{i}_GRPC}}" proto h2 track unit_health/unit{i}')
-    out += ["", "backend units_http", "    balance leastconn"]
-    for i in range(n_units):
-        out.append(f'    server unit{i} "${{RUFUS_UNIT{i}_HTTP}}" track unit_health/unit{i}')
+    for name, kind, proto in (("units_lor", "GRPC", " proto h2"), ("units_http", "HTTP", "")):
+        out += ["", f"backend {name}",
+                "    # least outstanding requests: HAProxy counts in-flight streams per unit itself",
+                f"    balance {BALANCE}"]
+        for i in range(n_units):
+            out.append(f'    server unit{i} "${{RUFUS_UNIT{i}_{kind}}}"{proto} '
+                       f"track unit_health/unit{i}")
     return "\n".join(out) + "\n"
 
 
@@ -315,7 +397,10 @@ class HAProxy:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description="Render haproxy.cfg for N units")
+    ap = argparse.ArgumentParser(
+        description="Render haproxy.cfg for N units",
+        epilog="environment: none read here; HAProxy running the --compose config reads "
+               "RUFUS_UNIT<i>_GRPC, RUFUS_UNIT<i>_HTTP, RUFUS_UNIT<i>_AGENT (host:port)")
     ap.add_argument("--compose", action="store_true",
                     help="the deployment flavor (addresses from RUFUS_UNIT<i>_* env vars): "
                          "what proxy/haproxy/haproxy.cfg holds")

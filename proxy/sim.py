@@ -391,6 +391,15 @@ class Sim:
         }
 
 
+def offered_rate(model: ServiceModel, spec: WorkloadSpec, units: int, utilization: float) -> float:
+    """New sessions per second that load ``units`` units to ``utilization`` of their decode
+    capacity at the base rate (before the peak hour and bursts; prefill not counted)."""
+    tok_s = model.max_num_seqs / model.step(model.max_num_seqs)
+    mean_out = (1 - spec.long_frac) * spec.short_tokens + spec.long_frac * spec.long_tokens
+    turns = 1 + spec.chat_frac * spec.mean_extra_turns
+    return utilization * units * tok_s / mean_out / turns
+
+
 def simulate(n_units: int, policy: str, model: ServiceModel, spec: WorkloadSpec,
              seed: int = 0) -> dict[str, Any]:
     return Sim(n_units, policy, model, spec, seed).run()

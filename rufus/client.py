@@ -3,9 +3,13 @@
 Each request opens its own bidirectional gRPC stream: an HTTP/2 load balancer routes per
 stream, so this keeps routing per request (see docs/architecture.md).
 
-    python scripts/client.py "What should I pack for a beach trip?"
-    python scripts/client.py --chat "I need running shoes" --max-tokens 64
-    python scripts/client.py --raw "The best running shoes for flat feet are"
+    python -m rufus.client "What should I pack for a beach trip?"   (or scripts/client.py)
+    python -m rufus.client --chat "I need running shoes" --max-tokens 64
+    python -m rufus.client --raw "The best running shoes for flat feet are"
+
+The stream core (:func:`stream_outputs`, :func:`astream_outputs`) serves every model here;
+:func:`generate` / :func:`agenerate` add rufus_llm's inputs and the retry rule, and
+``rufus.qp.client`` adds the planner's.
 """
 
 from __future__ import annotations
@@ -17,10 +21,12 @@ import queue
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from rufus.env import env_port, exits_on_env_error, help_text
 
 DEFAULT_URL = f"localhost:{os.environ.get('GRPC_PORT', '8001')}"
 
@@ -33,29 +39,8 @@ class RequestFailed(RuntimeError):
         self.status = status
 
 
-def build_inputs(
-    grpcclient: Any,
-    prompt: str | None = None,
-    messages: list[dict[str, str]] | None = None,
-    *,
-    stream: bool = True,
-    sampling: dict[str, Any] | None = None,
-    flags: dict[str, bool] | None = None,
-    raw: dict[str, Any] | None = None,
-) -> list[Any]:
-    """tritonclient InferInput objects; ``raw`` sends arbitrary tensors (tests of bad input)."""
-    tensors: dict[str, np.ndarray] = {}
-    if prompt is not None:
-        tensors["text_input"] = np.array([prompt.encode("utf-8")], dtype=np.object_)
-    if messages is not None:
-        tensors["messages"] = np.array([json.dumps(messages).encode()], dtype=np.object_)
-    tensors["stream"] = np.array([stream], dtype=bool)
-    if sampling is not None:
-        tensors["sampling_parameters"] = np.array([json.dumps(sampling).encode()], dtype=np.object_)
-    for k, v in (flags or {}).items():
-        tensors[k] = np.array([v], dtype=bool)
-    for k, v in (raw or {}).items():
-        tensors[k] = np.asarray(v)
+def infer_inputs(grpcclient: Any, tensors: dict[str, np.ndarray]) -> list[Any]:
+    """tritonclient ``InferInput`` objects for named numpy arrays (object arrays -> BYTES)."""
     inputs = []
     for name, arr in tensors.items():
         dtype = "BYTES" if arr.dtype == np.object_ else ("BOOL" if arr.dtype == bool else None)
@@ -69,7 +54,40 @@ def build_inputs(
     return inputs
 
 
-def _status(err: Any) -> str:
+def bytes_tensor(value: str | Any) -> np.ndarray:
+    """One BYTES element: a string as UTF-8, anything else as JSON."""
+    text = value if isinstance(value, str) else json.dumps(value)
+    return np.array([text.encode("utf-8")], dtype=np.object_)
+
+
+def build_inputs(
+    grpcclient: Any,
+    prompt: str | None = None,
+    messages: list[dict[str, str]] | None = None,
+    *,
+    stream: bool = True,
+    sampling: dict[str, Any] | None = None,
+    flags: dict[str, bool] | None = None,
+    raw: dict[str, Any] | None = None,
+) -> list[Any]:
+    """rufus_llm's inputs (the official vLLM backend's names); ``raw`` sends arbitrary
+    tensors (tests of bad input)."""
+    tensors: dict[str, np.ndarray] = {}
+    if prompt is not None:
+        tensors["text_input"] = bytes_tensor(prompt)
+    if messages is not None:
+        tensors["messages"] = bytes_tensor(messages)
+    tensors["stream"] = np.array([stream], dtype=bool)
+    if sampling is not None:
+        tensors["sampling_parameters"] = bytes_tensor(sampling)
+    for k, v in (flags or {}).items():
+        tensors[k] = np.array([v], dtype=bool)
+    for k, v in (raw or {}).items():
+        tensors[k] = np.asarray(v)
+    return infer_inputs(grpcclient, tensors)
+
+
+def status_of(err: Any) -> str:
     """Triton's status, or the ``[CODE]`` our models put in front of streamed errors."""
     status = getattr(err, "status", None)
     s = status() if callable(status) else status
@@ -88,6 +106,9 @@ def _status(err: Any) -> str:
     return ""
 
 
+_status = status_of  # older name, still imported by rufus.assistant.triton_io and tests
+
+
 @dataclass
 class Chunk:
     text: str
@@ -95,35 +116,118 @@ class Chunk:
     t: float
 
 
-@dataclass
-class Result:
-    chunks: list[Chunk] = field(default_factory=list)
-    start: float = 0.0
-    end: float = 0.0
-
-    @property
-    def text(self) -> str:
-        return "".join(c.text for c in self.chunks)
-
-    @property
-    def ttft(self) -> float:
-        return self.chunks[0].t - self.start if self.chunks else float("nan")
-
-
-def _outputs(result: Any) -> dict[str, Any]:
-    out = {}
-    for o in result.get_response().outputs:
-        arr = result.as_numpy(o.name)
-        out[o.name] = arr
-    return out
-
-
-def _text(outputs: dict[str, Any]) -> str:
-    arr = outputs.get("text_output")
+def output_str(outputs: dict[str, Any], name: str = "text_output") -> str:
+    """The first element of a BYTES output as text ("" when absent)."""
+    arr = outputs.get(name)
     if arr is None or arr.size == 0:
         return ""
     v = arr.reshape(-1)[0]
     return v.decode("utf-8", errors="replace") if isinstance(v, bytes) else str(v)
+
+
+def _response(result: Any, error: Any, prefix: str = "") -> tuple[dict[str, Any] | None, bool]:
+    """One streamed response -> (its outputs or None, is it the final one); raises on error."""
+    if error is not None:
+        raise RequestFailed(f"{prefix}{error}", status_of(error))
+    resp = result.get_response()
+    outputs = {o.name: result.as_numpy(o.name) for o in resp.outputs} if resp.outputs else None
+    final = resp.parameters.get("triton_final_response")
+    return outputs, bool(final is not None and final.bool_param)
+
+
+def _rpc_failed(exc: Any, prefix: str = "") -> RequestFailed:
+    """A transport failure of the aio stream (connection refused, stream reset by a dying
+    server or the load balancer) in the same shape as a server error: one error type with a
+    status for every caller."""
+    code = exc.code() if callable(getattr(exc, "code", None)) else None
+    name = code.name if code is not None else "UNKNOWN"
+    details = exc.details() if callable(getattr(exc, "details", None)) else str(exc)
+    return RequestFailed(f"{prefix}[{name}] {details}", name)
+
+
+def stream_outputs(url: str, model: str, inputs: list[Any], *, timeout: float = 300.0,
+                   client: Any = None) -> Iterator[dict[str, Any]]:
+    """The stream core: send one request on its own gRPC stream (any model of this project,
+    they are all decoupled) and yield each response's outputs until the final response.
+
+    ``client``: a ``tritonclient.grpc`` client to reuse (kept open); otherwise one is
+    opened and closed here. Raises :class:`RequestFailed` on a server error."""
+    import tritonclient.grpc as grpcclient
+
+    q: queue.Queue[Any] = queue.Queue()
+    own = client is None
+    client = client or grpcclient.InferenceServerClient(url)
+    try:
+        client.start_stream(callback=lambda result, error: q.put((result, error)),
+                            stream_timeout=timeout)
+        client.async_stream_infer(model, inputs, enable_empty_final_response=True)
+        deadline = time.monotonic() + timeout
+        while True:
+            outputs, final = _response(*q.get(timeout=max(deadline - time.monotonic(), 0.1)))
+            if outputs is not None:
+                yield outputs
+            if final:
+                return
+    finally:
+        client.stop_stream(cancel_requests=True)
+        if own:
+            client.close()
+
+
+async def astream_outputs(url: str, model: str, inputs: list[Any], *, timeout: float = 600.0,
+                          client: Any = None, prefix: str = "") -> AsyncIterator[dict[str, Any]]:
+    """asyncio version of :func:`stream_outputs` (``client``: a ``tritonclient.grpc.aio``
+    client, one HTTP/2 connection for many streams). ``prefix`` goes in front of error
+    messages (a pipeline names the model that failed). A caller that stops early cancels
+    the gRPC stream, which Triton reports to the model as a cancelled request."""
+    import contextlib
+
+    import grpc
+    import tritonclient.grpc.aio as aioclient
+
+    async def requests() -> AsyncIterator[dict[str, Any]]:
+        yield {"model_name": model, "inputs": inputs, "enable_empty_final_response": True}
+
+    async with contextlib.AsyncExitStack() as stack:
+        if client is None:
+            client = await stack.enter_async_context(aioclient.InferenceServerClient(url))
+        responses = None
+        try:
+            responses = client.stream_infer(requests(), stream_timeout=timeout)
+            async for result, error in responses:
+                outputs, final = _response(result, error, prefix)
+                if outputs is not None:
+                    yield outputs
+                if final:
+                    return
+        except grpc.RpcError as exc:
+            raise _rpc_failed(exc, prefix) from exc
+        finally:
+            if responses is not None:
+                responses.cancel()  # no-op once the stream ended; RST_STREAM otherwise
+
+
+def retryable(exc: RequestFailed) -> bool:
+    """Statuses that say "this server cannot take it, another might": UNAVAILABLE (unit down,
+    engine dead, at capacity, no healthy backend) and NOT_FOUND (behind a load balancer every
+    unit serves the same models, so a unit without the model has just unloaded it; a
+    misspelt model name costs ``retries`` quick round trips before the same error)."""
+    return "UNAVAILABLE" in exc.status or "NOT_FOUND" in exc.status
+
+
+def retry_delay(attempt: int) -> float:
+    """0.25, 0.5, 1, 2 s...: four retries span ~3.75 s, longer than the load balancer takes
+    to drop a broken unit (<= ~2.5 s), so a retry is not sent back into the same failure."""
+    return min(0.25 * 2**attempt, 2.0)
+
+
+def _retry_after(exc: RequestFailed, started: bool, attempt: int, retries: int) -> float:
+    """The one retry rule of :func:`generate` and :func:`agenerate`: the delay before the
+    next attempt, or re-raise ``exc`` (a chunk was already yielded, attempts are used up, or
+    another unit would answer the same)."""
+    if started or attempt >= retries or not retryable(exc):
+        raise exc
+    return retry_delay(attempt)
 
 
 def generate(
@@ -148,73 +252,25 @@ def generate(
     been yielded, a failure is raised, never retried: the caller already holds part of the
     answer (backoff: :func:`retry_delay`).
     """
+    import tritonclient.grpc as grpcclient
+
+    inputs = build_inputs(grpcclient, prompt, messages, stream=stream, sampling=sampling,
+                          flags=flags, raw=raw)
     for attempt in range(retries + 1):
         started = False
         try:
-            for chunk in _generate_once(url, model, prompt, messages, stream=stream,
-                                        sampling=sampling, flags=flags, raw=raw, timeout=timeout):
+            for chunk in _generate_once(url, model, inputs, timeout):
                 started = True
                 yield chunk
             return
         except RequestFailed as exc:
-            if started or attempt == retries or not retryable(exc):
-                raise
-            time.sleep(retry_delay(attempt))
+            time.sleep(_retry_after(exc, started, attempt, retries))
 
 
-def retryable(exc: RequestFailed) -> bool:
-    """Statuses that say "this server cannot take it, another might": UNAVAILABLE (unit down,
-    engine dead, at capacity, no healthy backend) and NOT_FOUND (behind a load balancer every
-    unit serves the same models, so a unit without the model has just unloaded it; a
-    misspelt model name costs ``retries`` quick round trips before the same error)."""
-    return "UNAVAILABLE" in exc.status or "NOT_FOUND" in exc.status
-
-
-def retry_delay(attempt: int) -> float:
-    """0.25, 0.5, 1, 2 s...: four retries span ~3.75 s, longer than the load balancer takes
-    to drop a broken unit (<= ~2.5 s), so a retry is not sent back into the same failure."""
-    return min(0.25 * 2**attempt, 2.0)
-
-
-def _generate_once(
-    url: str,
-    model: str,
-    prompt: str | None,
-    messages: list[dict[str, str]] | None,
-    *,
-    stream: bool,
-    sampling: dict[str, Any] | None,
-    flags: dict[str, bool] | None,
-    raw: dict[str, Any] | None,
-    timeout: float,
-) -> Iterator[Chunk]:
-    import tritonclient.grpc as grpcclient
-
-    q: queue.Queue[Any] = queue.Queue()
-    client = grpcclient.InferenceServerClient(url)
-    try:
-        client.start_stream(callback=lambda result, error: q.put((result, error)),
-                            stream_timeout=timeout)
-        client.async_stream_infer(
-            model, build_inputs(grpcclient, prompt, messages, stream=stream, sampling=sampling,
-                                flags=flags, raw=raw),
-            enable_empty_final_response=True,
-        )
-        deadline = time.monotonic() + timeout
-        while True:
-            result, error = q.get(timeout=max(deadline - time.monotonic(), 0.1))
-            if error is not None:
-                raise RequestFailed(str(error), _status(error))
-            resp = result.get_response()
-            final = resp.parameters.get("triton_final_response")
-            if resp.outputs:
-                outs = _outputs(result)
-                yield Chunk(_text(outs), outs, time.monotonic())
-            if final is not None and final.bool_param:
-                return
-    finally:
-        client.stop_stream(cancel_requests=True)
-        client.close()
+def _generate_once(url: str, model: str, inputs: list[Any], timeout: float) -> Iterator[Chunk]:
+    """One attempt: a new gRPC stream (so a load balancer routes it afresh)."""
+    for outs in stream_outputs(url, model, inputs, timeout=timeout):
+        yield Chunk(output_str(outs), outs, time.monotonic())
 
 
 async def agenerate(
@@ -228,75 +284,56 @@ async def agenerate(
     flags: dict[str, bool] | None = None,
     timeout: float = 600.0,
     retries: int = 0,
+    client: Any = None,
 ) -> AsyncIterator[Chunk]:
     """asyncio version (one gRPC stream per request), used by the load generator.
 
     ``retries`` as in :func:`generate`: only :func:`retryable` errors, only before the
-    first chunk."""
+    first chunk. ``client``: a long-lived ``tritonclient.grpc.aio`` client to open the
+    stream on (one HTTP/2 connection for many requests, as the OpenAI frontend does);
+    without it each request opens and closes its own connection."""
     import asyncio
 
+    import tritonclient.grpc as grpcclient
+
+    inputs = build_inputs(grpcclient, prompt, messages, stream=stream, sampling=sampling,
+                          flags=flags)
     for attempt in range(retries + 1):
         started = False
         try:
-            async for chunk in _agenerate_once(url, model, prompt, messages, stream=stream,
-                                               sampling=sampling, flags=flags, timeout=timeout):
+            async for chunk in _agenerate_once(url, model, inputs, timeout, client):
                 started = True
                 yield chunk
             return
         except RequestFailed as exc:
-            if started or attempt == retries or not retryable(exc):
-                raise
-            await asyncio.sleep(retry_delay(attempt))
+            await asyncio.sleep(_retry_after(exc, started, attempt, retries))
 
 
-async def _agenerate_once(
-    url: str,
-    model: str,
-    prompt: str | None,
-    messages: list[dict[str, str]] | None,
-    *,
-    stream: bool,
-    sampling: dict[str, Any] | None,
-    flags: dict[str, bool] | None,
-    timeout: float,
-) -> AsyncIterator[Chunk]:
-    import tritonclient.grpc as grpcclient
-    import tritonclient.grpc.aio as aioclient
-
-    inputs = build_inputs(grpcclient, prompt, messages, stream=stream, sampling=sampling,
-                          flags=flags)
-
-    async def requests() -> AsyncIterator[dict[str, Any]]:
-        yield {"model_name": model, "inputs": inputs, "enable_empty_final_response": True}
-
-    import grpc
-
-    async with aioclient.InferenceServerClient(url) as client:
-        try:
-            async for result, error in client.stream_infer(requests(), stream_timeout=timeout):
-                if error is not None:
-                    raise RequestFailed(str(error), _status(error))
-                resp = result.get_response()
-                if resp.outputs:
-                    outs = _outputs(result)
-                    yield Chunk(_text(outs), outs, time.monotonic())
-                final = resp.parameters.get("triton_final_response")
-                if final is not None and final.bool_param:
-                    return
-        except grpc.RpcError as exc:
-            # The aio stream raises transport failures (connection refused, stream reset by
-            # a dying server or the load balancer) as raw gRPC errors: give them the same
-            # shape as the sync client's, so callers see one error type with a status.
-            code = exc.code() if callable(getattr(exc, "code", None)) else None
-            name = code.name if code is not None else "UNKNOWN"
-            details = exc.details() if callable(getattr(exc, "details", None)) else str(exc)
-            raise RequestFailed(f"[{name}] {details}", name) from exc
+async def _agenerate_once(url: str, model: str, inputs: list[Any], timeout: float,
+                          client: Any) -> AsyncIterator[Chunk]:
+    """One attempt, as :func:`_generate_once`."""
+    async for outs in astream_outputs(url, model, inputs, timeout=timeout, client=client):
+        yield Chunk(output_str(outs), outs, time.monotonic())
 
 
+def default_url() -> str:
+    """``localhost:$GRPC_PORT`` (8001); a bad ``GRPC_PORT`` raises an error naming it."""
+    return f"localhost:{env_port('GRPC_PORT', 8001)}"
+
+
+def cli_parser(description: str) -> argparse.ArgumentParser:
+    """The options and environment every client CLI here shares (``--url``)."""
+    ap = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=help_text({"GRPC_PORT": "port of the default --url (8001)"}))
+    ap.add_argument("--url", default=None, help="host:port (default localhost:$GRPC_PORT)")
+    return ap
+
+
+@exits_on_env_error
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="Stream an answer from rufus_llm over gRPC")
+    ap = cli_parser("Stream an answer from rufus_llm over gRPC")
     ap.add_argument("prompt", help="the question or prompt")
-    ap.add_argument("--url", default=DEFAULT_URL)
     ap.add_argument("--model", default="rufus_llm")
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--chat", action="store_true",
@@ -309,6 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--no-stream", action="store_true", help="one response at the end")
     a = ap.parse_args(argv)
+    a.url = a.url or default_url()
     sampling = {"max_tokens": a.max_tokens, "temperature": a.temperature}
     messages = None
     prompt: str | None = a.prompt

@@ -1,9 +1,13 @@
-"""Offline quality check of the query planner: JSON validity rate and intent accuracy.
+"""Plan quality of the query planner on the held-out set: every field scored.
 
-Runs vLLM in-process (no Triton) on the held-out eval set, for the prompt/decoding variants
-compared in docs/architecture.md ("Query planner"):
+Scoring and the in-process decoder: rufus/qp/tooling/evaluate.py; the post-decode filter
+check: rufus/qp/grounding.py. ``--engine torch`` (default) runs the served path (the torch
+decoder, Medusa tree and plan grammar, batch 1) and prints the scores raw and after the
+filter check; ``--engine vllm`` runs vLLM in-process for the prompt/decoding variants
+compared in docs/architecture.md (un-tuned baselines: rufus/qp/tooling/prompts.py).
 
-    .venv/bin/python scripts/eval_qp.py --variants fewshot+grammar,fewshot,zeroshot
+    .venv/bin/python scripts/eval_qp.py [--json build/qp/eval.json]
+    .venv/bin/python scripts/eval_qp.py --engine vllm --variants finetuned+grammar,fewshot+grammar
 """
 
 from __future__ import annotations
@@ -13,64 +17,146 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rufus.qp.plan import load_eval, parse_plan, render_prompt_ids, structured_outputs  # noqa: E402
+from rufus.qp.plan import load_eval, parse_plan, prompt_ids, structured_outputs  # noqa: E402
+from rufus.qp.tooling.build import medusa_dir, qp_model_dir  # noqa: E402
+from rufus.qp.tooling.evaluate import (  # noqa: E402
+    Prediction,
+    TorchPlanner,
+    grounded,
+    run,
+    score,
+    speed_compare,
+    summary_line,
+)
+from rufus.qp.tooling.prompts import baseline_messages  # noqa: E402
+
+MODEL_DIR = ROOT / "model_repository" / "rufus_qp_medusa" / "1"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--eval", default=str(ROOT / "data/qp/eval.jsonl"))
-    ap.add_argument("--variants", default="finetuned+grammar,finetuned,fewshot+grammar,"
-                    "fewshot,zeroshot+grammar,zeroshot")
-    ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--model", default="", help="default: the planner (setup.sh qp)")
-    ap.add_argument("--max-tokens", type=int, default=96)
-    ap.add_argument("--out", default="", help="write per-question results (JSONL) here")
-    a = ap.parse_args()
+def say(msg: str) -> None:
+    print(f"[eval_qp {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
+
+def torch_eval(a: argparse.Namespace, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    tree = None
+    heads = 0
+    if not a.no_medusa:
+        mj = json.loads((MODEL_DIR / "model.json").read_text())
+        tree = json.loads((MODEL_DIR / mj["medusa_tree"]).read_text())["medusa_tree"]
+        heads = int(mj["num_medusa_heads"])
+    planner = TorchPlanner(a.model or qp_model_dir(), a.dtype, None if a.no_medusa else
+                           medusa_dir(), tree, heads, grammar=not a.no_grammar,
+                           threads=a.threads)
+    planner.plan("warm up")
+    t0 = time.monotonic()
+    preds = run(planner, rows, say)
+    wall = time.monotonic() - t0
+    out: dict[str, Any] = {"engine": "torch", "dtype": a.dtype, "medusa": not a.no_medusa,
+                           "grammar": not a.no_grammar, "seconds": round(wall, 1),
+                           "mean_ms_per_plan": round(wall / len(rows) * 1e3, 1)}
+    for name, pr in (("raw", preds), ("grounded", grounded(rows, preds)),
+                     ("grounded_presence_only", grounded(rows, preds, strict=False))):
+        out[name] = score(rows, pr)
+        say(f"{name:24s} {summary_line(out[name])}")
+    if a.out:
+        Path(a.out).write_text("".join(json.dumps({
+            "question": r["question"], "history": r.get("history"), "expected": {
+                k: r.get(k) for k in ("intent", "query_type", "brand", "max_price",
+                                      "query_words")},
+            "text": p.text, "fallback": p.fallback, "ms": round(p.seconds * 1e3, 1)}) + "\n"
+            for r, p in zip(rows, preds, strict=True)))
+    return out
+
+
+def speed_eval(a: argparse.Namespace, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    mj = json.loads((MODEL_DIR / "model.json").read_text())
+    tree = json.loads((MODEL_DIR / mj["medusa_tree"]).read_text())["medusa_tree"]
+    model = a.model or qp_model_dir()
+    md = TorchPlanner(model, a.dtype, medusa_dir(), tree, int(mj["num_medusa_heads"]),
+                      threads=a.threads)
+    ar = TorchPlanner(model, a.dtype, threads=a.threads)
+    for p in (md, ar):
+        p.plan("warm up")
+    res = speed_compare(md, ar, rows, say)
+    say(f"Medusa {res['speedup_mean_latency']:.2f}x over plain decoding ({res['n']} questions, "
+        f"{res['tokens_per_step']} tokens/step, identical {res['identical']:.3f})")
+    return {"engine": "torch", "dtype": a.dtype, "tree": tree, "speed": res}
+
+
+def vllm_eval(a: argparse.Namespace, rows: list[dict[str, Any]]) -> dict[str, Any]:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
-
-    from rufus.qp.tooling.build import qp_model_dir
 
     llm = LLM(model=a.model or str(qp_model_dir()), dtype=a.dtype, max_model_len=2048, seed=0,
               enable_prefix_caching=True, gpu_memory_utilization=0.3)
     tok = llm.get_tokenizer()
-    rows = load_eval(a.eval)
-    summary = {}
-    details = []
+    out: dict[str, Any] = {"engine": "vllm", "dtype": a.dtype}
     for variant in a.variants.split(","):
         style = variant.split("+")[0]
         grammar = variant.endswith("+grammar")
         sp = SamplingParams(temperature=0.0, max_tokens=a.max_tokens,
                             structured_outputs=structured_outputs() if grammar else None)
-        prompts = [TokensPrompt(prompt_token_ids=render_prompt_ids(tok, r["question"], None, style))
-                   for r in rows]
+        prompts = [TokensPrompt(prompt_token_ids=prompt_ids(
+            tok, baseline_messages(r["question"], r.get("history"), style))) for r in rows]
         t0 = time.monotonic()
         outs = llm.generate(prompts, sp, use_tqdm=False)
-        valid = correct = ntok = 0
+        preds = []
         for r, o in zip(rows, outs, strict=True):
-            text = o.outputs[0].text
-            ntok += len(o.outputs[0].token_ids)
-            res = parse_plan(text, r["question"])
-            valid += not res.fallback
-            ok = not res.fallback and res.plan["intent"] == r["intent"]
-            correct += ok
-            details.append({"variant": variant, "question": r["question"], "expected": r["intent"],
-                            "text": text, "fallback": res.fallback, "error": res.error,
-                            "correct": ok})
-        n = len(rows)
-        summary[variant] = {"n": n, "json_valid": round(valid / n, 3),
-                            "intent_accuracy": round(correct / n, 3),
-                            "mean_tokens": round(ntok / n, 1),
-                            "seconds": round(time.monotonic() - t0, 1)}
-        print(f"[eval_qp] {variant}: {summary[variant]}", flush=True)
-    if a.out:
-        Path(a.out).write_text("".join(json.dumps(d) + "\n" for d in details))
-    print(json.dumps(summary, indent=1))
+            res = parse_plan(o.outputs[0].text, r["question"])
+            preds.append(Prediction(o.outputs[0].text, res.plan, res.fallback,
+                                    list(o.outputs[0].token_ids)))
+        s = score(rows, preds)
+        s["mean_tokens"] = round(sum(len(p.token_ids) for p in preds) / len(preds), 1)
+        s["seconds"] = round(time.monotonic() - t0, 1)
+        s["grounded"] = score(rows, grounded(rows, preds))
+        s["grounded_presence_only"] = score(rows, grounded(rows, preds, strict=False))
+        out[variant] = s
+        say(f"{variant:24s} {summary_line(s)}")
+        say(f"{variant + ' grounded':24s} {summary_line(s['grounded'])}")
+        if a.out:
+            with open(a.out, "a", encoding="utf-8") as f:
+                for r, p in zip(rows, preds, strict=True):
+                    f.write(json.dumps({"variant": variant, "question": r["question"],
+                                        "history": r.get("history"), "text": p.text,
+                                        "fallback": p.fallback}) + "\n")
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--eval", default=str(ROOT / "data/qp/eval.jsonl"))
+    ap.add_argument("--engine", choices=("torch", "vllm"), default="torch")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--model", default="", help="default: the planner (setup.sh qp)")
+    ap.add_argument("--no-medusa", action="store_true", help="torch: plain greedy decoding")
+    ap.add_argument("--no-grammar", action="store_true", help="torch: no schema grammar")
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--speed", type=int, default=0, metavar="N",
+                    help="torch: instead of scoring, time N questions through the Medusa "
+                         "and the plain decoder, interleaved (speedup, token identity)")
+    ap.add_argument("--variants", default="finetuned+grammar,finetuned,fewshot+grammar,"
+                    "fewshot,zeroshot+grammar,zeroshot", help="vllm: prompt[+grammar] list")
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--out", default="", help="write per-question outputs (JSONL) here")
+    ap.add_argument("--json", default="", help="write the scores here")
+    a = ap.parse_args()
+    rows = load_eval(a.eval)
+    if a.speed:
+        res = speed_eval(a, rows[::max(1, len(rows) // a.speed)][:a.speed])
+    else:
+        res = torch_eval(a, rows) if a.engine == "torch" else vllm_eval(a, rows)
+    res.update({"eval": str(Path(a.eval).resolve().relative_to(ROOT)), "questions": len(rows),
+                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())})
+    print(json.dumps(res, indent=1))
+    if a.json:
+        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.json).write_text(json.dumps(res, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@
     python scripts/fleet_sim.py --json out.json --seed 2 --units 150
 
 Service times come from proxy/sim_calibration.json, measured on the real engine by
-``python scripts/fleet.py bench --calibrate`` (see proxy/sim.py for the unit model). For
+``python scripts/fleet.py bench --calibrate`` (proxy/fleet_bench.py; see proxy/sim.py for the unit model). For
 each policy: p99/p50 TTFT with ``--units`` units, and the fewest units that keep p99 TTFT
 under ``--target`` seconds for the same traffic.
 """
@@ -20,16 +20,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from proxy.sim import CALIBRATION, POLICIES, ServiceModel, WorkloadSpec, simulate, units_needed
-
-
-def offered_rate(model: ServiceModel, spec: WorkloadSpec, units: int, utilization: float) -> float:
-    """New sessions per second that load ``units`` units to ``utilization`` of their decode
-    capacity at the base rate (before the peak hour and bursts; prefill not counted)."""
-    tok_s = model.max_num_seqs / model.step(model.max_num_seqs)
-    mean_out = (1 - spec.long_frac) * spec.short_tokens + spec.long_frac * spec.long_tokens
-    turns = 1 + spec.chat_frac * spec.mean_extra_turns
-    return utilization * units * tok_s / mean_out / turns
+from proxy.sim import (
+    CALIBRATION,
+    POLICIES,
+    ServiceModel,
+    WorkloadSpec,
+    offered_rate,
+    simulate,
+    units_needed,
+)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,21 +22,27 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from rufus.env import env_port, exits_on_env_error, help_text
 from rufus.harness.rig import DEFAULT_ENGINE_ARGS, LocalUnit, Supervisor
 
 
+@exits_on_env_error
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=help_text({
+            "GRPC_PORT, HTTP_PORT, METRICS_PORT": "defaults of the leader's port options",
+            "RUFUS_UNIT_SECRET": "control-channel secret shared by the nodes (random if unset)",
+            "VLLM_CPU_KVCACHE_SPACE": "KV cache per node, GiB (default 1)"}))
     ap.add_argument("--nnodes", type=int, default=2)
     ap.add_argument("--mode", choices=["loopback", "netns"], default="loopback",
                     help="netns: follower in its own network namespace via a veth pair "
                          "(root + iproute2)")
     ap.add_argument("--engine-args", default=json.dumps(DEFAULT_ENGINE_ARGS),
                     help="JSON engine-arg overrides for both nodes (default: %(default)s)")
-    ap.add_argument("--grpc-port", type=int, default=int(os.environ.get("GRPC_PORT", 8001)))
-    ap.add_argument("--http-port", type=int, default=int(os.environ.get("HTTP_PORT", 8000)))
-    ap.add_argument("--metrics-port", type=int, default=int(os.environ.get("METRICS_PORT", 8002)))
+    ap.add_argument("--grpc-port", type=int, default=env_port("GRPC_PORT", 8001))
+    ap.add_argument("--http-port", type=int, default=env_port("HTTP_PORT", 8000))
+    ap.add_argument("--metrics-port", type=int, default=env_port("METRICS_PORT", 8002))
     ap.add_argument("--leader-port", type=int, default=29500)
     ap.add_argument("--control-port", type=int, default=29501)
     ap.add_argument("--health-port", type=int, default=8081,
@@ -61,7 +67,7 @@ def main() -> int:
           f"{[unit.health_url(r) for r in range(1, a.nnodes)]}", file=sys.stderr, flush=True)
     sup.start()
     try:
-        while not stop["flag"] and sup._thread is not None and sup._thread.is_alive():
+        while not stop["flag"] and sup.running:
             time.sleep(0.5)
     finally:
         print("[rig] stopping the unit", file=sys.stderr, flush=True)

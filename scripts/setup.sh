@@ -79,6 +79,20 @@ setup_qp() {
   "$VENV/bin/python" -m rufus.qp.tooling.build
 }
 
+setup_catalog() {
+  # Shopping assistant (issue 16): the generated product catalog and its SQLite FTS5 index
+  # (build/retrieval/, about a second). Rebuilt when the generator or index code changed;
+  # RUFUS_CATALOG=<file.jsonl|csv> indexes your own catalog instead.
+  local idx="${RUFUS_CATALOG_INDEX:-$BUILD/retrieval/catalog.sqlite}"
+  if [[ -z "${RUFUS_CATALOG:-}" && -f "$idx" && "$idx" -nt "$ROOT/rufus/retrieval/catalog.py" \
+        && "$idx" -nt "$ROOT/rufus/retrieval/sqlite_fts.py" ]]; then
+    step "product catalog index ready ($idx)"
+    return
+  fi
+  step "product catalog + search index (rufus_assistant)"
+  "$VENV/bin/python" "$ROOT/scripts/build_catalog.py" --index "$idx" ${RUFUS_CATALOG:+--catalog "$RUFUS_CATALOG"}
+}
+
 setup_proxy() {
   # Proxy layer (issue 5): HAProxy from Debian for the data path. Installed when missing and
   # we are root; otherwise a note (the proxy integration tests then skip, saying why).
@@ -100,6 +114,7 @@ case "${1:-all}" in
   model) setup_venv; setup_model ;;
   qp) setup_venv; setup_model; setup_qp ;;
   proxy) setup_proxy ;;
-  all) setup_venv; setup_triton; setup_model; setup_qp; setup_proxy ;;
-  *) echo "usage: $0 [all|venv|triton|model|qp|proxy]" >&2; exit 2 ;;
+  catalog) setup_venv; setup_catalog ;;
+  all) setup_venv; setup_triton; setup_model; setup_qp; setup_catalog; setup_proxy ;;
+  *) echo "usage: $0 [all|venv|triton|model|qp|catalog|proxy]" >&2; exit 2 ;;
 esac

@@ -78,11 +78,35 @@ def env_list(env: dict[str, str]) -> list[dict[str, Any]]:
     return [{"name": k, "value": v} for k, v in env.items()]
 
 
+# Secrets come from the Kubernetes Secret SECRET_NAME, created by the operator (SECURITY.md):
+#   kubectl create secret generic rufus-secrets \
+#     --from-literal=unit-secret="$(openssl rand -hex 32)" \
+#     --from-literal=admin-key="$(openssl rand -hex 32)"
+SECRET_NAME = "rufus-secrets"
+
+
+def secret_env(name: str, key: str, optional: bool = False) -> dict[str, Any]:
+    ref: dict[str, Any] = {"name": SECRET_NAME, "key": key}
+    if optional:
+        ref["optional"] = True
+    return {"name": name, "valueFrom": {"secretKeyRef": ref}}
+
+
+# every node of a unit: the control channel's shared secret (rufus/multinode/control.py)
+UNIT_SECRET = secret_env("RUFUS_UNIT_SECRET", "unit-secret")
+# leader only: opens Triton's restricted APIs (model control); absent -> closed to everyone
+ADMIN_KEY = secret_env("RUFUS_ADMIN_KEY", "admin-key", optional=True)
+# OpenAI frontend: bearer key for /v1 (optional key: absent -> no key required, SECURITY.md)
+OPENAI_API_KEY = secret_env("RUFUS_OPENAI_API_KEY", "openai-api-key", optional=True)
+# the frontend runs no model: the cpu image serves every variant's sidecar
+OPENAI_IMAGE = "rufus-inference:cpu"
+
+
 def container_ports(*names: str) -> list[dict[str, Any]]:
     label = {"GRPC_PORT": "grpc", "HTTP_PORT": "http", "METRICS_PORT": "metrics",
              "RUFUS_LEADER_PORT": "rendezvous", "RUFUS_CONTROL_PORT": "control",
              "RUFUS_HEALTH_PORT": "health",
-             "RUFUS_AGENT_PORT": "agent"}
+             "RUFUS_AGENT_PORT": "agent", "OPENAI_PORT": "openai"}
     return [{"name": label[n], "containerPort": PORTS[n], "protocol": "TCP"} for n in names]
 
 
@@ -104,9 +128,10 @@ def manifest(variant: str) -> dict[str, Any]:
         "name": "leader",
         "image": v["image"],
         "command": [py, "-m", "rufus.harness.server"],
-        "env": env_list({"GRPC_PORT": str(PORTS["GRPC_PORT"]),
-                         "HTTP_PORT": str(PORTS["HTTP_PORT"]),
-                         "METRICS_PORT": str(PORTS["METRICS_PORT"]), **common_env}),
+        "env": [*env_list({"GRPC_PORT": str(PORTS["GRPC_PORT"]),
+                           "HTTP_PORT": str(PORTS["HTTP_PORT"]),
+                           "METRICS_PORT": str(PORTS["METRICS_PORT"]), **common_env}),
+                copy.deepcopy(UNIT_SECRET), copy.deepcopy(ADMIN_KEY)],
         "ports": container_ports("GRPC_PORT", "HTTP_PORT", "METRICS_PORT", "RUFUS_LEADER_PORT",
                                  "RUFUS_CONTROL_PORT"),
         "resources": copy.deepcopy(v["resources"]),
@@ -139,11 +164,27 @@ def manifest(variant: str) -> dict[str, Any]:
         "livenessProbe": probe("agent_load", 10, 3),
         "securityContext": security,
     }
+    # OpenAI-compatible API beside the leader, gRPC to its own tritonserver; Ready once
+    # Triton and the model are (no liveness probe: a unit that is down must not restart it)
+    openai = {
+        "name": "openai",
+        "image": OPENAI_IMAGE,
+        "command": ["python", "-m", "rufus.frontend"],
+        "env": [*env_list({"OPENAI_PORT": str(PORTS["OPENAI_PORT"]),
+                           "TRITON_GRPC_URL": f"127.0.0.1:{PORTS['GRPC_PORT']}",
+                           "RUFUS_OPENAI_MODELS": MODEL}),
+                copy.deepcopy(OPENAI_API_KEY)],
+        "ports": container_ports("OPENAI_PORT"),
+        "resources": {"requests": {"cpu": "500m", "memory": "256Mi"},
+                      "limits": {"memory": "1Gi"}},
+        "readinessProbe": probe("openai_health", 5, 2),
+        "securityContext": security,
+    }
     worker = {
         "name": "follower",
         "image": v["image"],
         "command": [py, "-m", "follower"],
-        "env": env_list(common_env),
+        "env": [*env_list(common_env), copy.deepcopy(UNIT_SECRET)],
         "ports": container_ports("RUFUS_HEALTH_PORT"),
         "resources": copy.deepcopy(v["resources"]),
         "startupProbe": probe("follower_health", 10, v["startup_failures"]),
@@ -179,7 +220,7 @@ def manifest(variant: str) -> dict[str, Any]:
             "leaderWorkerTemplate": {
                 "size": 2,
                 "restartPolicy": "RecreateGroupOnPodRestart",
-                "leaderTemplate": pod("leader", [leader, agent]),
+                "leaderTemplate": pod("leader", [leader, agent, openai]),
                 "workerTemplate": pod("follower", [worker]),
             },
         },

@@ -11,7 +11,7 @@ import asyncio
 import statistics
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -166,7 +166,3 @@ async def run_workload(stream: Stream, concurrency: int, requests: int | None = 
     requests = requests or max(4 * concurrency, 8)
     await closed_loop(stream, prompts, min(concurrency, warmup), warmup, 8, progress=False)
     return await closed_loop(stream, prompts, concurrency, requests, max_tokens)
-
-
-def run(coro: Awaitable[Any]) -> Any:
-    return asyncio.run(coro)  # type: ignore[arg-type]

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -121,6 +122,9 @@ class LocalUnit:
     health_ports: list[int] = field(default_factory=list)
     extra_env: dict[str, str] = field(default_factory=dict)
     bind_cores: bool = True
+    # the control channel's shared secret (every node gets the same; SECURITY.md)
+    unit_secret: str = field(repr=False, default_factory=lambda: os.environ.get(
+        "RUFUS_UNIT_SECRET") or secrets.token_hex(32))
     leader: TritonServer | None = None
     followers: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
     generation: int = 0
@@ -155,6 +159,7 @@ class LocalUnit:
             "RUFUS_LEADER_ADDR": self.leader_addr,
             "RUFUS_LEADER_PORT": str(self.leader_port),
             "RUFUS_CONTROL_PORT": str(self.control_port),
+            "RUFUS_UNIT_SECRET": self.unit_secret,
             "RUFUS_UNIT_MODEL": MODEL,
             "RUFUS_RUFUS_LLM_ENGINE_ARGS": json.dumps(self.engine_args),
             "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
@@ -207,7 +212,9 @@ class LocalUnit:
             out.close()
 
     def leader_ready(self) -> bool:
-        return self.leader is not None and self.leader.is_ready(MODEL)
+        """The leader's model is loaded and its engine serves (``rufus_engine_ready``: the
+        model stays loaded when its engine dies, so Triton's readiness alone stays true)."""
+        return self.leader is not None and self.leader.serving(MODEL)
 
     def follower_health(self, rank: int) -> tuple[int, dict[str, Any]]:
         try:
@@ -330,6 +337,11 @@ class Supervisor:
 
     def last(self, kind: str) -> Event | None:
         return next((e for e in reversed(self.events) if e.kind == kind), None)
+
+    @property
+    def running(self) -> bool:
+        """The supervisor thread is alive (it ends on stop() or after too many restarts)."""
+        return self._thread is not None and self._thread.is_alive()
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -5,6 +5,12 @@ all run the server the same way (paths and library settings written by scripts/s
 ``build/triton/env.json``).
 
     python -m rufus.harness.server [--models rufus_llm,...] [--grpc-port N ...]
+
+Closed by default (SECURITY.md): every Triton API a public client never needs (model
+load/unload and uploads, model config, shared memory, statistics, trace, logging) is
+restricted with Triton's own ``--grpc-restricted-protocol`` / ``--http-restricted-api`` and
+keyed by ``RUFUS_ADMIN_KEY`` (a random key per start when unset, so nobody holds it). The
+key is never logged: :meth:`TritonServer.command` shows a placeholder.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -23,8 +30,29 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rufus.env import EnvError, env_port, exits_on_env_error, help_text
+
 ROOT = Path(__file__).resolve().parents[2]
 ENV_FILE = ROOT / "build" / "triton" / "env.json"
+
+# Triton API groups a public client never needs: only health, metadata and inference stay
+# open. ``shared-memory`` also closes the 2.51 CVEs in the Python backend's shm path.
+RESTRICTED_APIS = ("model-repository", "model-config", "shared-memory", "statistics",
+                   "trace", "logging")
+# HTTP header carrying the admin key; Triton prefixes the gRPC metadata key itself.
+ADMIN_HEADER = "rufus-admin-key"
+GRPC_ADMIN_HEADER = "triton-grpc-protocol-" + ADMIN_HEADER
+ADMIN_KEY_ENV = "RUFUS_ADMIN_KEY"
+_KEY_PLACEHOLDER = "<" + ADMIN_KEY_ENV + ">"
+
+
+def admin_key_from_env(env: Mapping[str, str] | None = None) -> str:
+    """The operator's key, or a fresh random one (model control then closed to everyone)."""
+    key = (os.environ if env is None else env).get(ADMIN_KEY_ENV, "")
+    if key and (len(key) < 16 or any(c in key for c in ",:= \t\n")):
+        raise EnvError(f"{ADMIN_KEY_ENV} must be at least 16 characters with no ',', ':', "
+                       "'=' or whitespace (e.g. `openssl rand -hex 32`); value not shown")
+    return key or secrets.token_hex(32)
 
 
 def free_port() -> int:
@@ -42,6 +70,50 @@ def die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except OSError:
         pass
+
+
+# Watches the process that started a tritonserver; when that process is gone (a test run
+# or benchmark killed with SIGKILL runs no cleanup), it ends the server's whole process
+# group: PR_SET_PDEATHSIG reaches tritonserver only, and vLLM engine cores and workers
+# (children of the model stubs, same process group) were left behind as orphans.
+_REAPER = """
+import os, signal, sys, time
+parent, pgid = int(sys.argv[1]), int(sys.argv[2])
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+while True:
+    time.sleep(1.0)
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        sys.exit(0)
+    if os.getppid() != parent and not alive(parent):
+        break
+for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 0.0)):
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        sys.exit(0)
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < wait:
+        time.sleep(0.2)
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            sys.exit(0)
+"""
+
+
+def start_reaper(pgid: int) -> subprocess.Popen[bytes]:
+    """A tiny watchdog that ends process group ``pgid`` once this process is gone."""
+    return subprocess.Popen([sys.executable, "-c", _REAPER, str(os.getpid()), str(pgid)],
+                            start_new_session=True, stdin=subprocess.DEVNULL)
 
 
 def triton_env() -> dict[str, str]:
@@ -63,9 +135,19 @@ class TritonServer:
     log_path: Path | None = None
     host: str = "0.0.0.0"
     proc: subprocess.Popen[bytes] | None = None
+    reaper: subprocess.Popen[bytes] | None = None
+    admin_key: str = field(default_factory=admin_key_from_env, repr=False)
 
-    def command(self) -> list[str]:
+    def admin_headers(self, protocol: str = "grpc") -> dict[str, str]:
+        """Headers that open the restricted APIs (tritonclient ``headers=``)."""
+        return {GRPC_ADMIN_HEADER if protocol == "grpc" else ADMIN_HEADER: self.admin_key}
+
+    def command(self, reveal_key: bool = False) -> list[str]:
+        """tritonserver's argv; the admin key is a placeholder unless ``reveal_key`` (only
+        for exec), so printing or logging this list never shows it."""
         t = triton_env()
+        key = self.admin_key if reveal_key else _KEY_PLACEHOLDER
+        apis = ",".join(RESTRICTED_APIS)
         cmd = [
             t["tritonserver"],
             f"--model-repository={self.model_repository}",
@@ -80,6 +162,8 @@ class TritonServer:
             "--allow-metrics=true",
             "--log-info=true",
             "--exit-timeout-secs=20",
+            f"--grpc-restricted-protocol={apis}:{ADMIN_HEADER}={key}",
+            f"--http-restricted-api={apis}:{ADMIN_HEADER}={key}",
         ]
         cmd += [f"--load-model={m}" for m in self.models]
         return cmd
@@ -92,16 +176,22 @@ class TritonServer:
         env["PYTHONPATH"] = t["pythonpath"]
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
         env.setdefault("TOKENIZERS_PARALLELISM", "false")
+        # rufus_assistant calls the planner and answer models on this same server over gRPC
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+        env["RUFUS_TRITON_GRPC_URL"] = f"{host}:{self.grpc_port}"
         env.update(self.extra_env)
+        # the key is on tritonserver's command line; nothing inside the models needs it
+        env.pop(ADMIN_KEY_ENV, None)
         return env
 
     def start(self) -> TritonServer:
         out = open(self.log_path, "ab") if self.log_path else None
         self.proc = subprocess.Popen(
-            self.command(), env=self.environment(), stdout=out or None,
+            self.command(reveal_key=True), env=self.environment(), stdout=out or None,
             stderr=subprocess.STDOUT if out else None, start_new_session=True,
             preexec_fn=die_with_parent,
         )
+        self.reaper = start_reaper(self.proc.pid)
         return self
 
     def url(self, path: str) -> str:
@@ -115,9 +205,28 @@ class TritonServer:
         except (urllib.error.URLError, OSError):
             return False
 
+    def metrics_text(self) -> str:
+        try:
+            with urllib.request.urlopen(
+                    f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=2) as r:
+                return r.read().decode()
+        except (urllib.error.URLError, OSError):
+            return ""
+
+    def engine_ready(self, model: str) -> bool | None:
+        """``rufus_engine_ready`` of ``model`` (None: not published). Triton's model
+        readiness only says "loaded": a model whose engine died stays loaded while it
+        replaces the engine, and this gauge is what says whether it can serve."""
+        return engine_ready_from_metrics(self.metrics_text(), model)
+
+    def serving(self, model: str) -> bool:
+        """Loaded and its engine can serve: what a health check should ask."""
+        return self.is_ready(model) and self.engine_ready(model) is not False
+
     def load_failures(self) -> dict[str, str]:
         """Models Triton gave up on (state UNAVAILABLE with a reason), from the index."""
-        req = urllib.request.Request(self.url("/v2/repository/index"), data=b"{}", method="POST")
+        req = urllib.request.Request(self.url("/v2/repository/index"), data=b"{}", method="POST",
+                                     headers=self.admin_headers("http"))
         try:
             with urllib.request.urlopen(req, timeout=2) as r:
                 index = json.loads(r.read())
@@ -149,6 +258,12 @@ class TritonServer:
         raise TimeoutError(f"tritonserver not ready after {timeout:.0f} s (log: {self.log_path})")
 
     def stop(self, timeout: float = 40.0) -> None:
+        self._stop(timeout)
+        if self.reaper is not None and self.reaper.poll() is None:
+            self.reaper.kill()
+            self.reaper.wait(5)
+
+    def _stop(self, timeout: float) -> None:
         """SIGTERM tritonserver (it finalizes the models, which stop their engines), then
         SIGKILL whatever is left of its process group (stubs, vLLM engine cores)."""
         if self.proc is None:
@@ -170,19 +285,98 @@ class TritonServer:
             pass
 
 
+def engine_ready_from_metrics(text: str, model: str) -> bool | None:
+    """Parse ``rufus_engine_ready{model="<model>",...} <0|1>`` out of Prometheus text."""
+    for line in text.splitlines():
+        if line.startswith("rufus_engine_ready{") and f'model="{model}"' in line:
+            try:
+                return float(line.rsplit(" ", 1)[1]) >= 1.0
+            except (IndexError, ValueError):
+                return None
+    return None
+
+
+def stop_group(proc: subprocess.Popen[bytes], grace_s: float) -> None:
+    """SIGTERM a child started with ``start_new_session=True``, then SIGKILL its group."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(5)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def serve(srv: TritonServer, grace_s: float = 6.0,
+          others: list[subprocess.Popen[bytes]] | None = None) -> int:
+    """Run tritonserver until it exits or we get SIGINT/SIGTERM/SIGHUP; then end every
+    process it started (its own process group: stubs, vLLM engine cores and workers)
+    within ``grace_s`` + a moment. tritonserver runs in its own session, so a terminal's
+    Ctrl-C reaches only this process, which does the orderly stop. ``others``: more
+    children in their own sessions (e.g. a frontend), ended the same way, first."""
+    got: list[int] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        got.append(signum)
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    srv.start()
+    assert srv.proc is not None
+    while not got and srv.proc.poll() is None:
+        time.sleep(0.2)
+    if got:
+        print(f"[rufus.harness.server] {signal.Signals(got[0]).name}: stopping tritonserver "
+              f"and everything it started (at most {grace_s:.0f} s)", file=sys.stderr,
+              flush=True)
+    t0 = time.monotonic()
+    for p in others or []:
+        stop_group(p, 2.0)
+    srv.stop(timeout=grace_s)
+    code = srv.proc.returncode
+    print(f"[rufus.harness.server] stopped in {time.monotonic() - t0:.1f} s "
+          f"(tritonserver exit code {code})", file=sys.stderr, flush=True)
+    return 0 if got else (code or 0)
+
+
+ENVIRONMENT = {
+    "RUFUS_MODELS": "default of --models",
+    "GRPC_PORT, HTTP_PORT, METRICS_PORT": "defaults of the port options",
+    ADMIN_KEY_ENV: "key for the restricted APIs (random per start when unset; SECURITY.md)",
+    "VLLM_CPU_KVCACHE_SPACE": "vLLM CPU KV cache, GiB (default 2)",
+    "RUFUS_ENGINE_ARGS, RUFUS_<MODEL>_ENGINE_ARGS": "JSON engine-arg overrides (models)",
+    "RUFUS_MODEL_DIR, RUFUS_CACHE_DIR": "where the default model is (models)",
+    "RUFUS_<SETTING>": "backend settings, e.g. RUFUS_MAX_OUTSTANDING_REQUESTS (models)",
+    "RUFUS_NNODES, RUFUS_NODE_RANK, ...": "multi-node unit (docs/architecture.md)",
+}
+
+
+@exits_on_env_error
 def main() -> None:
-    ap = argparse.ArgumentParser(description="Serve the model repository with tritonserver")
+    ap = argparse.ArgumentParser(description="Serve the model repository with tritonserver",
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=help_text(ENVIRONMENT))
     ap.add_argument("--models", default=os.environ.get("RUFUS_MODELS", "rufus_llm"),
                     help="comma-separated models to load (default: %(default)s)")
-    ap.add_argument("--grpc-port", type=int, default=int(os.environ.get("GRPC_PORT", 8001)))
-    ap.add_argument("--http-port", type=int, default=int(os.environ.get("HTTP_PORT", 8000)))
-    ap.add_argument("--metrics-port", type=int, default=int(os.environ.get("METRICS_PORT", 8002)))
+    ap.add_argument("--grpc-port", type=int, default=env_port("GRPC_PORT", 8001))
+    ap.add_argument("--http-port", type=int, default=env_port("HTTP_PORT", 8000))
+    ap.add_argument("--metrics-port", type=int, default=env_port("METRICS_PORT", 8002))
     a = ap.parse_args()
     srv = TritonServer(models=[m for m in a.models.split(",") if m], grpc_port=a.grpc_port,
                        http_port=a.http_port, metrics_port=a.metrics_port)
     print("[rufus.harness.server] " + " ".join(srv.command()), file=sys.stderr, flush=True)
-    # exec: tritonserver becomes this process, so signals and exit codes are its own.
-    os.execve(srv.command()[0], srv.command(), srv.environment())
+    if not os.environ.get(ADMIN_KEY_ENV):
+        print(f"[rufus.harness.server] {ADMIN_KEY_ENV} unset: model control, uploads, stats and "
+              "shared memory are closed to everyone this run (random key, not shown); set "
+              f"{ADMIN_KEY_ENV} to use them (SECURITY.md)", file=sys.stderr, flush=True)
+    raise SystemExit(serve(srv))
 
 
 if __name__ == "__main__":

@@ -7,9 +7,14 @@ follower node the leader's engine blocks in ``execute_model`` for
 dies, the follower's worker waits forever. So each follower keeps one TCP connection to the
 leader's control port (``Topology.leader_control_port``):
 
-1. follower -> ``hello`` {rank, nnodes, fingerprint}; leader -> ``welcome`` or ``reject``
-   (config mismatch, duplicate rank, unit already failed). A mismatched follower exits
-   with a clear log line instead of hanging in torch.distributed rendezvous.
+1. leader -> ``challenge`` {nonce}; follower -> ``hello`` {rank, nnodes, fingerprint, nonce,
+   mac}; leader -> ``welcome`` {mac} or ``reject`` (bad mac, config mismatch, duplicate
+   rank, unit already failed). ``mac`` is an HMAC-SHA256 keyed by the unit's shared secret
+   (``RUFUS_UNIT_SECRET``) over both nonces and the hello, so only a holder of the secret
+   joins, and the follower knows it reached the real leader; the secret never travels. A
+   rejection names only the differing *keys* (never the leader's values), and an
+   unauthenticated peer learns nothing but "authentication failed". A mismatched follower
+   exits with a clear log line instead of hanging in torch.distributed rendezvous.
 2. both sides send ``ping`` every ``HEARTBEAT_S``. A process that dies has its socket closed
    by the kernel, so the peer sees EOF at once; a hung or partitioned host is caught by
    the ``PEER_TIMEOUT_S`` read timeout.
@@ -18,15 +23,20 @@ leader's control port (``Topology.leader_control_port``):
    and closes every other follower's connection; a follower that loses the leader exits
    non-zero. The unit is all-or-nothing; the supervisor (rig, LWS, ECS) restarts it whole.
 
-The leader needs no list of follower addresses: followers dial in.
+The leader needs no list of follower addresses: followers dial in. Every read is bounded
+(``MAX_LINE`` bytes, ``MAX_PENDING`` handshakes at once); a malformed message fails only its
+own connection (before admission the unit is untouched; after, that member is lost). The
+leader binds ``RUFUS_CONTROL_BIND`` (default ``0.0.0.0``: followers dial in from other hosts).
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import logging
 import os
+import secrets
 import signal
 import socket
 import threading
@@ -35,12 +45,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rufus.env import env_float
 from rufus.multinode.topology import NODE_KEYS, Topology
 
 log = logging.getLogger("rufus.multinode.control")
 
-HEARTBEAT_S = float(os.environ.get("RUFUS_HEARTBEAT_S", "1.0"))
-PEER_TIMEOUT_S = float(os.environ.get("RUFUS_PEER_TIMEOUT_S", "5.0"))
+HEARTBEAT_S = env_float("RUFUS_HEARTBEAT_S", 1.0, minimum=0.01)
+PEER_TIMEOUT_S = env_float("RUFUS_PEER_TIMEOUT_S", 5.0, minimum=0.01)
+HELLO_TIMEOUT_S = 10.0
+MAX_LINE = 64 * 1024      # one control message; a hello with a full fingerprint is ~2 KB
+MAX_PENDING = 16          # handshakes in flight; more connections are closed at once
+SECRET_ENV = "RUFUS_UNIT_SECRET"
+BIND_ENV = "RUFUS_CONTROL_BIND"
+DEFAULT_BIND = "0.0.0.0"
+MIN_SECRET_LEN = 16
 
 
 class UnitError(RuntimeError):
@@ -53,6 +71,32 @@ class Rejected(UnitError):
 
 class LeaderUnreachable(UnitError):
     """No leader answered on the control port within the wait bound."""
+
+
+class ProtocolError(ValueError):
+    """A peer sent something that is not a well-formed control message."""
+
+
+# ----------------------------------------------------------------------- shared secret
+def unit_secret(env: dict[str, str] | None = None) -> bytes:
+    """The unit's shared secret (same value on every node); never logged."""
+    value = (os.environ if env is None else env).get(SECRET_ENV, "")
+    if len(value) < MIN_SECRET_LEN:
+        raise UnitError(f"{SECRET_ENV} must be set to the same secret (>= {MIN_SECRET_LEN} "
+                        f"characters, e.g. `openssl rand -hex 32`) on every node of the unit "
+                        f"({'too short' if value else 'unset'}); see SECURITY.md")
+    return value.encode()
+
+
+def _mac(secret: bytes, *parts: Any) -> str:
+    """HMAC-SHA256 over a canonical JSON of ``parts`` (hex)."""
+    data = json.dumps(parts, sort_keys=True, separators=(",", ":")).encode()
+    return hmac.new(secret, data, hashlib.sha256).hexdigest()
+
+
+def _hello_body(hello: dict[str, Any]) -> dict[str, Any]:
+    """The hello fields the mac covers (all but the mac itself)."""
+    return {k: v for k, v in hello.items() if k != "mac"}
 
 
 # ----------------------------------------------------------------------- fingerprint
@@ -73,13 +117,20 @@ def fingerprint(engine_args: dict[str, Any]) -> dict[str, Any]:
 
 
 def diff_fingerprints(leader: dict[str, Any], follower: dict[str, Any]) -> list[str]:
-    """Human-readable differences, e.g. ``pipeline_parallel_size: leader 2, follower 1``."""
+    """Human-readable differences, e.g. ``pipeline_parallel_size: leader 2, follower 1``
+    (for the leader's own log; the follower is told :func:`differing_keys` only)."""
     out = []
     for key in sorted(set(leader) | set(follower)):
         a, b = leader.get(key, "<unset>"), follower.get(key, "<unset>")
         if a != b:
             out.append(f"{key}: leader {a!r}, follower {b!r}")
     return out
+
+
+def differing_keys(leader: dict[str, Any], follower: dict[str, Any]) -> list[str]:
+    """Names of the keys whose values differ: all a rejected follower is told."""
+    return [k for k in sorted(set(leader) | set(follower), key=str)
+            if leader.get(k, "<unset>") != follower.get(k, "<unset>")]
 
 
 # ----------------------------------------------------------------------- wire format
@@ -93,30 +144,40 @@ def _send(sock: socket.socket, msg: dict[str, Any], lock: threading.Lock | None 
 
 
 class _Lines:
-    """Newline-delimited JSON reader with a per-message timeout."""
+    """Newline-delimited JSON reader with a per-message timeout and a length bound."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, max_line: int = MAX_LINE) -> None:
         self.sock = sock
         self.buf = b""
+        self.max_line = max_line
 
     def read(self, timeout: float) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         while b"\n" not in self.buf:
+            if len(self.buf) > self.max_line:
+                raise ProtocolError(f"control message longer than {self.max_line} bytes")
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError(f"peer silent for {timeout:.1f} s")
             self.sock.settimeout(left)
             try:
-                chunk = self.sock.recv(65536)
+                chunk = self.sock.recv(min(65536, self.max_line + 1))
             except TimeoutError as exc:
                 raise TimeoutError(f"peer silent for {timeout:.1f} s") from exc
             if not chunk:
                 raise ConnectionError("connection closed by peer")
             self.buf += chunk
         line, _, self.buf = self.buf.partition(b"\n")
-        msg = json.loads(line)
-        if not isinstance(msg, dict):
-            raise ValueError(f"bad control message {line[:80]!r}")
+        if len(line) > self.max_line:
+            raise ProtocolError(f"control message longer than {self.max_line} bytes")
+        try:
+            msg = json.loads(line)
+        except (ValueError, RecursionError) as exc:  # bad JSON, bad UTF-8, deep nesting
+            raise ProtocolError(f"malformed control message ({type(exc).__name__}; "
+                                f"starts {line[:40]!r})") from None
+        if not isinstance(msg, dict) or not isinstance(msg.get("type"), str):
+            raise ProtocolError(f"control message is not an object with a type "
+                                f"(starts {line[:40]!r})")
         return msg
 
 
@@ -154,8 +215,12 @@ class LeaderControl:
 
     def __init__(self, topo: Topology, engine_fingerprint: dict[str, Any],
                  on_fail: Callable[[str], None], *, join_timeout: float = 600.0,
-                 bind: str = "0.0.0.0") -> None:
+                 bind: str | None = None, secret: bytes | None = None) -> None:
         self.topo = topo
+        self._secret = secret if secret is not None else unit_secret()
+        bind = bind or os.environ.get(BIND_ENV, DEFAULT_BIND)
+        self.bind = bind
+        self._pending = threading.BoundedSemaphore(MAX_PENDING)
         self.fingerprint = engine_fingerprint
         self.on_fail = on_fail
         self.join_timeout = join_timeout
@@ -171,9 +236,9 @@ class LeaderControl:
         threading.Thread(target=self._accept_loop, name="unit-accept", daemon=True).start()
         threading.Thread(target=self._join_deadline, name="unit-join-deadline",
                          daemon=True).start()
-        log.info("unit leader: control channel on port %d, waiting for %d follower(s) "
-                 "(join timeout %.0f s)", self.topo.leader_control_port, self.topo.nnodes - 1,
-                 self.join_timeout)
+        log.info("unit leader: control channel on %s:%d (authenticated), waiting for %d "
+                 "follower(s) (join timeout %.0f s)", self.bind, self.topo.leader_control_port,
+                 self.topo.nnodes - 1, self.join_timeout)
         return self
 
     def status(self) -> dict[str, Any]:
@@ -225,65 +290,123 @@ class LeaderControl:
                 continue
             except OSError:
                 return
+            if not self._pending.acquire(blocking=False):
+                log.warning("unit leader: %d handshakes already in progress; closing the "
+                            "connection from %s", MAX_PENDING, addr[0])
+                conn.close()
+                continue
             threading.Thread(target=self._serve, args=(conn, addr), name="unit-member",
                              daemon=True).start()
 
     def _serve(self, conn: socket.socket, addr: tuple[str, int]) -> None:
-        reader = _Lines(conn)
+        """One peer: authenticate and admit it, then heartbeat until it or the unit ends.
+        Anything malformed before admission closes this connection only."""
         try:
-            hello = reader.read(10.0)
-        except (OSError, TimeoutError, ValueError) as exc:
-            log.warning("unit leader: %s:%d sent no hello (%s); closing", addr[0], addr[1], exc)
+            admitted = self._handshake(conn, addr)
+        except Exception as exc:  # noqa: BLE001 - a bad peer must never take the accept side down
+            log.warning("unit leader: handshake with %s failed (%s: %s); closing",
+                        addr[0], type(exc).__name__, str(exc)[:200])
+            admitted = None
+        finally:
+            self._pending.release()
+        if admitted is None:
             conn.close()
             return
-        rank = hello.get("rank")
-        reason = self._admit(hello)
-        if reason:
-            log.error("unit leader: rejected follower rank %s from %s: %s", rank, addr[0], reason)
-            try:
-                _send(conn, {"type": "reject", "reason": reason})
-            finally:
-                conn.close()
-            return
-        stop = threading.Event()
-        with self._lock:
-            self.members[int(rank)] = (conn, stop)
-            if len(self.members) == self.topo.nnodes - 1 and self.state == "waiting":
-                self.state = "running"
-        _send(conn, {"type": "welcome", "leader": self.status()})
-        log.info("unit leader: follower rank %s joined from %s (pid %s); members %s, state %s",
-                 rank, addr[0], hello.get("pid"), sorted(self.members), self.state)
+        rank, reader, stop = admitted
         why = _heartbeat(conn, reader, threading.Lock(), stop)
         conn.close()
         if self.state != "failed":
             self.fail(f"follower rank {rank} ({addr[0]}) lost: {why}")
 
-    def _admit(self, hello: dict[str, Any]) -> str:
+    def _handshake(self, conn: socket.socket, addr: tuple[str, int]
+                   ) -> tuple[int, _Lines, threading.Event] | None:
+        nonce = secrets.token_hex(16)
+        _send(conn, {"type": "challenge", "nonce": nonce})
+        reader = _Lines(conn)
+        try:
+            hello = reader.read(HELLO_TIMEOUT_S)
+        except (OSError, TimeoutError, ValueError) as exc:
+            log.warning("unit leader: %s:%d sent no valid hello (%s); closing", addr[0],
+                        addr[1], exc)
+            return None
+        if not self._authentic(hello, nonce):
+            log.error("unit leader: connection from %s failed authentication (wrong or missing "
+                      "%s?); closing", addr[0], SECRET_ENV)
+            _send(conn, {"type": "reject", "reason": "authentication failed"})
+            return None
+        rank = hello.get("rank")
+        reason, detail = self._admit(hello)
+        if reason:
+            log.error("unit leader: rejected follower rank %s from %s: %s", rank, addr[0],
+                      detail or reason)
+            _send(conn, {"type": "reject", "reason": reason})
+            return None
+        assert isinstance(rank, int)
+        stop = threading.Event()
+        with self._lock:  # re-checked under the lock: two handshakes may race for one rank
+            late = ("unit already failed; restart the whole unit" if self.state == "failed"
+                    else f"rank {rank} is already a member" if rank in self.members else "")
+            if not late:
+                self.members[rank] = (conn, stop)
+                if len(self.members) == self.topo.nnodes - 1 and self.state == "waiting":
+                    self.state = "running"
+        if late:
+            _send(conn, {"type": "reject", "reason": late})
+            return None
+        try:
+            _send(conn, {"type": "welcome", "mac": _mac(self._secret, "welcome", nonce,
+                                                        hello["nonce"], rank)})
+        except OSError:  # gone before it heard the welcome: it never joined
+            with self._lock:
+                self.members.pop(rank, None)
+                if self.state == "running":
+                    self.state = "waiting"
+            raise
+        log.info("unit leader: follower rank %s joined from %s (pid %s); members %s, state %s",
+                 rank, addr[0], hello.get("pid"), sorted(self.members), self.state)
+        return rank, reader, stop
+
+    def _authentic(self, hello: dict[str, Any], nonce: str) -> bool:
+        mac, their = hello.get("mac"), hello.get("nonce")
+        if not (isinstance(mac, str) and isinstance(their, str) and len(their) <= 128):
+            return False
+        want = _mac(self._secret, "hello", nonce, _hello_body(hello))
+        return hmac.compare_digest(mac.encode(), want.encode())
+
+    def _admit(self, hello: dict[str, Any]) -> tuple[str, str]:
+        """(reason sent to the follower, detail for our log); ('', '') admits."""
         if hello.get("type") != "hello":
-            return f"expected a hello, got {hello.get('type')!r}"
+            return f"expected a hello, got {str(hello.get('type'))[:40]!r}", ""
         rank = hello.get("rank")
         if self.state == "failed":
-            return f"unit already failed ({self.reason}); restart the whole unit"
-        diffs = diff_fingerprints(self.fingerprint, hello.get("fingerprint") or {})
+            return f"unit already failed ({self.reason}); restart the whole unit", ""
+        theirs = hello.get("fingerprint")
+        if not isinstance(theirs, dict):
+            return "hello has no engine-config fingerprint (an object)", ""
+        diffs = differing_keys(self.fingerprint, theirs)
         if diffs:
-            return "engine config mismatch: " + "; ".join(diffs)
-        if not isinstance(rank, int) or not 0 < rank < self.topo.nnodes:
-            return f"rank {rank!r} is outside 1..{self.topo.nnodes - 1}"
+            return ("engine config mismatch in: " + ", ".join(map(str, diffs[:20])),
+                    "engine config mismatch: " + "; ".join(
+                        diff_fingerprints(self.fingerprint, theirs))[:2000])
+        if isinstance(rank, bool) or not isinstance(rank, int) \
+                or not 0 < rank < self.topo.nnodes:
+            return f"rank {str(rank)[:20]!r} is outside 1..{self.topo.nnodes - 1}", ""
         if rank in self.members:
-            return f"rank {rank} is already a member (two followers with one rank?)"
-        return ""
+            return f"rank {rank} is already a member (two followers with one rank?)", ""
+        return "", ""
 
 
 # ----------------------------------------------------------------------- follower side
 class FollowerControl:
     """One follower's connection to the leader: bounded wait, handshake, heartbeats."""
 
-    def __init__(self, topo: Topology, engine_fingerprint: dict[str, Any]) -> None:
+    def __init__(self, topo: Topology, engine_fingerprint: dict[str, Any],
+                 secret: bytes | None = None) -> None:
         self.topo = topo
         self.fingerprint = engine_fingerprint
+        self._secret = secret if secret is not None else unit_secret()
         self.sock: socket.socket | None = None
         self.stop = threading.Event()
-        self.leader_info: dict[str, Any] = {}
 
     @property
     def address(self) -> str:
@@ -311,21 +434,36 @@ class FollowerControl:
                              self.address, attempt, exc.strerror or exc, left)
                 time.sleep(min(retry_s, max(left, 0.05)))
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        _send(sock, {"type": "hello", "rank": self.topo.node_rank, "nnodes": self.topo.nnodes,
-                     "fingerprint": self.fingerprint, "pid": os.getpid(),
-                     "host": socket.gethostname()})
         reader = _Lines(sock)
+        nonce = secrets.token_hex(16)
         try:
+            challenge = reader.read(30.0)
+            if challenge.get("type") != "challenge" or not isinstance(challenge.get("nonce"), str):
+                raise ProtocolError(f"expected a challenge, got {challenge.get('type')!r}")
+            hello = {"type": "hello", "rank": self.topo.node_rank, "nnodes": self.topo.nnodes,
+                     "fingerprint": self.fingerprint, "pid": os.getpid(),
+                     "host": socket.gethostname(), "nonce": nonce}
+            hello["mac"] = _mac(self._secret, "hello", challenge["nonce"], hello)
+            _send(sock, hello)
             reply = reader.read(30.0)
         except (OSError, TimeoutError, ValueError) as exc:
             sock.close()
-            raise LeaderUnreachable(f"leader at {self.address} did not answer the hello: "
-                                    f"{exc}") from exc
+            raise LeaderUnreachable(f"leader at {self.address} did not complete the "
+                                    f"handshake: {exc}") from exc
         if reply.get("type") != "welcome":
             sock.close()
+            reason = str(reply.get("reason", reply.get("type")))[:2000]
+            if reason.startswith("engine config mismatch"):
+                keys = [k.strip() for k in reason.partition(":")[2].split(",")]
+                reason += " (this follower has " + ", ".join(
+                    f"{k}={self.fingerprint.get(k, '<unset>')!r}" for k in keys) + ")"
             raise Rejected(f"leader at {self.address} rejected rank {self.topo.node_rank}: "
-                           f"{reply.get('reason', reply)}")
-        self.leader_info = reply.get("leader", {})
+                           f"{reason}")
+        want = _mac(self._secret, "welcome", challenge["nonce"], nonce, self.topo.node_rank)
+        if not hmac.compare_digest(str(reply.get("mac", "")).encode(), want.encode()):
+            sock.close()
+            raise Rejected(f"the peer at {self.address} welcomed us without proving it holds "
+                           f"{SECRET_ENV}: not our leader (or a different secret)")
         self.sock = sock
         self._reader = reader
         log.info("joined unit: leader %s accepted rank %d of %d", self.address,
@@ -409,9 +547,9 @@ def attach_leader(model_name: str, host: Any, topo: Topology | None = None) -> L
         if started:
             host.mark_dead(UnitError(f"multi-node unit broken: {reason}"))
 
-    join_timeout = float(os.environ.get("RUFUS_FOLLOWER_WAIT_S", "600"))
+    join_timeout = env_float("RUFUS_FOLLOWER_WAIT_S", 600.0, minimum=0.0)
     control = LeaderControl(topo, fingerprint(host.engine_args), on_fail,
-                            join_timeout=join_timeout).start()
+                            join_timeout=join_timeout, secret=unit_secret()).start()
     log.info("%s: leader of a %d-node unit: %s", model_name, topo.nnodes,
              {k: host.engine_args.get(k) for k in ("nnodes", "node_rank", "master_addr",
                                                     "master_port", "pipeline_parallel_size",

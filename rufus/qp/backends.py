@@ -5,16 +5,18 @@ NxDI-style Medusa knobs) into what the engine needs; ``create_backend`` picks th
 
 * ``torch_medusa`` (default off Neuron): the project's own batch-1 decoder
   (rufus/qp/decoder/medusa_decode.py): the ``medusa_tree`` verified in one forward pass with a tree
-  attention mask, greedy acceptance under the plan grammar. Measured 2.6-2.7x over plain
-  decoding on the 2-core CPU, where vLLM's speculative step cost ~2.3x its plain step.
+  attention mask, greedy acceptance under the plan grammar. The fastest correct path
+  measured on the 2-core CPU, where vLLM's speculative step costs more than twice its plain
+  step (figures: docs/benchmarks.md, "Query planner").
 * ``torch_autoregressive``: the same decoder without the heads (algorithmic baseline).
 * ``vllm_medusa``: vLLM speculative decoding with our Medusa heads as the draft (top-1 chain
   of ``vllm_num_speculative_tokens`` heads); continuous batching, for batch > 1 or GPUs.
 * ``autoregressive``: the same model in vLLM without speculation (the serving baseline, and
   the fallback when the heads are missing).
 * ``nxdi`` (Trainium/Inferentia): NeuronX Distributed Inference with
-  ``NeuronConfig(is_medusa=True, ...)`` and the sparse ``medusa_tree``. UNTESTED here: the
-  Neuron SDK only exists on Neuron hosts; written against NxDI's documented API.
+  ``NeuronConfig(is_medusa=True, ...)`` and the sparse ``medusa_tree``, served by
+  rufus/qp/decoder/nxdi_engine.py. UNTESTED on hardware: the Neuron SDK only exists on Neuron
+  hosts; written against NxDI's API and unit-tested against a fake of it.
 
 The knobs mirror NxDI: ``num_medusa_heads`` (trained heads used), ``medusa_speculation_length``
 (tokens verified per step = tree nodes + 1 root) and ``medusa_tree`` (candidate paths, each a
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +36,8 @@ from rufus.serving.config import ConfigError, expand
 log = logging.getLogger("rufus.qp")
 
 QP_KEYS = ("qp_backend", "num_medusa_heads", "medusa_speculation_length", "medusa_tree",
-           "medusa_model", "vllm_num_speculative_tokens", "structured_output", "torch_threads")
+           "medusa_model", "vllm_num_speculative_tokens", "structured_output", "torch_threads",
+           "nxdi_compiled_path", "nxdi_max_new_tokens", "ground_filters")
 BACKENDS = ("torch_medusa", "torch_autoregressive", "vllm_medusa", "autoregressive", "nxdi")
 # what the torch decoder reads from model.json; the other vLLM engine arguments do not apply
 TORCH_ARGS = ("model", "dtype", "max_model_len", "torch_threads")
@@ -88,7 +91,8 @@ class PlannerBackend:
     name: str
     medusa: MedusaSettings | None = None
     structured_output: bool = True
-    extra: dict[str, Any] = field(default_factory=dict)
+    # drop plan filters not written in the question/history (rufus/qp/grounding.py)
+    ground_filters: bool = True
 
     def engine_args(self, args: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in args.items() if k not in QP_KEYS}
@@ -156,78 +160,36 @@ class VllmMedusaBackend(PlannerBackend):
 
 
 class NxdiMedusaBackend(PlannerBackend):
-    """NxDI on Trainium/Inferentia (UNTESTED: needs the Neuron SDK and a Neuron device).
+    """NxDI on Trainium/Inferentia (UNTESTED on hardware: needs the Neuron SDK and a device).
 
-    Compiles the planner with Medusa heads and the sparse tree at batch size 1, which is
-    what NxDI supports for Medusa. The heads are exported to ``medusa_heads.pt`` in the
-    model directory, where NxDI's ``get_state_dict`` picks them up.
+    The planner compiled with the Medusa heads and the sparse tree at batch size 1 (what NxDI
+    supports for Medusa), served by rufus/qp/decoder/nxdi_engine.py behind the same engine
+    interface as the torch decoder.
     """
 
-    def neuron_config(self, args: dict[str, Any]) -> Any:
-        from neuronx_distributed_inference.models.config import NeuronConfig
+    ARGS = ("model", "dtype", "max_model_len", "tensor_parallel_size", "nxdi_compiled_path",
+            "nxdi_max_new_tokens")
 
+    def engine_args(self, args: dict[str, Any]) -> dict[str, Any]:
+        return {k: args[k] for k in self.ARGS if k in args}
+
+    @property
+    def tokens_per_step_max(self) -> int:
         assert self.medusa is not None
-        return NeuronConfig(
-            tp_degree=int(args.get("tensor_parallel_size", 1)),
-            batch_size=1,
-            max_context_length=int(args.get("max_model_len", 2048)) // 2,
-            seq_len=int(args.get("max_model_len", 2048)),
-            torch_dtype=args.get("dtype", "bfloat16"),
-            is_medusa=True,
-            medusa_speculation_length=self.medusa.medusa_speculation_length,
-            num_medusa_heads=self.medusa.num_medusa_heads,
-            medusa_tree=self.medusa.medusa_tree,
-        )
+        return 1 + max(len(p) for p in self.medusa.medusa_tree)
 
-    def load(self, args: dict[str, Any], compiled_path: str) -> Any:
-        """Compile (first time) and load; returns (model, generation adapter)."""
-        from neuronx_distributed_inference.models.llama.modeling_llama import (
-            LlamaInferenceConfig,
-            NeuronLlamaForCausalLM,
-        )
-        from neuronx_distributed_inference.utils.hf_adapter import (
-            HuggingFaceGenerationAdapter,
-            load_pretrained_config,
-        )
+    def engine_factory(self, on_stats: Any = None) -> Any:
+        from rufus.qp.decoder.nxdi_engine import NxdiPlannerEngine
 
-        model_path = str(args["model"])
-        export_nxdi_heads(Path(model_path), self.medusa)
-        config = LlamaInferenceConfig(self.neuron_config(args),
-                                      load_config=load_pretrained_config(model_path))
-        model = NeuronLlamaForCausalLM(model_path, config)
-        model.compile(compiled_path)
-        model.load(compiled_path)
-        return model, HuggingFaceGenerationAdapter(model)
+        medusa = self.medusa
+        assert medusa is not None
 
-    def generate(self, adapter: Any, model: Any, prompt_ids: list[int], max_tokens: int,
-                 eos_token_id: int) -> list[int]:
-        import torch
+        def build(args: dict[str, Any]) -> Any:
+            return NxdiPlannerEngine(args, tree_paths=medusa.medusa_tree,
+                                     medusa_dir=medusa.medusa_model,
+                                     num_heads=medusa.num_medusa_heads, on_stats=on_stats)
 
-        ids = torch.tensor([prompt_ids])
-        # NxDI's documented Medusa usage: the target model is its own assistant_model.
-        out = adapter.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=model,
-                               max_new_tokens=max_tokens, do_sample=False,
-                               eos_token_id=eos_token_id)
-        return out[0, len(prompt_ids):].tolist()
-
-
-def export_nxdi_heads(model_dir: Path, medusa: MedusaSettings | None) -> Path:
-    """Write our heads in NxDI's layout: ``medusa_head_{i}.0.linear.*`` (ResBlock) and
-    ``medusa_head_{i}.1.weight`` (vocab projection = the model's tied embedding)."""
-    import torch
-    from safetensors.torch import load_file
-
-    assert medusa is not None
-    src = load_file(str(Path(medusa.medusa_model) / "model.safetensors"))
-    out: dict[str, Any] = {}
-    for i in range(medusa.num_medusa_heads):
-        w = src[f"blocks.{i}.layers.0.weight"]
-        out[f"medusa_head_{i}.0.linear.weight"] = w
-        out[f"medusa_head_{i}.0.linear.bias"] = torch.zeros(w.shape[0], dtype=w.dtype)
-        out[f"medusa_head_{i}.1.weight"] = src["lm_head.weight"]
-    path = model_dir / "medusa_heads.pt"
-    torch.save(out, path)
-    return path
+        return build
 
 
 def create_backend(args: dict[str, Any]) -> PlannerBackend:
@@ -236,10 +198,11 @@ def create_backend(args: dict[str, Any]) -> PlannerBackend:
     if name not in BACKENDS:
         raise ConfigError(f"qp_backend must be one of {BACKENDS}, got {name!r}")
     structured = bool(args.get("structured_output", True))
+    ground = bool(args.get("ground_filters", True))
     if name == "autoregressive":
-        return AutoregressiveBackend(name, None, structured)
+        return AutoregressiveBackend(name, None, structured, ground)
     if name == "torch_autoregressive":
-        return TorchBackend(name, None, structured)
+        return TorchBackend(name, None, structured, ground)
     tree = load_tree(args.get("medusa_tree", []))
     heads = int(args.get("num_medusa_heads", 4))
     medusa = MedusaSettings(
@@ -257,4 +220,4 @@ def create_backend(args: dict[str, Any]) -> PlannerBackend:
         return create_backend({**args, "qp_backend": fallback})
     cls = {"vllm_medusa": VllmMedusaBackend, "torch_medusa": TorchBackend,
            "nxdi": NxdiMedusaBackend}[name]
-    return cls(name, medusa, structured)
+    return cls(name, medusa, structured, ground)

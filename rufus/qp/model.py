@@ -15,99 +15,98 @@ final text into a plan on its way out.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from rufus.qp.backends import PlannerBackend, create_backend
-from rufus.qp.plan import build_messages, parse_plan, structured_outputs
+from rufus.qp.grounding import ground_plan
+from rufus.qp.plan import HISTORY_TURNS_USED, build_messages, parse_plan, structured_outputs
 from rufus.serving.generation import ServiceError, run_generate
 from rufus.serving.requests import (
     GenerateRequest,
+    InputSpec,
     InvalidInput,
-    _text,
+    Limits,
+    OutputSpec,
+    decode_inputs,
+    finish_logprobs,
+    merge_sampling,
     parse_messages,
-    parse_sampling_json,
-    validate_sampling,
+    request_parameters,
 )
-from rufus.serving.triton_backend import EngineModel, TritonSink, add_io, pb_utils
+from rufus.serving.triton_backend import EngineModel, TritonSink, add_io, config_param, pb_utils
+
+log = logging.getLogger("rufus.qp")
 
 MAX_QUESTION_CHARS = 1000
+# Accepted history turns (what rufus/assistant sends); the prompt keeps the last
+# HISTORY_TURNS_USED of them (rufus/qp/plan.py), older ones are dropped.
 MAX_HISTORY_TURNS = 8
+assert HISTORY_TURNS_USED <= MAX_HISTORY_TURNS
 # Greedy only: the planner's output must be reproducible (and Medusa's lossless guarantee is
 # for greedy decoding). logprobs are for diagnostics (the losslessness test's near-tie check).
 QP_SAMPLING_KEYS = ("max_tokens", "logprobs")
 
-
-def _opt(name: str, dtype: str) -> dict[str, Any]:
-    return {"name": name, "data_type": dtype, "dims": [1], "optional": True}
-
-
-QP_INPUTS = [
-    _opt("question", "TYPE_STRING"),
-    _opt("history", "TYPE_STRING"),
-    _opt("sampling_parameters", "TYPE_STRING"),
-]
-QP_OUTPUTS = [
-    {"name": "text_output", "data_type": "TYPE_STRING", "dims": [-1]},
-    {"name": "plan", "data_type": "TYPE_STRING", "dims": [-1]},
-    {"name": "fallback", "data_type": "TYPE_BOOL", "dims": [-1]},
-    {"name": "fallback_reason", "data_type": "TYPE_STRING", "dims": [-1]},
-    {"name": "finish_reason", "data_type": "TYPE_STRING", "dims": [-1]},
-    {"name": "num_output_tokens", "data_type": "TYPE_UINT32", "dims": [-1]},
-    {"name": "output_token_ids", "data_type": "TYPE_INT32", "dims": [-1]},
-    {"name": "logprobs", "data_type": "TYPE_STRING", "dims": [-1]},
-]
+# The planner's inputs and outputs, declared once (config auto-complete, decoding, the
+# known-inputs set; tests/unit/test_inputs.py checks them against config.pbtxt).
+QP_INPUT_SPECS: tuple[InputSpec, ...] = (
+    InputSpec("question", "TYPE_STRING"),
+    InputSpec("history", "TYPE_STRING"),
+    InputSpec("sampling_parameters", "TYPE_STRING", bound="max_parameters_bytes"),
+)
+QP_OUTPUT_SPECS: tuple[OutputSpec, ...] = (
+    OutputSpec("text_output", "TYPE_STRING"),
+    OutputSpec("plan", "TYPE_STRING"),
+    OutputSpec("fallback", "TYPE_BOOL"),
+    OutputSpec("fallback_reason", "TYPE_STRING"),
+    OutputSpec("finish_reason", "TYPE_STRING"),
+    OutputSpec("num_output_tokens", "TYPE_UINT32"),
+    OutputSpec("output_token_ids", "TYPE_INT32"),
+    OutputSpec("logprobs", "TYPE_STRING"),
+)
+QP_INPUTS = [spec.config() for spec in QP_INPUT_SPECS]
+QP_OUTPUTS = [spec.config() for spec in QP_OUTPUT_SPECS]
 
 
 @dataclass
 class PlanRequest:
     question: str
     generate: GenerateRequest
+    history: list[dict[str, str]] | None = None
 
 
 def parse_plan_request(inputs: dict[str, np.ndarray | None], parameters: str | None,
-                       default_max_tokens: int) -> PlanRequest:
+                       default_max_tokens: int, limits: Limits | None = None) -> PlanRequest:
     """Validate one planner request; every error names the offending input field."""
-    if inputs.get("question") is None:
+    limits = limits or Limits()
+    values = decode_inputs(QP_INPUT_SPECS, inputs, limits)
+    question = values.get("question")
+    if question is None:
         raise InvalidInput("question", "missing: send the customer's question")
-    question = _text("question", inputs["question"])  # type: ignore[arg-type]
     if not question.strip():
         raise InvalidInput("question", "is empty")
     if len(question) > MAX_QUESTION_CHARS:
         raise InvalidInput("question", f"is {len(question)} characters; at most "
                            f"{MAX_QUESTION_CHARS}")
     history = None
-    if inputs.get("history") is not None:
-        raw = _text("history", inputs["history"])  # type: ignore[arg-type]
-        try:
-            turns = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise InvalidInput("history", f"is not valid JSON ({exc.msg})") from exc
-        if not isinstance(turns, list):
-            raise InvalidInput("history", "must be a JSON list of {role, content}")
-        try:
-            # rufus_llm's message checks; previous turns may end with the assistant's reply
-            history = parse_messages(json.dumps(
-                [*turns, {"role": "user", "content": question}]))[:-1]
-        except InvalidInput as exc:
-            raise InvalidInput(exc.field.replace("messages", "history", 1), exc.reason) from exc
+    if values.get("history") is not None:
+        # rufus_llm's message checks; previous turns may end with the assistant's reply
+        history = parse_messages(values["history"], "history", limits,
+                                 last_may_be_assistant=True, allow_empty=True)
         if len(history) > MAX_HISTORY_TURNS:
             raise InvalidInput("history", f"{len(history)} turns; at most {MAX_HISTORY_TURNS}")
-    raw_sampling: dict[str, Any] = {}
-    if parameters:
-        raw_sampling.update(parse_sampling_json(parameters))
-    if inputs.get("sampling_parameters") is not None:
-        raw_sampling.update(parse_sampling_json(
-            _text("sampling_parameters", inputs["sampling_parameters"])))  # type: ignore[arg-type]
-    extra = sorted(set(raw_sampling) - set(QP_SAMPLING_KEYS))
-    if extra:
-        raise InvalidInput("sampling_parameters",
-                           f"unsupported key(s) {extra} for the query planner (greedy decoding); "
-                           f"supported: {list(QP_SAMPLING_KEYS)}")
-    sampling = validate_sampling(raw_sampling, from_parameters=bool(parameters))
-    sampling.setdefault("max_tokens", default_max_tokens)
+    try:
+        sampling = merge_sampling(values.get("sampling_parameters"),
+                                  request_parameters(parameters, limits), limits=limits,
+                                  default_max_tokens=default_max_tokens, allowed=QP_SAMPLING_KEYS)
+    except InvalidInput as exc:
+        if exc.field == "sampling_parameters" and exc.reason.startswith("unknown key"):
+            raise InvalidInput("sampling_parameters",
+                               f"{exc.reason} for the query planner (greedy decoding)") from exc
+        raise
     sampling["temperature"] = 0.0
     req = GenerateRequest(
         messages=build_messages(question, history),
@@ -117,25 +116,36 @@ def parse_plan_request(inputs: dict[str, np.ndarray | None], parameters: str | N
         return_num_output_tokens=True,
         return_logprobs="logprobs" in sampling,
         return_token_ids=True,
+        # the prompt is built from question + history: blame what the client sent
+        prompt_field="history" if history else "question",
     )
-    return PlanRequest(question, req)
+    finish_logprobs(req)
+    return PlanRequest(question, req, history)
 
 
 class PlanSink:
-    """Wraps the Triton sink: the final text becomes text + plan + fallback flag."""
+    """Wraps the Triton sink: the final text becomes text + plan + fallback flag.
 
-    def __init__(self, inner: Any, question: str) -> None:
+    With ``ground`` the plan's filters pass the post-decode check (rufus/qp/grounding.py):
+    a brand or price cap not written in the question or history is dropped from ``plan``;
+    ``text_output`` stays the raw generation."""
+
+    def __init__(self, inner: Any, question: str, history: list[dict[str, str]] | None = None,
+                 ground: bool = False) -> None:
         self.inner = inner
         self.question = question
+        self.history = history
+        self.ground = ground
 
     def send(self, outputs: dict[str, np.ndarray] | None, error: ServiceError | None,
              final: bool) -> None:
-        if error is not None and error.message.startswith("messages"):
-            # the prompt is built from question + history: blame what the client sent
-            error = ServiceError(error.code, "question" + error.message[len("messages"):])
         if outputs is not None and "text_output" in outputs:
             text = bytes(outputs["text_output"][0]).decode("utf-8", "replace")
             res = parse_plan(text, self.question)
+            if self.ground and not res.fallback:
+                res.plan, dropped = ground_plan(res.plan, self.question, self.history)
+                if dropped:
+                    log.debug("plan filters dropped: %s", "; ".join(dropped))
             outputs["plan"] = np.array([json.dumps(res.plan).encode()], dtype=np.object_)
             outputs["fallback"] = np.array([res.fallback], dtype=bool)
             outputs["fallback_reason"] = np.array([res.error.encode()], dtype=np.object_)
@@ -184,7 +194,7 @@ def _step_counter(counters: dict[str, Any]) -> Any:
 
 
 class QueryPlannerModel(EngineModel):
-    INPUTS = {i["name"] for i in QP_INPUTS}
+    INPUTS = {spec.name for spec in QP_INPUT_SPECS}
     backend: PlannerBackend
 
     @classmethod
@@ -199,9 +209,6 @@ class QueryPlannerModel(EngineModel):
             args["medusa_tree"] = str(self.model_dir / tree)
         self.backend = create_backend(args)
         self.host.engine_args = self.backend.engine_args(args)
-        if self.backend.name == "nxdi":
-            raise RuntimeError("qp_backend=nxdi runs on Neuron hosts through NxDI "
-                               "(rufus/qp/backends.py), not inside this vLLM model")
         self._spec_families: list[Any] = []
         counters = self._spec_counters() if pb_utils is not None and self.backend.medusa else None
         if self.backend.name == "vllm_medusa" and counters is not None:
@@ -228,12 +235,22 @@ class QueryPlannerModel(EngineModel):
         if warm is not None and self.backend.structured_output:
             warm(structured_outputs().json)
 
+    def request_limits(self) -> Limits:
+        limits = getattr(self, "_limits", None)
+        if limits is None:
+            limits = self._limits = Limits.for_model(
+                lambda key, default: config_param(self.model_config, key, default),
+                self.host.engine)
+        return limits
+
     def parse(self, inputs: dict[str, np.ndarray | None], parameters: str | None) -> PlanRequest:
-        return parse_plan_request(inputs, parameters, self.default_max_tokens)
+        return parse_plan_request(inputs, parameters, self.default_max_tokens,
+                                  self.request_limits())
 
     async def handle(self, parsed: PlanRequest, sink: TritonSink, arrival: float,
                      request_id: str) -> None:
         if self.backend.structured_output:
             parsed.generate.sampling["structured_outputs"] = structured_outputs()
         await run_generate(self.host, self.watcher, parsed.generate,
-                           PlanSink(sink, parsed.question), self.metrics, arrival, request_id)
+                           PlanSink(sink, parsed.question, parsed.history,
+                                    self.backend.ground_filters), self.metrics, arrival, request_id)

@@ -1,4 +1,4 @@
-"""Query plans: the JSON schema, the few-shot prompt, parsing and the documented fallback.
+"""Query plans: the JSON schema, the planner prompt, parsing and the documented fallback.
 
 The planner must never fail a request because the model wrote something odd: every output
 is parsed and validated against ``plan_schema.json``; anything that does not validate is
@@ -26,46 +26,9 @@ def intents() -> list[str]:
     return list(plan_schema()["properties"]["intent"]["enum"])
 
 
-SYSTEM = (
-    "You are the query planner of a shopping assistant. Read the customer's question and "
-    "answer with one JSON object only, no other text: "
-    '{"intent": one of product_search | product_comparison | product_question | '
-    "recommendation | order_status | returns_refunds | other, "
-    '"query_type": "keyword" for short keyword queries or "conversational" for sentences, '
-    '"search_queries": 1-3 short product search queries, '
-    '"filters": {"brand": ..., "max_price": ...} only when the question states them}.'
-)
-
 # The fine-tuned planner (scripts/train_qp_lora.py) needs no instructions: a short, fixed
 # system message keeps training and per-request prefill cheap.
 PLANNER_SYSTEM = "You are the query planner of a shopping assistant. Reply with the JSON plan."
-STYLES = ("finetuned", "fewshot", "zeroshot")
-
-# Hand-written; none of these questions appear in data/qp/{eval,train,calib}.jsonl.
-FEW_SHOT: list[tuple[str, dict[str, Any]]] = [
-    ("sony headphones under $100", {
-        "intent": "product_search", "query_type": "keyword",
-        "search_queries": ["sony headphones"], "filters": {"brand": "sony", "max_price": 100}}),
-    ("which vacuum is better for pet hair, bissell or hoover?", {
-        "intent": "product_comparison", "query_type": "conversational",
-        "search_queries": ["bissell pet hair vacuum", "hoover pet hair vacuum"],
-        "filters": {}}),
-    ("does the apple pencil 2 work with the ipad 9th generation", {
-        "intent": "product_question", "query_type": "conversational",
-        "search_queries": ["apple pencil 2"], "filters": {"brand": "apple"}}),
-    ("what's a nice gift for a friend who likes baking", {
-        "intent": "recommendation", "query_type": "conversational",
-        "search_queries": ["baking gifts", "baking tools"], "filters": {}}),
-    ("where's my package with the printer ink", {
-        "intent": "order_status", "query_type": "conversational",
-        "search_queries": ["printer ink order"], "filters": {}}),
-    ("how do i send back a dress that doesn't fit", {
-        "intent": "returns_refunds", "query_type": "conversational",
-        "search_queries": ["dress return"], "filters": {}}),
-    ("how tall is mount everest", {
-        "intent": "other", "query_type": "conversational",
-        "search_queries": ["how tall is mount everest"], "filters": {}}),
-]
 
 
 def render_plan(plan: dict[str, Any]) -> str:
@@ -73,26 +36,24 @@ def render_plan(plan: dict[str, Any]) -> str:
     return json.dumps(plan, separators=(", ", ": "))
 
 
-def build_messages(question: str, history: list[dict[str, str]] | None = None,
-                   style: str = "finetuned") -> list[dict[str, str]]:
+# Previous turns the planner's prompt keeps (the most recent ones); rufus_qp_medusa accepts
+# more (rufus/qp/model.py MAX_HISTORY_TURNS) and drops the older ones.
+HISTORY_TURNS_USED = 4
+
+
+def build_messages(question: str, history: list[dict[str, str]] | None = None
+                   ) -> list[dict[str, str]]:
     """Chat messages for one question; previous turns are given as context in the user turn.
 
-    The system message and few-shot turns are identical for every request, so vLLM's prefix
-    cache serves them and only the question is prefilled per request.
+    The system message is identical for every request, so the prefix cache serves it and
+    only the question is prefilled per request. (The prompts of the un-tuned baselines that
+    the eval compares against are in rufus/qp/tooling/prompts.py.)
     """
-    if style not in STYLES:
-        raise ValueError(f"prompt style must be one of {STYLES}, got {style!r}")
-    msgs = [{"role": "system", "content": PLANNER_SYSTEM if style == "finetuned" else SYSTEM}]
-    if style == "fewshot":
-        for q, plan in FEW_SHOT:
-            msgs += [{"role": "user", "content": q},
-                     {"role": "assistant", "content": render_plan(plan)}]
     content = question
     if history:
-        turns = "\n".join(f"{m['role']}: {m['content']}" for m in history[-4:])
+        turns = "\n".join(f"{m['role']}: {m['content']}" for m in history[-HISTORY_TURNS_USED:])
         content = f"Previous conversation:\n{turns}\nQuestion: {question}"
-    msgs.append({"role": "user", "content": content})
-    return msgs
+    return [{"role": "system", "content": PLANNER_SYSTEM}, {"role": "user", "content": content}]
 
 
 def fallback_plan(question: str) -> dict[str, Any]:
@@ -137,11 +98,13 @@ def parse_plan(text: str, question: str) -> PlanResult:
 
 
 def render_prompt_ids(tokenizer: Any, question: str,
-                      history: list[dict[str, str]] | None = None,
-                      style: str = "finetuned") -> list[int]:
+                      history: list[dict[str, str]] | None = None) -> list[int]:
     """Token ids of the chat-templated planner prompt (same path for server and scripts)."""
-    text = tokenizer.apply_chat_template(build_messages(question, history, style),
-                                         add_generation_prompt=True, tokenize=False)
+    return prompt_ids(tokenizer, build_messages(question, history))
+
+
+def prompt_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 

@@ -5,7 +5,8 @@ engine arguments). We add two things an operator needs when the same repository 
 to many machines:
 
 * string values may use ``${VAR}`` / ``${VAR:-default}`` and ``~`` so the model path can
-  point at a per-machine cache without editing the file;
+  point at a per-machine cache without editing the file (``RUFUS_*`` variables only, plus
+  any the operator lists in ``RUFUS_CONFIG_VARS``; never a secret-looking name);
 * ``RUFUS_<MODEL>_ENGINE_ARGS`` / ``RUFUS_ENGINE_ARGS`` (a JSON object) override keys at
   deploy time (tests use it to shrink the engine).
 """
@@ -24,6 +25,15 @@ DEFAULT_CACHE_DIR = "~/.cache/rufus"
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+# ``${VAR}`` may read only these (a model.json must not read, or echo back in a load error,
+# the server's environment): ``RUFUS_*`` and names the operator lists in RUFUS_CONFIG_VARS,
+# never one that looks like a secret.
+_SECRET_NAME = re.compile(r"KEY|SECRET|TOKEN|PASSW|CREDENTIAL", re.IGNORECASE)
+
+
+def _may_expand(name: str, env: Mapping[str, str]) -> bool:
+    allowed = {v.strip() for v in env.get("RUFUS_CONFIG_VARS", "").split(",") if v.strip()}
+    return (name.startswith("RUFUS_") or name in allowed) and not _SECRET_NAME.search(name)
 
 
 class ConfigError(ValueError):
@@ -52,6 +62,10 @@ def expand(value: str, env: Mapping[str, str] | None = None) -> str:
 
     def sub(match: re.Match[str]) -> str:
         name, default = match.group(1), match.group(2)
+        if not _may_expand(name, env):
+            raise ConfigError(f"${{{name}}} in model.json: only RUFUS_* variables (or names "
+                              "listed in RUFUS_CONFIG_VARS, none that look like secrets) "
+                              "may be expanded")
         if name in env and env[name] != "":
             return env[name]
         if default is not None:
@@ -137,10 +151,9 @@ def load_engine_config(
     args = _expand_tree(merged, env)
     model = args["model"]
     # A path that looks local but is missing is the most common deploy mistake: say so.
-    if (model.startswith(("/", ".", "~")) or os.sep in model) and not Path(model).exists():
-        if model.startswith(("/", ".", "~")):
-            raise ConfigError(
-                f"model path {model!r} from {path} does not exist; build the default model "
-                "with `make model` or set RUFUS_MODEL_DIR / the 'model' key"
-            )
+    if model.startswith(("/", ".", "~")) and not Path(model).exists():
+        raise ConfigError(
+            f"model path {model!r} from {path} does not exist; build the default model "
+            "with `make model` or set RUFUS_MODEL_DIR / the 'model' key"
+        )
     return EngineConfig(engine_args=args, source=str(path), overrides=overrides)

@@ -1,9 +1,16 @@
-"""Hosts vLLM's async engine on a private event loop thread.
+"""Hosts the inference engine on a private event loop thread, and heals it in place.
 
 Triton calls ``execute`` on its own thread; vLLM's ``AsyncLLM`` wants one asyncio loop.
 ``EngineHost`` owns that loop, starts and stops the engine, tracks outstanding requests
-(admission control) and notices when the engine dies so callers fail fast with
+(admission control) and notices when the engine dies, so callers fail fast with
 UNAVAILABLE instead of hanging.
+
+A dead engine is replaced inside the same Triton model instance (never by unloading the
+model: Triton 2.51 sometimes never finalized an unloaded instance, so it could not be
+loaded again in that process). Repeated deaths back off exponentially; more than
+``max_failures`` inside ``window_s`` and the host gives up and stays down (state
+``failed``) until the server is restarted. The engine is anything that satisfies
+:class:`rufus.serving.engine_api.Engine`.
 """
 
 from __future__ import annotations
@@ -11,24 +18,72 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import os
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any
+
+from rufus.serving.engine_api import Engine, unfinished_requests
 
 log = logging.getLogger("rufus.serving.engine")
 
+# Host states, in the order a healthy life goes through them.
+STARTING, READY, DEAD, RESTARTING, FAILED, STOPPED = (
+    "starting", "ready", "dead", "restarting", "failed", "stopped")
+
 
 class EngineUnavailable(RuntimeError):
-    """The engine is dead, shutting down or not started: the client should retry elsewhere."""
+    """The engine is dead, restarting, shutting down or not started: retry elsewhere/later."""
 
 
 class AtCapacity(RuntimeError):
     """Admission bound reached: the request is refused at once instead of queueing."""
 
 
+# The environment names of RestartPolicy's settings (config.pbtxt ``parameters`` use the
+# lower-case name without the prefix; the environment wins, as for every backend setting).
+SETTINGS_ENV = ("RUFUS_ENGINE_RESTART", "RUFUS_ENGINE_MAX_FAILURES",
+                "RUFUS_ENGINE_FAILURE_WINDOW_S", "RUFUS_ENGINE_RESTART_BACKOFF_S",
+                "RUFUS_ENGINE_RESTART_BACKOFF_MAX_S")
+
+
+@dataclass
+class RestartPolicy:
+    """When a dead engine is replaced in place, and when the host gives up.
+
+    Backoff before the k-th restart in the window: ``backoff_s * 2**(k-1)``, capped at
+    ``backoff_max_s``. ``enabled=False`` (a multi-node unit's leader: the unit is restarted
+    whole by its supervisor) leaves a dead engine down.
+    """
+
+    enabled: bool = True
+    max_failures: int = 3
+    window_s: float = 600.0
+    backoff_s: float = 1.0
+    backoff_max_s: float = 30.0
+
+    def delay(self, failures_in_window: int) -> float:
+        return min(self.backoff_s * 2 ** max(failures_in_window - 1, 0), self.backoff_max_s)
+
+    @classmethod
+    def from_settings(cls, get: Callable[[str, str], str]) -> RestartPolicy:
+        """From a ``(name, default) -> str`` lookup (config.pbtxt parameters / RUFUS_* env)."""
+        d = cls()
+        return cls(
+            enabled=get("engine_restart", "true").lower() in ("1", "true", "yes"),
+            max_failures=int(get("engine_max_failures", str(d.max_failures))),
+            window_s=float(get("engine_failure_window_s", str(d.window_s))),
+            backoff_s=float(get("engine_restart_backoff_s", str(d.backoff_s))),
+            backoff_max_s=float(get("engine_restart_backoff_max_s", str(d.backoff_max_s))),
+        )
+
+
 class EngineHost:
-    """One vLLM ``AsyncLLM`` plus the loop thread it lives on."""
+    """One engine (vLLM's ``AsyncLLM`` by default) plus the loop thread it lives on."""
+
+    DEAD_REPORT_GRACE_S = 5.0
 
     def __init__(
         self,
@@ -38,24 +93,39 @@ class EngineHost:
         stat_loggers: list[Any] | None = None,
         on_dead: Callable[[BaseException], None] | None = None,
         on_poll: Callable[[EngineHost], None] | None = None,
+        on_state: Callable[[EngineHost, str], None] | None = None,
+        on_restarted: Callable[[], None] | None = None,
         name: str = "engine",
-        engine_factory: Callable[[dict[str, Any]], Any] | None = None,
+        engine_factory: Callable[[dict[str, Any]], Engine] | None = None,
+        restart: RestartPolicy | None = None,
     ) -> None:
         self.engine_args = dict(engine_args)
-        # None: vLLM's AsyncLLM. Otherwise a callable building an object with the same small
-        # surface (generate/abort/tokenizer/model_config/errored/shutdown), e.g. the query
+        # None: vLLM's AsyncLLM. Otherwise a callable building an Engine, e.g. the query
         # planner's torch Medusa engine (rufus/qp/decoder/torch_engine.py).
         self.engine_factory = engine_factory
         self.max_outstanding = max_outstanding
         self.stat_loggers = stat_loggers or []
         self.on_dead = on_dead
         self.on_poll = on_poll
+        self.on_state = on_state
+        self.on_restarted = on_restarted
         self.name = name
+        self.restart = restart or RestartPolicy()
         self.engine: Any = None
+        self.tokenizer: Any = None
+        self.max_model_len = 0
         self.loop: asyncio.AbstractEventLoop | None = None
         self.outstanding = 0
+        self.state = STARTING
         self.dead_reason: str | None = None
         self.start_seconds = 0.0
+        self.failures: list[float] = []  # monotonic times of engine deaths, in the window
+        self.restarts = 0
+        self.failure_count = 0  # every death and failed restart, ever (for the counter)
+        self.next_restart_in = 0.0
+        self._dead_error: BaseException | None = None
+        self._dead_since = 0.0
+        self._dead_handled = False
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._stop: asyncio.Event | None = None
@@ -73,6 +143,11 @@ class EngineHost:
             raise self._start_error
         self.start_seconds = time.monotonic() - t0
         log.info("%s: engine ready in %.1f s", self.name, self.start_seconds)
+        # report on the loop thread, like every later transition: the caller is Triton's
+        # initialize thread, which should not wait on metric IPC
+        self.state = READY
+        assert self.loop is not None
+        self.loop.call_soon_threadsafe(self._set_state, READY)
 
     def _run(self) -> None:
         self.loop = asyncio.new_event_loop()
@@ -82,20 +157,25 @@ class EngineHost:
         finally:
             self.loop.close()
 
-    async def _main(self) -> None:
+    def _build(self) -> Engine:
+        if self.engine_factory is not None:
+            return self.engine_factory(self.engine_args)
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        return AsyncLLM.from_engine_args(AsyncEngineArgs(**self.engine_args),
+                                         stat_loggers=self.stat_loggers or None)
+
+    def _adopt(self, engine: Engine) -> None:
+        self.tokenizer = engine.tokenizer
+        self.max_model_len = int(engine.model_config.max_model_len)
+        self.engine = engine
+
+    async def _main(self) -> None:
         self._stop = asyncio.Event()
         try:
-            if self.engine_factory is not None:
-                self.engine = self.engine_factory(self.engine_args)
-            else:
-                args = AsyncEngineArgs(**self.engine_args)
-                self.engine = AsyncLLM.from_engine_args(args,
-                                                        stat_loggers=self.stat_loggers or None)
-            self.tokenizer = self.engine.tokenizer
-            self.max_model_len = int(self.engine.model_config.max_model_len)
+            # on the loop thread: vLLM starts its output handler on the running loop
+            self._adopt(self._build())
         except BaseException as exc:  # noqa: BLE001 - handed back to start()
             self._start_error = exc
             self._ready.set()
@@ -104,16 +184,25 @@ class EngineHost:
         watch = asyncio.create_task(self._watch())
         await self._stop.wait()
         watch.cancel()
-        self.engine.shutdown()
+        self._set_state(STOPPED)
+        if self.engine is not None:
+            self._shutdown_engine(self.engine)
+
+    def _shutdown_engine(self, engine: Any) -> None:
+        try:
+            engine.shutdown()
+        except Exception:  # a dead engine may fail to shut down cleanly
+            log.exception("%s: engine shutdown raised", self.name)
 
     async def _watch(self) -> None:
-        """Poll the engine's health: a dead engine core must flip readiness quickly."""
+        """Poll the engine's health: a dead engine must flip readiness within a second."""
         while True:
             await asyncio.sleep(0.5 if self.dead_reason is None else 0.1)
             if self.dead_reason is None and getattr(self.engine, "errored", False):
                 err = getattr(self.engine, "dead_error", None) or RuntimeError("engine errored")
                 self.mark_dead(err)
-            self._maybe_report_dead()
+            if self._death_due():
+                await self._handle_death()
             if self.on_poll is not None:
                 try:
                     self.on_poll(self)
@@ -121,48 +210,129 @@ class EngineHost:
                     log.exception("%s: poll callback failed", self.name)
 
     def mark_dead(self, err: BaseException) -> None:
-        """Refuse new requests now; report (unload) once in-flight ones have their errors.
+        """Refuse new requests now; the watch loop reports and replaces the engine once
+        in-flight requests have their errors. Safe from any thread; idempotent."""
+        with self._lock:
+            if self.dead_reason is not None or self.state in (STOPPED, FAILED):
+                return
+            self.dead_reason = f"{type(err).__name__}: {err}"
+            # Keep the message, not ``err``: its traceback would keep the frames of whichever
+            # request saw the death (a Triton response sender among them) alive.
+            self._dead_error = EngineUnavailable(self.dead_reason)
+            self._dead_since = time.monotonic()
+            self._dead_handled = False
+            self.failure_count += 1
+        log.error("%s: engine is dead (%s); refusing requests until it is replaced",
+                  self.name, self.dead_reason)
+        self._set_state(DEAD)
 
-        Safe from any thread. ``on_dead`` runs on the watch loop when no request is
-        outstanding (or after ``DEAD_REPORT_GRACE_S``): unloading the Triton model while a
-        request is still in flight left that request unreleased and the unload stuck in
-        UNLOADING (seen with Triton 2.51), so the model could never be loaded again.
-        """
-        if self.dead_reason is not None:
-            return
-        self.dead_reason = f"{type(err).__name__}: {err}"
-        # Keep the message, not ``err``: its traceback would keep the frames of whichever
-        # request saw the death, and everything they reference (a Triton response sender
-        # among them), alive for as long as this instance lives.
-        self._dead_error: BaseException = EngineUnavailable(self.dead_reason)
-        self._dead_since = time.monotonic()
-        log.error("%s: engine is dead (%s); model will report not ready", self.name, self.dead_reason)
-
-    DEAD_REPORT_GRACE_S = 5.0
-
-    def _maybe_report_dead(self) -> None:
-        if self.dead_reason is None or getattr(self, "_dead_reported", False):
-            return
+    def _death_due(self) -> bool:
+        if self.dead_reason is None or self._dead_handled or self.state != DEAD:
+            return False
         waited = time.monotonic() - self._dead_since
-        if self.outstanding > 0 and waited < self.DEAD_REPORT_GRACE_S:
-            return
-        self._dead_reported = True
+        return self.outstanding == 0 or waited >= self.DEAD_REPORT_GRACE_S
+
+    async def _handle_death(self) -> None:
+        """Count the failure, then replace the engine after a backoff, or give up."""
+        self._dead_handled = True
+        assert self._dead_error is not None
         if self.on_dead is not None:
             try:
                 self.on_dead(self._dead_error)
             except Exception:
                 log.exception("%s: on_dead callback failed", self.name)
+        while True:
+            now = time.monotonic()
+            self.failures = [t for t in self.failures if now - t < self.restart.window_s]
+            self.failures.append(now)
+            n = len(self.failures)
+            if not self.restart.enabled:
+                self._give_up("in-place restart disabled (a multi-node unit is restarted "
+                              "whole by its supervisor)")
+                return
+            if n > self.restart.max_failures:
+                self._give_up(f"{n} engine failures within {self.restart.window_s:.0f} s "
+                              f"(limit {self.restart.max_failures}); restart the server")
+                return
+            self.next_restart_in = self.restart.delay(n)
+            log.warning("%s: replacing the engine in %.1f s (failure %d of %d allowed in "
+                        "%.0f s; backoff doubles per failure, max %.0f s)", self.name,
+                        self.next_restart_in, n, self.restart.max_failures,
+                        self.restart.window_s, self.restart.backoff_max_s)
+            self._set_state(RESTARTING)
+            await asyncio.sleep(self.next_restart_in)
+            if self._stop is not None and self._stop.is_set():
+                return
+            if await self._replace():
+                return
+            # the new engine failed to start: that is one more failure in the window
+
+    async def _replace(self) -> bool:
+        """Shut the dead engine down and build a new one, both on this loop thread, as at
+        start: vLLM's AsyncLLM starts its output handler on the running loop (built
+        elsewhere, it would miss an engine-core failure before the first request), and its
+        shutdown cancels tasks of this loop. Blocking the loop meanwhile is harmless: no
+        request is admitted while the host is not READY."""
+        old, t0 = self.engine, time.monotonic()
+        if old is not None:
+            self._shutdown_engine(old)
+        try:
+            new = self._build()
+        except Exception as exc:  # noqa: BLE001 - counted as a failure, retried with backoff
+            log.error("%s: new engine failed to start: %s: %s", self.name,
+                      type(exc).__name__, exc)
+            self.dead_reason = f"engine restart failed: {type(exc).__name__}: {exc}"
+            self.failure_count += 1
+            return False
+        self._adopt(new)
+        if self.on_restarted is not None:
+            try:
+                self.on_restarted()
+            except Exception:
+                log.exception("%s: restart hook failed", self.name)
+        self.restarts += 1
+        self.next_restart_in = 0.0
+        with self._lock:
+            self.dead_reason = None
+            self._dead_error = None
+        log.warning("%s: engine replaced in %.1f s (restart #%d); ready again", self.name,
+                    time.monotonic() - t0, self.restarts)
+        self._set_state(READY)
+        return True
+
+    def _give_up(self, why: str) -> None:
+        log.error("%s: engine stays down: %s. Last failure: %s", self.name, why,
+                  self.dead_reason)
+        self.dead_reason = f"engine stays down ({why}); last failure: {self.dead_reason}"
+        self._set_state(FAILED)
+
+    def _set_state(self, state: str) -> None:
+        self.state = state
+        if self.on_state is not None:
+            try:
+                self.on_state(self, state)
+            except Exception:
+                log.exception("%s: state callback failed", self.name)
 
     def shutdown(self, timeout: float = 30.0) -> None:
         if self.loop is not None and self._stop is not None and not self.loop.is_closed():
-            self.loop.call_soon_threadsafe(self._stop.set)
+            try:
+                self.loop.call_soon_threadsafe(self._stop.set)
+            except RuntimeError:  # loop closed in between
+                pass
         if self._thread is not None:
             self._thread.join(timeout)
 
     # ------------------------------------------------------------------ requests
     @property
     def healthy(self) -> bool:
-        return self.engine is not None and self.dead_reason is None
+        return self.engine is not None and self.dead_reason is None and self.state == READY
+
+    def unavailable_reason(self) -> str:
+        if self.state == RESTARTING:
+            return (f"engine restarting after a failure ({self.dead_reason}); "
+                    f"retry shortly or on another replica")
+        return self.dead_reason or f"engine {self.state}"
 
     def submit(self, coro: Coroutine[Any, Any, Any]) -> concurrent.futures.Future[Any]:
         assert self.loop is not None, "engine not started"
@@ -171,7 +341,7 @@ class EngineHost:
     def admit(self) -> None:
         """Count one request in, or refuse it: unbounded queues only hide overload."""
         if not self.healthy:
-            raise EngineUnavailable(f"engine unavailable: {self.dead_reason or 'not started'}")
+            raise EngineUnavailable(f"engine unavailable: {self.unavailable_reason()}")
         with self._lock:
             if self.max_outstanding and self.outstanding >= self.max_outstanding:
                 raise AtCapacity(
@@ -185,16 +355,19 @@ class EngineHost:
             self.outstanding -= 1
 
     async def generate(
-        self, prompt: Any, sampling_params: Any, request_id: str
+        self, prompt: Any, sampling_params: Any, request_id: str, **kwargs: Any
     ) -> AsyncIterator[Any]:
-        """vLLM's generate, with engine death turned into :class:`EngineUnavailable`."""
-        from vllm.v1.engine.exceptions import EngineDeadError
-
+        """The engine's generate (``kwargs``: e.g. vLLM's ``lora_request``), with engine death
+        turned into :class:`EngineUnavailable`."""
+        engine = self.engine
         try:
-            async for out in self.engine.generate(prompt, sampling_params, request_id):
+            async for out in engine.generate(prompt, sampling_params, request_id, **kwargs):
                 yield out
-        except EngineDeadError as exc:
-            self.mark_dead(exc)
+        except Exception as exc:
+            if not _is_engine_death(exc, engine):
+                raise
+            if engine is self.engine:  # not a straggler of an engine already replaced
+                self.mark_dead(exc)
             raise EngineUnavailable(f"engine died: {exc}") from exc
 
     async def abort(self, request_id: str) -> None:
@@ -202,6 +375,17 @@ class EngineHost:
             await self.engine.abort(request_id)
 
     def num_running(self) -> int:
-        """Requests vLLM itself holds (running + waiting), for tests and load reports."""
-        procs = getattr(self.engine, "output_processor", None)
-        return procs.get_num_unfinished_requests() if procs is not None else 0
+        """Requests the engine itself holds (running + waiting), for tests and load reports."""
+        return unfinished_requests(self.engine) if self.healthy else 0
+
+
+def _is_engine_death(exc: BaseException, engine: Any) -> bool:
+    """vLLM's EngineDeadError, or any error from an engine that now reports ``errored``."""
+    if type(exc).__name__ == "EngineDeadError":
+        return True
+    return bool(getattr(engine, "errored", False))
+
+
+def restart_policy_from_env(env: dict[str, str] | None = None) -> RestartPolicy:
+    e = env if env is not None else os.environ
+    return RestartPolicy.from_settings(lambda name, d: e.get("RUFUS_" + name.upper(), d))

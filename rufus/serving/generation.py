@@ -10,13 +10,19 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from rufus.serving.engine import AtCapacity, EngineHost, EngineUnavailable
 from rufus.serving.metrics import Metrics
-from rufus.serving.requests import GenerateRequest, InvalidInput, check_prompt_length
+from rufus.serving.requests import (
+    GenerateRequest,
+    InvalidInput,
+    check_min_tokens,
+    check_prompt_length,
+)
 from rufus.serving.responses import Outputs, build_outputs
 
 log = logging.getLogger("rufus.serving.generation")
@@ -45,18 +51,125 @@ def new_request_id(prefix: str) -> str:
     return f"{prefix}-{next(_ids)}-{time.monotonic_ns() % 1_000_000}"
 
 
+_SENTINEL = "\ue000rufus-content-{}-{}\ue001"  # private-use characters: never client data
+
+
+def special_token_texts(tokenizer: Any) -> list[str]:
+    """The text of every special/added control token (``<|im_start|>``, ...)."""
+    texts = set(getattr(tokenizer, "all_special_tokens", None) or [])
+    for tok in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values():
+        if getattr(tok, "special", False):
+            texts.add(str(tok.content if hasattr(tok, "content") else tok))
+    return sorted(t for t in texts if t)
+
+
+class _Codec:
+    """Private copies of a fast tokenizer's Rust core: ``plain`` (control-token text is a
+    control token) and ``split`` (control-token text is plain text).
+
+    Rendering runs in worker threads; the shared tokenizer is also used by the engine on its
+    loop (detokenizing, grammars). Transformers implements ``split_special_tokens`` by
+    flipping a flag on the shared tokenizer, which would race with those users, so we
+    encode with our own copies, one thread at a time.
+    """
+
+    def __init__(self, backend: Any) -> None:
+        from tokenizers import Tokenizer
+
+        self.plain = Tokenizer.from_str(backend.to_str())
+        self.split = Tokenizer.from_str(backend.to_str())
+        self.split.encode_special_tokens = True
+        self.lock = threading.Lock()
+
+    def encode(self, text: str, *, split: bool, add_special_tokens: bool = False) -> list[int]:
+        with self.lock:
+            tok = self.split if split else self.plain
+            return list(tok.encode(text, add_special_tokens=add_special_tokens).ids)
+
+
+_codecs: dict[int, tuple[Any, _Codec | None]] = {}
+_codecs_lock = threading.Lock()
+
+
+def codec_for(tokenizer: Any) -> _Codec | None:
+    """The tokenizer's private codec (None for a tokenizer without a Rust core)."""
+    key = id(tokenizer)
+    with _codecs_lock:
+        hit = _codecs.get(key)
+        if hit is not None and hit[0] is tokenizer:
+            return hit[1]
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        codec = _Codec(backend) if backend is not None and hasattr(backend, "to_str") else None
+        _codecs[key] = (tokenizer, codec)
+        return codec
+
+
+def render_chat(tokenizer: Any, messages: list[dict[str, str]], field_name: str = "messages"
+                ) -> tuple[str, list[int]]:
+    """Chat template -> (text, token ids) where the clients' content can never become a
+    control token: the template is rendered with a placeholder per message, its own text is
+    tokenized with special tokens recognised, and each content with special-token text
+    split into plain text. So ``<|im_start|>system`` typed into a message is ordinary text,
+    not a forged turn."""
+    codec = codec_for(tokenizer)
+    if codec is None:
+        return _render_chat_strict(tokenizer, messages, field_name)
+    nonce = time.monotonic_ns()
+    marks = [_SENTINEL.format(nonce, i) for i in range(len(messages))]
+    masked = [{**m, "content": marks[i]} for i, m in enumerate(messages)]
+    try:
+        rendered = tokenizer.apply_chat_template(masked, add_generation_prompt=True,
+                                                 tokenize=False)
+    except Exception as exc:
+        raise InvalidInput(field_name, f"chat template rejected them: {exc}") from exc
+    pieces: list[tuple[str, bool]] = []
+    rest = rendered
+    for i, mark in enumerate(marks):
+        head, found, tail = rest.partition(mark)
+        if not found or mark in tail:
+            return _render_chat_strict(tokenizer, messages, field_name)
+        pieces += [(head, False), (messages[i]["content"], True)]
+        rest = tail
+    pieces.append((rest, False))
+    ids: list[int] = []
+    for piece, is_content in pieces:
+        if piece:
+            ids += codec.encode(piece, split=is_content)
+    return "".join(p for p, _ in pieces), ids
+
+
+def _render_chat_strict(tokenizer: Any, messages: list[dict[str, str]], field_name: str
+                        ) -> tuple[str, list[int]]:
+    """A template that drops or repeats content: render it as is, refusing any content
+    that holds control-token text (it could not be kept plain)."""
+    specials = special_token_texts(tokenizer)
+    for i, m in enumerate(messages):
+        hit = next((s for s in specials if s in m["content"]), None)
+        if hit is not None:
+            raise InvalidInput(f"{field_name}[{i}].content",
+                               f"contains the control token text {hit!r}")
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return text, tokenizer.encode(text, add_special_tokens=False)
+
+
 def render_prompt(tokenizer: Any, req: GenerateRequest) -> tuple[str, list[int], str]:
-    """Returns (prompt text, token ids, field name to blame if it is too long)."""
+    """Returns (prompt text, token ids, field name to blame if it is too long).
+
+    CPU-bound (about 1 MB/s on 2 cores): :func:`run_generate` calls it in a worker thread so
+    a large prompt does not stall the engine's event loop (the tokenizer releases the GIL).
+    """
     if req.messages is not None:
-        try:
-            text = tokenizer.apply_chat_template(
-                req.messages, add_generation_prompt=True, tokenize=False
-            )
-        except Exception as exc:
-            raise InvalidInput("messages", f"chat template rejected them: {exc}") from exc
-        return text, tokenizer.encode(text, add_special_tokens=False), "messages"
+        text, ids = render_chat(tokenizer, req.messages, req.prompt_field)
+        return text, ids, req.prompt_field
     assert req.prompt is not None
-    return req.prompt, tokenizer.encode(req.prompt), "text_input"
+    codec = codec_for(tokenizer)
+    ids = (codec.encode(req.prompt, split=False, add_special_tokens=True) if codec is not None
+           else tokenizer.encode(req.prompt))
+    return req.prompt, ids, req.prompt_field
+
+
+def short(text: str, limit: int = 300) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 class CancelWatcher:
@@ -64,10 +177,10 @@ class CancelWatcher:
 
     Polling one place keeps the per-token path free of IPC to the Triton server, and still
     aborts requests that are queued and produce no tokens. It polls on the engine loop:
-    polling from its own thread measured far worse at 16 streams (throughput 0.75x and TTFT
-    p50 2.6x of vLLM in-process, against 0.94x and 1.02x), the GIL convoy effect also seen
-    with a sender thread (docs/benchmarks.md): each IPC releases the GIL and the thread
-    then waits for the busy loop to hand it back, and the loop for it.
+    polling from its own thread measured far worse at 16 streams (docs/benchmarks.md, "A
+    change that measured worse"), the GIL convoy effect also seen with a sender thread: each
+    IPC releases the GIL and the thread then waits for the busy loop to hand it back, and
+    the loop for it.
     """
 
     def __init__(self, host: EngineHost, interval: float = 0.25) -> None:
@@ -102,6 +215,64 @@ class CancelWatcher:
                     await self.host.abort(rid)
 
 
+def make_sampling_params(req: GenerateRequest, max_tokens: int, output_kind: Any) -> Any:
+    """vLLM ``SamplingParams`` from the validated dict; a rejection vLLM still finds is the
+    client's (INVALID_ARG naming sampling_parameters), never INTERNAL."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
+
+    kw = {**req.sampling, "max_tokens": max_tokens}
+    so = kw.get("structured_outputs")
+    try:
+        if isinstance(so, dict):
+            kw["structured_outputs"] = StructuredOutputsParams(**so)
+        return SamplingParams(**kw, output_kind=output_kind)
+    except Exception as exc:
+        from vllm.exceptions import VLLMClientError
+
+        if not isinstance(exc, ValueError | TypeError | VLLMClientError):
+            raise
+        name = getattr(exc, "parameter", None)
+        raise InvalidInput("sampling_parameters" + (f".{name}" if name else ""),
+                           short(str(exc))) from exc
+
+
+def host_lora_request(host: EngineHost, lora_name: str | None) -> Any:
+    """vLLM ``LoRARequest`` for an adapter named in the model's multi_lora.json."""
+    if lora_name is None:
+        return None
+    loras: dict[str, str] = getattr(host, "loras", None) or {}
+    if lora_name not in loras:
+        raise InvalidInput("sampling_parameters.lora_name",
+                           f"LoRA {lora_name!r} is not supported, we currently support "
+                           f"{list(loras)}")
+    from vllm.lora.request import LoRARequest
+
+    return LoRARequest(lora_name, list(loras).index(lora_name) + 1, loras[lora_name])
+
+
+async def _engine_checked(gen: Any, req: GenerateRequest) -> Any:
+    """vLLM's input processor rejects some values only inside ``generate`` (an invalid
+    regex or JSON schema for structured outputs): before the first output, a ValueError is
+    the client's input, reported as INVALID_ARG naming the field."""
+    first = True
+    try:
+        async for out in gen:
+            first = False
+            yield out
+    except Exception as exc:
+        from vllm.exceptions import VLLMClientError
+
+        if not first or not isinstance(exc, ValueError | VLLMClientError) \
+                or type(exc).__name__ == "EngineDeadError":
+            raise
+        name = getattr(exc, "parameter", None)
+        if name is None and "structured_outputs" in req.sampling:
+            name = "structured_outputs"
+        raise InvalidInput("sampling_parameters" + (f".{name}" if name else ""),
+                           short(str(exc))) from exc
+
+
 async def run_generate(
     host: EngineHost,
     watcher: CancelWatcher,
@@ -112,7 +283,6 @@ async def run_generate(
     request_id: str,
 ) -> None:
     """Serve one request to completion; always ends the response stream exactly once."""
-    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
     from vllm.sampling_params import RequestOutputKind
 
@@ -122,19 +292,26 @@ async def run_generate(
         host.admit()
         admitted = True
         metrics.set_outstanding(host.outstanding)
-        text, ids, field_name = render_prompt(host.tokenizer, req)
+        text, ids, field_name = await asyncio.get_running_loop().run_in_executor(
+            None, render_prompt, host.tokenizer, req)
         check_prompt_length(len(ids), req.sampling["max_tokens"], host.max_model_len, field_name)
         max_tokens = min(req.sampling["max_tokens"], host.max_model_len - len(ids))
-        params = SamplingParams(
-            **{**req.sampling, "max_tokens": max_tokens},
-            output_kind=RequestOutputKind.DELTA if req.stream else RequestOutputKind.FINAL_ONLY,
-        )
+        if max_tokens < req.sampling["max_tokens"]:
+            check_min_tokens(req.sampling.get("min_tokens", 0), max_tokens,
+                             " after clamping to the context the prompt leaves")
+        params = make_sampling_params(req, max_tokens, RequestOutputKind.DELTA if req.stream
+                                      else RequestOutputKind.FINAL_ONLY)
+        lora = host_lora_request(host, req.lora_name)
         cancelled = watcher.watch(request_id, sink)
         first: float | None = None
         last = arrival
         n_gen = 0
         final_out: Any = None
-        async for out in host.generate(TokensPrompt(prompt_token_ids=ids), params, request_id):
+        gen = (host.generate(TokensPrompt(prompt_token_ids=ids), params, request_id)
+               if lora is None else
+               host.generate(TokensPrompt(prompt_token_ids=ids), params, request_id,
+                             lora_request=lora))
+        async for out in _engine_checked(gen, req):
             if cancelled.is_set():
                 break
             now = time.monotonic()
@@ -185,7 +362,7 @@ async def run_generate(
         if not host.healthy:
             sink.send(None, ServiceError(UNAVAILABLE, f"engine unavailable: {host.dead_reason}"), True)
         else:
-            sink.send(None, ServiceError(INTERNAL, f"{type(exc).__name__}: {exc}"), True)
+            sink.send(None, ServiceError(INTERNAL, short(f"{type(exc).__name__}: {exc}")), True)
     finally:
         watcher.forget(request_id)
         if admitted:

@@ -5,15 +5,68 @@ Triton hands us the request to the moment a response is queued), not inside vLLM
 include our own overhead. Scheduler gauges (running, waiting, KV-cache usage) come from a
 vLLM stat logger. ``TritonMetrics`` publishes everything on Triton's Prometheus endpoint,
 labelled by model and version.
+
+Alongside our ``rufus_*`` families, the ``vllm:*`` families of the official Triton vLLM
+backend (same names, descriptions, kinds, buckets and model/version labels, fed from vLLM's
+iteration stats as it does) so existing dashboards keep working, plus vLLM's own
+``vllm:num_requests_running`` / ``vllm:num_requests_waiting`` gauges.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 TTFT_BUCKETS = [0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0]
 ITL_BUCKETS = [0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5]
 LATENCY_BUCKETS = [0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0]
+
+# The official backend's vllm:* histograms (src/utils/metrics.py there).
+VLLM_TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+                     2.5, 5.0, 7.5, 10.0]
+VLLM_TPOT_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5]
+VLLM_E2E_BUCKETS = [1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0]
+VLLM_N_BUCKETS = [1, 2, 5, 10, 20]
+
+
+def buckets_1_2_5(max_value: int) -> list[float]:
+    """1, 2, 5, 10, 20, 50, ... up to ``max_value`` (vLLM's build_1_2_5_buckets)."""
+    out: list[float] = []
+    scale = 1
+    while True:
+        for m in (1, 2, 5):
+            if m * scale > max_value:
+                return out
+            out.append(m * scale)
+        scale *= 10
+
+
+@dataclass
+class VllmIteration:
+    """What the official backend reports from one vLLM ``IterationStats``."""
+
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    ttft: list[float] = field(default_factory=list)
+    tpot: list[float] = field(default_factory=list)
+    e2e: list[float] = field(default_factory=list)
+    request_prompt_tokens: list[int] = field(default_factory=list)
+    request_generation_tokens: list[int] = field(default_factory=list)
+    n: list[int] = field(default_factory=list)
+
+    @classmethod
+    def from_stats(cls, it: Any) -> VllmIteration:
+        done = list(getattr(it, "finished_requests", None) or [])
+        return cls(
+            prompt_tokens=int(getattr(it, "num_prompt_tokens", 0) or 0),
+            generation_tokens=int(getattr(it, "num_generation_tokens", 0) or 0),
+            ttft=list(getattr(it, "time_to_first_tokens_iter", None) or []),
+            tpot=list(getattr(it, "inter_token_latencies_iter", None) or []),
+            e2e=[r.e2e_latency for r in done],
+            request_prompt_tokens=[r.num_prompt_tokens for r in done],
+            request_generation_tokens=[r.num_generation_tokens for r in done],
+            n=list(getattr(it, "n_params_iter", None) or []),
+        )
 
 
 class Metrics:
@@ -27,6 +80,8 @@ class Metrics:
     def set_outstanding(self, n: int) -> None: ...
     def set_scheduler(self, running: int, waiting: int, kv_usage: float) -> None: ...
     def set_engine_requests(self, n: int) -> None: ...
+    def init_vllm(self, max_model_len: int) -> None: ...
+    def record_vllm(self, it: VllmIteration) -> None: ...
     def close(self) -> None: ...
 
 
@@ -43,6 +98,7 @@ class TritonMetrics(Metrics):
             self._families.append(f)
             return f
 
+        self._fam = fam
         hist = fam.HISTOGRAM
         self.ttft = family("rufus_time_to_first_token_seconds", "Time to first token", hist
                            ).Metric(labels=labels, buckets=TTFT_BUCKETS)
@@ -71,6 +127,58 @@ class TritonMetrics(Metrics):
                                   gauge).Metric(labels=labels)
         self.kv = family("rufus_kv_cache_usage_ratio", "KV-cache usage (0-1)", gauge
                          ).Metric(labels=labels)
+        self._family = family
+        self.vllm: dict[str, Any] = {}
+        # vLLM's own gauge names (the official backend does not report these)
+        self.vllm_running = family("vllm:num_requests_running",
+                                   "Number of requests in model execution batches.", gauge
+                                   ).Metric(labels=labels)
+        self.vllm_waiting = family("vllm:num_requests_waiting",
+                                   "Number of requests waiting to be processed.", gauge
+                                   ).Metric(labels=labels)
+
+    def init_vllm(self, max_model_len: int) -> None:
+        """The official backend's vllm:* families; created once vLLM says max_model_len."""
+        if self.vllm:
+            return
+        fam, labels = self._family, self._labels
+        kinds = self._fam
+        counter, hist = kinds.COUNTER, kinds.HISTOGRAM
+        tokens = buckets_1_2_5(max_model_len)
+        spec = [
+            ("prompt_tokens", "vllm:prompt_tokens_total", "Number of prefill tokens processed.",
+             counter, None),
+            ("generation_tokens", "vllm:generation_tokens_total",
+             "Number of generation tokens processed.", counter, None),
+            ("ttft", "vllm:time_to_first_token_seconds",
+             "Histogram of time to first token in seconds.", hist, VLLM_TTFT_BUCKETS),
+            ("tpot", "vllm:time_per_output_token_seconds",
+             "Histogram of time per output token in seconds.", hist, VLLM_TPOT_BUCKETS),
+            ("e2e", "vllm:e2e_request_latency_seconds",
+             "Histogram of end to end request latency in seconds.", hist, VLLM_E2E_BUCKETS),
+            ("request_prompt_tokens", "vllm:request_prompt_tokens",
+             "Number of prefill tokens processed.", hist, tokens),
+            ("request_generation_tokens", "vllm:request_generation_tokens",
+             "Number of generation tokens processed.", hist, tokens),
+            ("n", "vllm:request_params_n", "Histogram of the n request parameter.", hist,
+             VLLM_N_BUCKETS),
+        ]
+        for key, name, desc, kind, buckets in spec:
+            f = fam(name, desc, kind)
+            self.vllm[key] = (f.Metric(labels=labels) if buckets is None
+                              else f.Metric(labels=labels, buckets=buckets))
+
+    def record_vllm(self, it: VllmIteration) -> None:
+        if not self.vllm:
+            return
+        for key in ("prompt_tokens", "generation_tokens"):
+            value = getattr(it, key)
+            if value:
+                self.vllm[key].increment(value)
+        for key in ("ttft", "tpot", "e2e", "request_prompt_tokens",
+                    "request_generation_tokens", "n"):
+            for value in getattr(it, key):
+                self.vllm[key].observe(value)
 
     def observe_ttft(self, seconds: float) -> None:
         self.ttft.observe(seconds)
@@ -108,8 +216,10 @@ class TritonMetrics(Metrics):
         self.set_scheduler = lambda *a: None  # type: ignore[method-assign]
         self.set_engine_requests = lambda n: None  # type: ignore[method-assign]
         for name in ("ttft", "itl", "latency", "prompt_tokens", "gen_tokens", "outstanding",
-                     "running", "waiting", "kv", "engine_reqs"):
+                     "running", "waiting", "kv", "engine_reqs", "vllm_running", "vllm_waiting"):
             setattr(self, name, None)
+        self.record_vllm = lambda it: None  # type: ignore[method-assign]
+        self.vllm.clear()
         self._request_metrics.clear()
         self._requests = None
         self._families.clear()
@@ -124,6 +234,8 @@ class TritonMetrics(Metrics):
         self.running.set(running)
         self.waiting.set(waiting)
         self.kv.set(kv_usage)
+        self.vllm_running.set(running)
+        self.vllm_waiting.set(waiting)
 
 
 class BufferedMetrics(Metrics):
@@ -171,6 +283,12 @@ class BufferedMetrics(Metrics):
     def set_engine_requests(self, n: int) -> None:
         self._gauges["set_engine_requests"] = (n,)
 
+    def init_vllm(self, max_model_len: int) -> None:
+        self._events.append(("init_vllm", (max_model_len,)))
+
+    def record_vllm(self, it: VllmIteration) -> None:
+        self._events.append(("record_vllm", (it,)))
+
     def flush(self) -> None:
         while self._events:
             name, args = self._events.popleft()
@@ -196,15 +314,22 @@ class BufferedMetrics(Metrics):
 
 
 def scheduler_stat_logger(metrics: Metrics) -> Any:
-    """A vLLM stat-logger factory that forwards scheduler stats to ``metrics``."""
+    """A vLLM stat-logger factory that forwards scheduler and iteration stats to ``metrics``
+    (the official backend's vllm:* families come from the iteration stats)."""
     from vllm.v1.metrics.loggers import StatLoggerBase
 
     class _SchedulerLogger(StatLoggerBase):
         def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
             self.engine_index = engine_index
+            try:
+                metrics.init_vllm(int(vllm_config.model_config.max_model_len))
+            except AttributeError:  # a config without a model: no vllm:* token histograms
+                pass
 
         def record(self, scheduler_stats: Any, iteration_stats: Any = None,
                    *args: Any, **kwargs: Any) -> None:
+            if iteration_stats is not None:
+                metrics.record_vllm(VllmIteration.from_stats(iteration_stats))
             if scheduler_stats is None:
                 return
             metrics.set_scheduler(

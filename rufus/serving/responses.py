@@ -1,7 +1,10 @@
 """vLLM outputs -> Triton output tensors (as plain numpy dicts), official backend names.
 
 Streaming responses carry deltas (text and token counts of this response only); the
-non-streaming response carries the whole completion (one element per ``n``).
+non-streaming response carries the whole completion (one element per ``n``). Conventions
+follow the official Triton vLLM backend: ``finish_reason`` is ``str()`` of vLLM's value
+(``"None"`` on a streamed response before the last), ``logprobs`` is JSON ``null`` unless
+the client set ``sampling_parameters.logprobs``.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ def _bytes(values: list[str]) -> np.ndarray:
 
 def _logprobs_json(logprobs: Any) -> str:
     """Same shape as the official backend: per token ``{token_id: {logprob, rank, decoded_token}}``."""
-    if not logprobs:
+    if logprobs is None:
         return "null"
     out = []
     for position in logprobs:
@@ -49,14 +52,15 @@ def build_outputs(
     """One Triton response from vLLM ``CompletionOutput`` objects (deltas or whole)."""
     outputs: Outputs = {"text_output": _bytes([prefix + c.text for c in completions])}
     if req.return_finish_reason:
-        outputs["finish_reason"] = _bytes([str(c.finish_reason or "") for c in completions])
+        outputs["finish_reason"] = _bytes([str(c.finish_reason) for c in completions])
     if req.return_cumulative_logprob:
         outputs["cumulative_logprob"] = np.array(
             [c.cumulative_logprob if c.cumulative_logprob is not None else 0.0 for c in completions],
             dtype=np.float32,
         )
     if req.return_logprobs:
-        outputs["logprobs"] = _bytes([_logprobs_json(c.logprobs) for c in completions])
+        outputs["logprobs"] = _bytes([_logprobs_json(c.logprobs if req.logprobs_requested else None)
+                                      for c in completions])
     if req.return_num_input_tokens:
         outputs["num_input_tokens"] = np.array([num_input_tokens], dtype=np.uint32)
     if req.return_num_output_tokens:

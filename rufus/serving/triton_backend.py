@@ -3,29 +3,27 @@
 Each ``model.py`` subclasses :class:`EngineModel` and only names its request parser and
 its request handler. Everything Triton-specific lives here: reading tensors, turning
 results and :class:`~rufus.serving.generation.ServiceError` into ``InferenceResponse`` objects,
-the response-sender thread, metrics registration and unloading a model whose engine died
-(so Triton's readiness endpoints report it not ready).
+the response-sender thread, metrics registration, and reporting the engine's state
+(``rufus_engine_ready`` and friends) while :class:`~rufus.serving.engine.EngineHost` replaces
+a dead engine in place. The model is never unloaded for that: Triton 2.51 sometimes never
+finalized an unloaded instance, which then could not be loaded again without a restart.
 """
 
 from __future__ import annotations
 
-import gc
 import json
 import locale
 import logging
 import os
-import queue
 import sys
-import threading
 import time
-import weakref
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from rufus.serving.config import load_engine_config
-from rufus.serving.engine import EngineHost
+from rufus.serving.engine import FAILED, READY, EngineHost, RestartPolicy
 from rufus.serving.generation import CancelWatcher, ServiceError, new_request_id
 from rufus.serving.metrics import BufferedMetrics, Metrics, TritonMetrics, scheduler_stat_logger
 from rufus.serving.requests import InvalidInput
@@ -73,26 +71,20 @@ def send_now(sender: Any, outputs: dict[str, np.ndarray] | None, error: ServiceE
         log.exception("sending a response failed")
 
 
-# "loop" (default): send on the thread that produced the response. "thread": hand it to a
-# sender thread, as the official backend does. Measured (docs/benchmarks.md): with a
-# sender thread, 16 streams on 2 cores hit the GIL convoy effect -- every send releases
-# and re-acquires the GIL against the busy engine loop -- and responses arrived in bursts.
-SEND_MODE = os.environ.get("RUFUS_SEND_MODE", "loop")
-
-
 class TritonSink:
-    """Sends responses for one request (directly, or through the sender thread)."""
+    """Sends responses for one request on the thread that produced them (the engine loop).
 
-    def __init__(self, sender: Any, out_queue: queue.Queue[Any]) -> None:
+    Not through a sender thread, as the official backend does: with one, streams on 2 cores
+    hit the GIL convoy effect (every send releases and re-acquires the GIL against the busy
+    engine loop) and responses arrived in bursts (docs/benchmarks.md, docs/architecture.md).
+    """
+
+    def __init__(self, sender: Any) -> None:
         self.sender = sender
-        self.queue = out_queue
 
     def send(self, outputs: dict[str, np.ndarray] | None, error: ServiceError | None,
              final: bool) -> None:
-        if SEND_MODE == "thread":
-            self.queue.put((self.sender, outputs, error, final))
-        else:
-            send_now(self.sender, outputs, error, final)
+        send_now(self.sender, outputs, error, final)
 
     def is_cancelled(self) -> bool:
         return bool(self.sender.is_cancelled())
@@ -111,10 +103,50 @@ def to_triton_response(outputs: dict[str, np.ndarray] | None, error: ServiceErro
     )
 
 
-def _describe(obj: Any) -> str:
-    """A short name for what holds a response sender (for the stalled-unload warning)."""
-    code = getattr(obj, "f_code", None) or getattr(obj, "cr_code", None)
-    return f"{type(obj).__name__}({code.co_name})" if code else type(obj).__name__
+class EngineStateMetrics:
+    """The engine's health on Triton's metrics endpoint, published at once (rare updates).
+
+    Triton's ``/v2/models/<m>/ready`` only says the model is loaded (the Python backend has
+    no readiness hook, and the model is not unloaded on engine death); ``rufus_engine_ready``
+    says whether it can serve. The unit agent and the rig supervisor read it.
+    """
+
+    def __init__(self, model: str, version: str) -> None:
+        labels = {"model": model, "version": version}
+        fam = pb_utils.MetricFamily
+        self._families = [
+            fam(name="rufus_engine_ready", kind=fam.GAUGE,
+                description="1 while the engine serves; 0 while dead, restarting or given up"),
+            fam(name="rufus_engine_failed", kind=fam.GAUGE,
+                description="1 once the engine gave up after too many failures in a window "
+                            "(restart the server)"),
+            fam(name="rufus_engine_failures_total", kind=fam.COUNTER,
+                description="Engine deaths seen"),
+            fam(name="rufus_engine_restarts_total", kind=fam.COUNTER,
+                description="Engines replaced in place after a death"),
+            fam(name="rufus_engine_restart_backoff_seconds", kind=fam.GAUGE,
+                description="Backoff before the pending engine restart (0 when none)"),
+        ]
+        (self.ready, self.failed, self.failures, self.restarts,
+         self.backoff) = (f.Metric(labels=labels) for f in self._families)
+
+    def update(self, host: EngineHost, state: str) -> None:
+        self.ready.set(1 if state == READY else 0)
+        self.failed.set(1 if state == FAILED else 0)
+        self.backoff.set(host.next_restart_in if state == "restarting" else 0)
+        # counters only go up: publish the difference since the last update
+        self._bump("failures", self.failures, host.failure_count)
+        self._bump("restarts", self.restarts, host.restarts)
+
+    def _bump(self, key: str, metric: Any, total: int) -> None:
+        seen = getattr(self, "_seen_" + key, 0)
+        if total > seen:
+            metric.increment(total - seen)
+            setattr(self, "_seen_" + key, total)
+
+    def close(self) -> None:
+        self.ready = self.failed = self.failures = self.restarts = self.backoff = None
+        self._families.clear()
 
 
 def read_inputs(request: Any, names: set[str]) -> dict[str, np.ndarray | None]:
@@ -151,8 +183,7 @@ class EngineModel:
                  self.engine_config.source, self.engine_config.overrides or "none",
                  self.engine_config.engine_args)
         self.metrics: Metrics = self._make_metrics()
-        self._sinks: weakref.WeakSet[TritonSink] = weakref.WeakSet()
-        self._finalized = False
+        self.engine_metrics = self._make_engine_metrics()
         self.default_max_tokens = int(config_param(self.model_config, "default_max_tokens", "256"))
         self.host = EngineHost(
             self.engine_config.engine_args,
@@ -160,15 +191,18 @@ class EngineModel:
             stat_loggers=[scheduler_stat_logger(self.metrics)],
             on_dead=self._on_engine_dead,
             on_poll=lambda host: self.metrics.set_engine_requests(host.num_running()),
+            on_state=self._on_engine_state,
+            on_restarted=self.ready,
             name=self.name,
+            restart=RestartPolicy.from_settings(
+                lambda key, default: config_param(self.model_config, key, default)),
         )
         self.setup()
+        if self.unit is not None:
+            # one node cannot rejoin a broken unit alone: its supervisor recreates the unit
+            self.host.restart.enabled = False
         self.host.start()
         self.watcher = CancelWatcher(self.host)
-        self._responses: queue.Queue[Any] = queue.Queue()
-        self._sender = threading.Thread(target=self._send_loop, name=f"{self.name}-send",
-                                        daemon=True)
-        self._sender.start()
         self.ready()
 
     def setup(self) -> None:
@@ -195,52 +229,48 @@ class EngineModel:
             return Metrics()
 
     def _on_engine_dead(self, err: BaseException) -> None:
-        """Unload ourselves so /v2/health/ready and model readiness turn false."""
+        """In-flight requests have their errors; the host now replaces the engine."""
+        log.error("%s: engine failed (%s); requests get UNAVAILABLE until it is replaced "
+                  "(rufus_engine_ready 0)", self.name, err)
+
+    def _on_engine_state(self, host: EngineHost, state: str) -> None:
+        if self.engine_metrics is not None:
+            self.engine_metrics.update(host, state)
+        if state == FAILED:
+            self._unload_for_good(host.dead_reason or "engine failed")
+
+    def _unload_for_good(self, why: str) -> None:
+        """The host gave up (too many failures, or a multi-node unit broke): unload, so
+        Triton's readiness turns false and liveness probes / the unit supervisor restart
+        the server (or the whole unit). Nothing is loaded again in this process, so an
+        unload Triton never finalizes costs nothing."""
         try:
             pb_utils.unload_model(self.name)
-            log.error("%s: unloading model after engine failure: %s", self.name, err)
+            log.error("%s: unloading (readiness false) until the server is restarted: %s",
+                      self.name, why)
         except Exception as exc:  # noqa: BLE001 - needs --model-control-mode=explicit
-            log.error("%s: engine failed (%s) and the model could not be unloaded (%s); "
-                      "start tritonserver with --model-control-mode=explicit", self.name, err, exc)
-            return
-        timer = threading.Timer(self.UNLOAD_CHECK_S, self._check_unloaded)
-        timer.daemon = True
-        timer.start()
+            log.error("%s: engine stays down (%s) and the model could not be unloaded (%s); "
+                      "start tritonserver with --model-control-mode=explicit", self.name,
+                      why, exc)
 
-    UNLOAD_CHECK_S = 20.0
-
-    def _check_unloaded(self) -> None:
-        """Triton finalizes an instance only after every request it handed us is released
-        (its response sender gone). If finalize has not come, say what in Python still
-        holds senders; none means the hold is on Triton's side."""
-        if self._finalized:
-            return
-        gc.collect()
-        live = list(self._sinks)
-        holders = sorted({_describe(r) for sink in live for r in gc.get_referrers(sink)
-                          if r is not live})
-        log.warning("%s: not finalized %.0f s after the unload request; %d response "
-                    "sender(s) still alive, held by %s. Restart the server if the model "
-                    "stays UNLOADING.", self.name, self.UNLOAD_CHECK_S, len(live),
-                    holders or "nothing in Python (Triton side)")
+    def _make_engine_metrics(self) -> EngineStateMetrics | None:
+        if pb_utils is None or type(self.metrics) is Metrics:  # metrics disabled
+            return None
+        try:
+            return EngineStateMetrics(self.name, str(self.args["model_version"]))
+        except Exception as exc:  # noqa: BLE001 - metrics disabled on the server
+            log.warning("%s: engine state metrics unavailable (%s)", self.name, exc)
+            return None
 
     def finalize(self) -> None:
-        self._finalized = True
         log.info("%s: finalizing (outstanding=%d)", self.name, self.host.outstanding)
         self.host.shutdown(timeout=15)
-        self._responses.put(None)
-        self._sender.join(10)
         self.metrics.close()
+        if self.engine_metrics is not None:
+            self.engine_metrics.close()
         log.info("%s: finalized", self.name)
 
     # --------------------------------------------------------------- requests
-    def _send_loop(self) -> None:
-        while True:
-            item = self._responses.get()
-            if item is None:
-                return
-            send_now(*item)
-
     def parameters_json(self, request: Any) -> str | None:
         raw = request.parameters()
         return raw if raw and raw != "{}" else None
@@ -248,8 +278,7 @@ class EngineModel:
     def execute(self, requests: list[Any]) -> None:
         arrival = time.monotonic()
         for request in requests:
-            sink = TritonSink(request.get_response_sender(), self._responses)
-            self._sinks.add(sink)
+            sink = TritonSink(request.get_response_sender())
             try:
                 parsed = self.parse(read_inputs(request, self.INPUTS), self.parameters_json(request))
             except InvalidInput as exc:
@@ -259,7 +288,7 @@ class EngineModel:
                 continue
             if not self.host.healthy:
                 sink.send(None, ServiceError(
-                    "UNAVAILABLE", f"{self.name}: engine unavailable ({self.host.dead_reason})"), True)
+                    "UNAVAILABLE", f"{self.name}: {self.host.unavailable_reason()}"), True)
                 continue
             rid = new_request_id(self.name)
             self.host.submit(self.handle(parsed, sink, arrival, rid))

@@ -59,10 +59,13 @@ def fleet(log_dir):
     finally:
         groups = f.pgids()
         f.stop()
-        time.sleep(1)
-        left = [p for p in psutil.process_iter(["status"]) if _pgid(p) in groups
-                and p.info["status"] != psutil.STATUS_ZOMBIE]  # zombies: dead, await reaping
-        assert not left, f"processes left after fleet stop: {left}"
+
+        def left() -> list[psutil.Process]:  # zombies: dead, awaiting reaping
+            return [p for p in psutil.process_iter(["status"]) if _pgid(p) in groups
+                    and p.info["status"] != psutil.STATUS_ZOMBIE]
+
+        wait_for(lambda: not left(), timeout=30)
+        assert not left(), f"processes left 30 s after fleet stop: {left()}"
 
 
 class _FakeLeader:
@@ -131,7 +134,9 @@ def test_real_haproxy_and_agent_take_a_unit_out_and_back_quickly(tmp_path, monke
         assert wait_for(lambda: status() == "UP", timeout=10, interval=0.05)
         back_s = time.monotonic() - t0
         print(f"\n{flavor} config, fake unit: out after {out_s:.2f} s, back after {back_s:.2f} s")
-        assert out_s < 2.5 and back_s < 4.0
+        # the take-out budget the fleet relies on; put-back is bounded by the waits above
+        # (figures: docs/benchmarks.md)
+        assert out_s <= TAKEOUT_BUDGET_S, f"out after {out_s:.2f} s"
     finally:
         hp.stop()
         agent.stop()
@@ -304,7 +309,8 @@ def test_broken_unit_is_taken_out_without_losing_requests_and_comes_back(fleet):
     for o in failed:
         assert o.chunks > 0, f"request without tokens lost: {o.error}"
         assert o.status and o.error, o
-    started_after = [o for o in load.outcomes if o.start > t_kill + 0.01 and o.end < t_end]
+    # t_kill is read after the kill was sent: these requests can only have met the broken unit
+    started_after = [o for o in load.outcomes if o.start >= t_kill and o.end < t_end]
     assert started_after and all(not o.error for o in started_after)
     # requests that were mid-stream on the broken unit ended (error or not) soon after
     assert all(o.end - t_kill < 60 for o in load.outcomes if o.start < t_kill)

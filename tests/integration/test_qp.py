@@ -73,6 +73,7 @@ def test_plan_output(qp_url):
     assert validate_plan(r.plan) == ""
     assert json.loads(r.text) == r.plan  # raw text is the plan (schema-constrained)
     assert r.plan["intent"] == "product_search"
+    assert r.plan["filters"].get("max_price") == 50  # the issue's first example
     assert r.token_ids and r.fallback_reason == ""
 
 
@@ -125,14 +126,46 @@ def test_bad_input_does_not_affect_other_requests(qp_url):
         assert r is not None and validate_plan(r.plan) == ""
 
 
-def check_lossless(servers, log_dir, dtype: str) -> float:
-    """Every eval output equals the autoregressive one, or first differs at a near-tie."""
-    urls = {k: f"127.0.0.1:{s.grpc_port}" for k, s in servers.items()}
+# Per-field floors of the served planner on data/qp/eval.jsonl (263 hand-written questions):
+# a few points under the figures measured with this model (docs/benchmarks.md, "Query
+# planner quality"), so a regression fails and CPU rounding does not.
+QUALITY_FLOORS = {"json_valid": 0.98, "intent": 0.72, "query_type": 0.82, "brand_f1": 0.48,
+                  "max_price_f1": 0.82, "multi_turn_intent": 0.70, "query_words": 0.80}
+# Losslessness runs on every LOSSLESS_STRIDE-th eval question (bf16) and every
+# 2 * LOSSLESS_STRIDE-th in float32, which keeps this module to a few minutes on 2 cores.
+LOSSLESS_STRIDE = 4
+
+
+def test_plan_quality_on_eval_set(qp_url, log_dir):
+    """Every eval question through the served planner: valid JSON, every field scored, no
+    filter value that is not written in the question or history."""
+    from rufus.qp.tooling.evaluate import Prediction, score, summary_line
+
     rows = load_eval(ROOT / "data/qp/eval.jsonl")
+    preds = []
+    for r in rows:
+        res = plan(qp_url, r["question"], history=r.get("history"))
+        preds.append(Prediction(res.text, res.plan, res.fallback, res.token_ids, res.latency))
+    s = score(rows, preds)
+    (log_dir / "qp-quality.json").write_text(json.dumps(s, indent=1))
+    print(f"\nqp quality ({len(rows)} questions): {summary_line(s)}")
+    got = {"json_valid": s["json_valid"], "intent": s["intent"], "query_type": s["query_type"],
+           "brand_f1": s["brand"]["f1"], "max_price_f1": s["max_price"]["f1"],
+           "multi_turn_intent": s["multi_turn_intent"], "query_words": s["query_words"]}
+    low = {k: (got[k], floor) for k, floor in QUALITY_FLOORS.items() if got[k] < floor}
+    assert not low, f"below the floor (got, floor): {low}"
+    assert s["ungrounded_filters"] == 0, "a filter value not in the question/history"
+
+
+def check_lossless(servers, log_dir, dtype: str, stride: int) -> float:
+    """Eval outputs equal the autoregressive ones, or first differ at a near-tie."""
+    urls = {k: f"127.0.0.1:{s.grpc_port}" for k, s in servers.items()}
+    rows = load_eval(ROOT / "data/qp/eval.jsonl")[::stride]
     report = []
     for r in rows:
-        md = plan(urls["medusa"], r["question"])
-        ar = plan(urls["ar"], r["question"], sampling={"logprobs": LOGPROBS_K})
+        md = plan(urls["medusa"], r["question"], history=r.get("history"))
+        ar = plan(urls["ar"], r["question"], history=r.get("history"),
+                  sampling={"logprobs": LOGPROBS_K})
         c = compare(ar.token_ids, md.token_ids, ar.logprobs)
         report.append({"question": r["question"], "identical": c.identical,
                        "first_diff": c.first_diff, "gap": c.gap, "ok": c.ok})
@@ -150,9 +183,9 @@ def check_lossless(servers, log_dir, dtype: str) -> float:
 
 
 def test_lossless_on_eval_set(qp_servers, log_dir):
-    check_lossless(qp_servers, log_dir, "bfloat16")
+    check_lossless(qp_servers, log_dir, "bfloat16", LOSSLESS_STRIDE)
 
 
 def test_lossless_on_eval_set_float32(log_dir):
     with _pair(log_dir, "float32") as servers:
-        check_lossless(servers, log_dir, "float32")
+        check_lossless(servers, log_dir, "float32", 2 * LOSSLESS_STRIDE)

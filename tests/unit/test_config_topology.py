@@ -15,11 +15,22 @@ def write(tmp_path, obj):
 
 
 def test_expand_defaults_and_env():
-    env = {"A": "x"}
-    assert expand("${A}/m", env) == "x/m"
-    assert expand("${B:-fallback}", env) == "fallback"
-    with pytest.raises(ConfigError, match="B"):
-        expand("${B}", env)
+    env = {"RUFUS_A": "x"}
+    assert expand("${RUFUS_A}/m", env) == "x/m"
+    assert expand("${RUFUS_B:-fallback}", env) == "fallback"
+    with pytest.raises(ConfigError, match="RUFUS_B"):
+        expand("${RUFUS_B}", env)
+
+
+def test_expand_never_reads_other_env_or_secrets():
+    """An uploaded model.json must not echo the server's environment (issue 12)."""
+    env = {"HOME": "/root", "RUFUS_ADMIN_KEY": "k" * 32, "RUFUS_UNIT_SECRET": "s" * 32,
+           "MY_DIR": "/m", "RUFUS_CONFIG_VARS": "MY_DIR"}
+    for name in ("HOME", "RUFUS_ADMIN_KEY", "RUFUS_UNIT_SECRET"):
+        with pytest.raises(ConfigError) as err:
+            expand(f"${{{name}}}", env)
+        assert env[name] not in str(err.value)
+    assert expand("${MY_DIR}/x", env) == "/m/x"
 
 
 def test_model_dir_default_follows_cache_dir(tmp_path):

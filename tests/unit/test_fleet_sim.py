@@ -77,3 +77,13 @@ def test_calibration_fit():
     assert m.step_base_s == pytest.approx(0.028, rel=0.05)
     assert m.prefill_per_token_s == pytest.approx(0.0006, rel=0.05)
     assert not math.isnan(m.step(8, 100))
+
+
+def test_offered_rate_scales_with_units_and_utilization():
+    from proxy.sim import offered_rate
+
+    spec = WorkloadSpec(chat_frac=0.0, long_frac=0.0, short_tokens=10)
+    full = offered_rate(MODEL, spec, 1, 1.0)
+    # one unit at full decode capacity: max_num_seqs sequences per step, 10 tokens each
+    assert full == pytest.approx(MODEL.max_num_seqs / MODEL.step(MODEL.max_num_seqs) / 10)
+    assert offered_rate(MODEL, spec, 4, 0.5) == pytest.approx(2 * full)

@@ -14,7 +14,8 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from rufus.serving.engine import AtCapacity, EngineHost, EngineUnavailable
+from rufus.serving.engine import READY, AtCapacity, EngineHost, EngineUnavailable
+from rufus.serving.engine_api import Completion, Output
 from rufus.serving.generation import CancelWatcher, run_generate
 from rufus.serving.metrics import Metrics
 from rufus.serving.requests import GenerateRequest
@@ -29,21 +30,6 @@ class FakeTokenizer:
 
 
 @dataclass
-class Completion:
-    text: str
-    token_ids: list[int]
-    finish_reason: str | None = None
-    cumulative_logprob: float | None = None
-    logprobs: Any = None
-
-
-@dataclass
-class Output:
-    outputs: list[Completion]
-    finished: bool
-
-
-@dataclass
 class FakeHost(EngineHost):
     """Just enough of EngineHost: admission and a scripted generate()."""
 
@@ -55,6 +41,7 @@ class FakeHost(EngineHost):
     def __post_init__(self) -> None:
         EngineHost.__init__(self, {}, max_outstanding=2)
         self.engine = object()
+        self.state = READY
         self.tokenizer = FakeTokenizer()
         self.max_model_len = 50
 
@@ -172,6 +159,8 @@ def test_dead_engine_error_does_not_pin_the_request_that_saw_it():
     del sender
     gc.collect()
     assert ref() is None, "the stored error keeps the request's frames alive"
-    host._maybe_report_dead()
-    assert "engine core died" in str(reported[0])
     assert host.dead_reason == "RuntimeError: engine core died"
+    host.restart.enabled = False
+    asyncio.run(host._handle_death())
+    assert "engine core died" in str(reported[0])
+    assert host.state == "failed" and "engine core died" in str(host.dead_reason)

@@ -22,6 +22,7 @@ from proxy.agent import (
     Snapshot,
     UnitAgent,
     agent_reply,
+    http_fetch,
     judge_follower,
     parse_load,
     weight_percent,
@@ -201,9 +202,9 @@ class _Node:
         self.srv.server_close()
 
 
-def _get(url: str) -> tuple[int, dict]:
+def _get(url: str, timeout: float = 2.0) -> tuple[int, dict]:
     try:
-        with urllib.request.urlopen(url, timeout=2) as r:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read())
@@ -214,19 +215,41 @@ def _agent_check(port: int) -> str:
         return s.recv(1024).decode()
 
 
-def test_real_endpoints_detect_a_dead_follower_within_a_second():
+def _wait_for(cond, what: str, timeout: float = 10.0) -> None:
+    """An event wait with a generous bound (never a timing assertion)."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
+        time.sleep(0.02)
+
+
+def _counting(agent: UnitAgent) -> list[Snapshot]:
+    """Record every completed poll's snapshot, in order (the poll loop calls poll_once)."""
+    polls: list[Snapshot] = []
+    poll_once = agent.poll_once
+
+    def counted() -> Snapshot:
+        snap = poll_once()
+        polls.append(snap)
+        return snap
+
+    agent.poll_once = counted  # type: ignore[method-assign]
+    return polls
+
+
+def test_real_endpoints_detect_a_dead_follower_on_the_next_poll():
+    """With the 0.5 s default poll that is within a second; counted in polls, not seconds."""
     leader, follower = _Node(), _Node()
     cfg = AgentConfig(leader_http=f"http://127.0.0.1:{leader.port}",
                       leader_metrics=f"http://127.0.0.1:{leader.port}/metrics",
                       follower_health_urls=(f"http://127.0.0.1:{follower.port}/health",),
                       port=free_port(), check_port=free_port(), bind="127.0.0.1", poll_s=0.2,
                       unit="u0")
-    agent = UnitAgent(cfg).start()
+    agent = UnitAgent(cfg)
+    polls = _counting(agent)
+    agent.start()
     try:
-        deadline = time.monotonic() + 5
-        while _get(f"http://127.0.0.1:{cfg.port}/health")[0] != 200:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        _wait_for(lambda: _get(f"http://127.0.0.1:{cfg.port}/health")[0] == 200, "healthy")
         assert _agent_check(cfg.check_port) == "up ready 80%\n"
         status, load = _get(f"http://127.0.0.1:{cfg.port}/load")
         assert status == 200 and load["outstanding"] == 5 and load["kv_cache_usage"] == 0.25
@@ -234,10 +257,10 @@ def test_real_endpoints_detect_a_dead_follower_within_a_second():
             assert b"rufus_unit_healthy" in r.read()
 
         follower.close()  # the follower process is gone
-        t0 = time.monotonic()
-        while _get(f"http://127.0.0.1:{cfg.port}/health")[0] == 200:
-            time.sleep(0.02)
-        assert time.monotonic() - t0 < 1.0
+        done_before = len(polls)  # poll number done_before may have probed it still alive
+        _wait_for(lambda: _get(f"http://127.0.0.1:{cfg.port}/health")[0] != 200, "unhealthy")
+        first_down = next(i for i, snap in enumerate(polls) if not snap.healthy)
+        assert first_down <= done_before + 1, (first_down, done_before)
         status, body = _get(f"http://127.0.0.1:{cfg.port}/health")
         assert status == 503 and body["failing"][0]["node"].startswith("follower")
         assert _agent_check(cfg.check_port).startswith("down #follower")
@@ -247,7 +270,8 @@ def test_real_endpoints_detect_a_dead_follower_within_a_second():
 
 
 def test_probe_of_a_hung_node_does_not_block_endpoints():
-    """A node that accepts but never answers: the poll times out, /health answers at once."""
+    """A node that accepts but never answers: the poll times out, and /health answers from
+    the last snapshot while a probe is still stuck (held here until the test releases it)."""
     hung = socket.socket()
     hung.bind(("127.0.0.1", 0))
     hung.listen(16)
@@ -255,14 +279,27 @@ def test_probe_of_a_hung_node_does_not_block_endpoints():
     cfg = AgentConfig(leader_http=f"http://127.0.0.1:{port}",
                       leader_metrics=f"http://127.0.0.1:{port}/metrics", port=free_port(),
                       check_port=free_port(), bind="127.0.0.1", poll_s=0.2, probe_timeout_s=0.3)
-    agent = UnitAgent(cfg).start()
+    hang, probing, release = threading.Event(), threading.Event(), threading.Event()
+
+    def fetch(url: str, timeout: float) -> tuple[int | None, str]:
+        if hang.is_set():  # a probe that outlives any endpoint call below
+            probing.set()
+            release.wait(60)
+        return http_fetch(url, timeout)
+
+    agent = UnitAgent(cfg, fetch=fetch)
+    polls = _counting(agent)
+    agent.start()
     try:
-        time.sleep(0.8)
-        t0 = time.monotonic()
-        status, body = _get(f"http://127.0.0.1:{cfg.port}/health")
-        assert time.monotonic() - t0 < 0.2
+        _wait_for(lambda: polls, "first poll (the hung node timed out)")
+        hang.set()
+        assert probing.wait(10), "no poll started after the first one"
+        # the probe stays stuck up to 60 s: an answer within 10 s came from the snapshot
+        status, body = _get(f"http://127.0.0.1:{cfg.port}/health", timeout=10)
+        assert not release.is_set()
         assert status == 503 and "unreachable" in body["failing"][0]["detail"]
     finally:
+        release.set()
         agent.stop()
         hung.close()
 

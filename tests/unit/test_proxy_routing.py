@@ -9,14 +9,24 @@ from pathlib import Path
 import pytest
 
 import rufus.client as client
-from proxy.haproxy import Backend, check_config, documented_units, render, render_compose
+from proxy.haproxy import (
+    HTTP_POST_RE,
+    HTTP_READ_RE,
+    PUBLIC_RPCS,
+    Backend,
+    Limits,
+    check_config,
+    documented_units,
+    render,
+    render_compose,
+)
 from rufus.client import Chunk, RequestFailed
 
 
 def test_render_has_the_contract():
     cfg = render(documented_units(3), port=9000, rr_port=9001, stats_port=9100,
                  stats_socket="/tmp/x.sock")
-    assert "bind 0.0.0.0:9000 proto h2" in cfg
+    assert "bind 0.0.0.0:9000\n" in cfg  # h2c by preface detection (slowloris: see Limits)
     assert "balance leastconn" in cfg and "balance roundrobin" in cfg
     assert "http-check send meth GET uri /health" in cfg
     assert "retry-on conn-failure" in cfg and "option redispatch" in cfg
@@ -44,7 +54,7 @@ def test_checked_in_config_is_the_compose_flavor(monkeypatch, tmp_path):
     repo_cfg = Path(__file__).resolve().parents[2] / "proxy" / "haproxy" / "haproxy.cfg"
     text = repo_cfg.read_text()
     assert text == render_compose(2)
-    assert "bind :8001 proto h2" in text and "balance leastconn" in text
+    assert "bind :8001\n" in text and "balance leastconn" in text
     for i in (0, 1):
         assert f'"${{RUFUS_UNIT{i}_GRPC}}" proto h2 track unit_health/unit{i}' in text
         assert f'"${{RUFUS_UNIT{i}_AGENT}}" check agent-check agent-port 8091' in text
@@ -159,3 +169,61 @@ def test_status_from_streamed_errors():
     assert client._status(Err("[UNAVAILABLE] engine died")) == "UNAVAILABLE"
     assert client._status(Err("Request for unknown model: 'rufus_llm' is not found")) == "NOT_FOUND"
     assert client._status(Err("something else")) == ""
+
+
+# ----------------------------------------------------------------- closed by default (issue 12)
+@pytest.mark.parametrize("cfg", [render(documented_units(2), rr_port=9001), render_compose(2)],
+                         ids=["fleet", "compose"])
+def test_one_defaults_block_and_one_balance_policy(cfg):
+    assert cfg.count("\ndefaults\n") == 1
+    balances = {line.strip() for line in cfg.splitlines() if line.strip().startswith("balance")}
+    assert balances <= {"balance leastconn", "balance roundrobin"}  # rr: benchmark baseline only
+    assert "timeout http-request 10s" in cfg and "timeout client 10m" in cfg
+    assert "sc0_conn_cur gt 256" in cfg and "proto h2\n" not in cfg.split("backend")[0]
+
+
+def test_grpc_frontend_forwards_only_public_rpcs():
+    cfg = render_compose(1)
+    acl = next(line for line in cfg.splitlines() if "acl public_rpc path" in line)
+    allowed = {p.rsplit("/", 1)[1] for p in acl.split()[3:]}
+    assert allowed == set(PUBLIC_RPCS)
+    for admin in ("RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload",
+                  "ModelConfig", "ModelStatistics", "SystemSharedMemoryRegister",
+                  "CudaSharedMemoryRegister", "TraceSetting", "LogSettings"):
+        assert admin not in allowed
+    assert "grpc-status 7" in cfg and "if !public_rpc" in cfg
+
+
+@pytest.mark.parametrize("method,path,ok", [
+    ("GET", "/v2", True), ("GET", "/v2/health/live", True), ("GET", "/v2/health/ready", True),
+    ("GET", "/v2/models/rufus_llm", True), ("GET", "/v2/models/rufus_llm/versions/1", True),
+    ("GET", "/v2/models/rufus_llm/ready", True),
+    ("POST", "/v2/models/rufus_llm/infer", True),
+    ("POST", "/v2/models/rufus_llm/versions/1/generate", True),
+    ("POST", "/v2/models/rufus_llm/generate_stream", True),
+    ("POST", "/v2/repository/index", False), ("POST", "/v2/repository/models/x/load", False),
+    ("POST", "/v2/repository/models/x/unload", False), ("GET", "/v2/models/x/config", False),
+    ("GET", "/v2/models/x/stats", False), ("GET", "/v2/models/stats", False),
+    ("GET", "/v2/systemsharedmemory/status", False), ("POST", "/v2/logging", False),
+    ("GET", "/v2/trace/setting", False), ("GET", "/metrics", False),
+    ("GET", "/v2/models/x%2Fconfig", False), ("GET", "/v2/models/rufus_llm/infer", False),
+    ("POST", "/v2/models/rufus_llm", False),
+])
+def test_http_allowlist(method, path, ok):
+    """The regexes HAProxy applies (same PCRE subset as Python's re for these)."""
+    import re
+
+    read = method in ("GET", "HEAD") and bool(re.search(HTTP_READ_RE, path)) \
+        and path != "/v2/models/stats"
+    post = method == "POST" and bool(re.search(HTTP_POST_RE, path))
+    assert (read or post) is ok
+
+
+@pytest.mark.skipif(not HAVE_HAPROXY, reason="haproxy not installed (scripts/setup.sh proxy)")
+def test_haproxy_accepts_custom_limits(tmp_path, monkeypatch):
+    for kind in ("GRPC", "HTTP", "AGENT"):
+        monkeypatch.setenv(f"RUFUS_UNIT0_{kind}", "127.0.0.1:1")
+    p = tmp_path / "h.cfg"
+    p.write_text(render_compose(1, limits=Limits(http_request="2s", per_source=8)))
+    check_config(p)
+    assert "timeout http-request 2s" in p.read_text()

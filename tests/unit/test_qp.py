@@ -17,7 +17,6 @@ from rufus.qp.backends import (
 )
 from rufus.qp.model import PlanSink, parse_plan_request
 from rufus.qp.plan import (
-    FEW_SHOT,
     fallback_plan,
     intents,
     load_eval,
@@ -25,6 +24,7 @@ from rufus.qp.plan import (
     render_plan,
     validate_plan,
 )
+from rufus.qp.tooling.prompts import FEW_SHOT
 from rufus.serving.config import ConfigError
 from rufus.serving.requests import InvalidInput
 
@@ -118,8 +118,14 @@ def test_plan_sink_adds_plan_and_renames_prompt_errors() -> None:
     assert json.loads(out["plan"][0]) == GOOD and not out["fallback"][0]
     sink.send({"text_output": s("nonsense")}, None, True)
     assert sent[-1][0]["fallback"][0]
-    sink.send(None, ServiceError("INVALID_ARG", "messages: prompt has 5000 tokens"), True)
+    sink.send(None, ServiceError("INVALID_ARG", "question: prompt has 5000 tokens"), True)
     assert sent[-1][1].message.startswith("question: prompt has")
+    # Prompt errors name what the client sent through the request's prompt_field (typed),
+    # not by rewriting the message (issue 11/12): the question alone, else the history.
+    assert parse_plan_request({"question": s("q")}, None, 96).generate.prompt_field == "question"
+    hist = s(json.dumps([{"role": "user", "content": "x"}]))
+    assert parse_plan_request({"question": s("q"), "history": hist}, None,
+                              96).generate.prompt_field == "history"
 
 
 def test_backend_selection_and_knobs(tmp_path) -> None:
@@ -158,3 +164,25 @@ def test_committed_tree_matches_model_json() -> None:
     tree = load_tree(str(d / mj["medusa_tree"]))
     assert mj["medusa_speculation_length"] == len(tree) + 1
     assert max(len(p) for p in tree) <= mj["num_medusa_heads"]
+
+
+def test_plan_sink_grounds_filters_but_keeps_the_raw_text() -> None:
+    sent = []
+
+    class Inner:
+        def send(self, outputs, error, final):  # type: ignore[no-untyped-def]
+            sent.append(outputs)
+
+        def is_cancelled(self) -> bool:
+            return False
+
+    raw = render_plan({**GOOD, "filters": {"brand": "apple", "max_price": 20}})
+    hist = [{"role": "user", "content": "usb c cables under $20"}]
+    PlanSink(Inner(), "usb c cable", hist, ground=True).send({"text_output": s(raw)}, None, True)
+    assert json.loads(sent[-1]["plan"][0])["filters"] == {"max_price": 20}  # brand not written
+    assert bytes(sent[-1]["text_output"][0]).decode() == raw
+    PlanSink(Inner(), "usb c cable").send({"text_output": s(raw)}, None, True)
+    assert json.loads(sent[-1]["plan"][0])["filters"] == {"brand": "apple", "max_price": 20}
+    assert create_backend({"qp_backend": "torch_autoregressive"}).ground_filters
+    assert not create_backend({"qp_backend": "autoregressive",
+                               "ground_filters": False}).ground_filters

@@ -25,35 +25,21 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from rufus.serving.engine_api import Completion, Logprob, Output
+
 log = logging.getLogger("rufus.qp.torch")
 
+__all__ = ["Completion", "Logprob", "Output", "TorchPlannerEngine"]
 
-@dataclass
-class Logprob:
-    """Same fields as vLLM's ``Logprob`` (what rufus.serving.responses serialises)."""
-
-    logprob: float
-    rank: int
-    decoded_token: str
-
-
-@dataclass
-class Completion:
-    """Same fields as vLLM's ``CompletionOutput`` that rufus.serving.responses reads."""
-
-    text: str
-    token_ids: list[int]
-    finish_reason: str | None = None
-    cumulative_logprob: float | None = None
-    logprobs: list[dict[int, Logprob]] | None = None
-    index: int = 0
+# Test-only fault injection (environment of the server, never a request): the N-th request
+# decoded in this process fails as if the decoder had crashed, once. Used by the planner
+# engine-death test; unset in every shipped configuration.
+_FAULT_AT = int(os.environ.get("RUFUS_QP_TORCH_FAULT_AT", "0") or 0)
+_decoded = 0
 
 
-@dataclass
-class Output:
-    outputs: list[Completion]
-    finished: bool
-    request_id: str = ""
+class DecoderCrashed(RuntimeError):
+    """The decoding thread failed outside any one request's input: the engine is dead."""
 
 
 @dataclass
@@ -80,6 +66,8 @@ class TorchPlannerEngine:
         self.model_config = SimpleNamespace(max_model_len=self.max_len)
         self.output_processor = self
         self.on_stats = on_stats
+        # Set once decoding itself fails (not a request's bad input): the decoder's state
+        # (KV cache, thread) can no longer be trusted. EngineHost polls it and replaces us.
         self.errored = False
         self.dead_error: BaseException | None = None
         self._grammars: dict[str, Any] = {}
@@ -87,7 +75,7 @@ class TorchPlannerEngine:
         self._pending: dict[str, _Request] = {}
         # Every torch op runs on this one thread, loading included: each thread that enters
         # an OpenMP parallel region gets its own thread team, and two teams on 2 cores made
-        # each forward pass ~35% slower (measured: 17.5 ms vs 23.5 ms per token).
+        # each forward pass markedly slower (docs/benchmarks.md, "Query planner").
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="qp-decode")
         t0 = time.monotonic()
         model_dir = str(args["model"])
@@ -140,6 +128,8 @@ class TorchPlannerEngine:
         )
         if params.temperature not in (0, 0.0, None):
             raise ValueError("the torch planner engine decodes greedily (temperature 0)")
+        if self.errored:
+            raise DecoderCrashed(f"torch planner engine is dead: {self.dead_error}")
         loop = asyncio.get_running_loop()
         self._pending[request_id] = req
         fut = loop.run_in_executor(self._pool, self._decode, req, loop)
@@ -192,11 +182,25 @@ class TorchPlannerEngine:
         return Grammar(self._grammars[key], self.decoder.model.vocab_size)
 
     def _decode(self, req: _Request, loop: asyncio.AbstractEventLoop) -> None:
+        global _decoded
         put = loop.call_soon_threadsafe
+        if req.aborted or self.errored:
+            put(req.queue.put_nowait, self.dead_error if self.errored else None)
+            put(req.queue.put_nowait, None)
+            return
         try:
-            if req.aborted:
-                return
             grammar = self._grammar(req.schema) if req.schema is not None else None
+        except BaseException as exc:  # a request's schema: that request fails, nothing else
+            log.exception("request %s: grammar failed in the torch planner engine",
+                          req.request_id)
+            put(req.queue.put_nowait, exc)
+            put(req.queue.put_nowait, None)
+            return
+        try:
+            _decoded += 1
+            if _FAULT_AT and _decoded == _FAULT_AT:
+                raise DecoderCrashed(f"injected decoder fault (RUFUS_QP_TORCH_FAULT_AT="
+                                     f"{_FAULT_AT})")
             all_ids: list[int] = []
             all_lps: list[dict[int, Logprob]] = []
             sent_text, sent_n = "", 0
@@ -233,7 +237,15 @@ class TorchPlannerEngine:
                 # once per request: each metric update is an IPC round trip to the server
                 self.on_stats(steps, drafted, accepted)
         except BaseException as exc:
-            log.exception("request %s failed in the torch planner engine", req.request_id)
+            log.exception("request %s failed in the torch planner engine; engine is dead",
+                          req.request_id)
+            self.dead_error = exc if isinstance(exc, DecoderCrashed) else DecoderCrashed(
+                f"{type(exc).__name__}: {exc}")
+            self.errored = True
+            for other in list(self._pending.values()):
+                if other is not req:
+                    other.aborted = True
+                    put(other.queue.put_nowait, self.dead_error)
             put(req.queue.put_nowait, exc)
         finally:
             put(req.queue.put_nowait, None)

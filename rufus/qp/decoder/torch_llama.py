@@ -1,8 +1,9 @@
 """A minimal Llama forward pass for batch-1 decoding with tree attention (PyTorch, CPU).
 
 Why not vLLM or transformers here: at batch size 1 on a CPU the planner's cost per step is
-framework overhead, not arithmetic. vLLM's speculative-decoding step measured ~2.3x its plain
-decoding step on this machine, which capped Medusa at ~1.5x. This module does only what the
+framework overhead, not arithmetic. vLLM's speculative-decoding step costs a multiple of its
+plain decoding step on this machine, which capped Medusa's speedup there (docs/benchmarks.md,
+"Query planner"). This module does only what the
 planner needs: fused QKV and gate/up projections, one KV-cache tensor for all layers (so
 accepted tree nodes are compacted with one indexing op), and an explicit attention mask, so
 one forward pass verifies a whole Medusa tree (each node sees the prompt, the accepted tokens
@@ -26,9 +27,9 @@ DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch
 def _packed_linear(w: torch.Tensor) -> Any:
     """``x -> x @ w.T`` with the weight pre-packed for oneDNN (bf16 on CPU), else F.linear.
 
-    Unpacked bf16 ``F.linear`` re-lays the weight out for oneDNN on every call: measured
-    80 us vs 44 us for the 3072x576 gate/up projection at batch 1, which is most of the
-    forward pass here. This is what inductor's weight freezing does for vLLM on CPU.
+    Unpacked bf16 ``F.linear`` re-lays the weight out for oneDNN on every call, which made
+    the gate/up projection (most of the forward pass here) nearly twice as slow
+    (docs/benchmarks.md). This is what inductor's weight freezing does for vLLM on CPU.
     """
     if w.dtype == torch.bfloat16 and torch.backends.mkldnn.is_available():
         try:

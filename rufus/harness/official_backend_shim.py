@@ -1,5 +1,6 @@
 # Compatibility shims for running the official Triton vLLM backend (written for vLLM ~0.11)
-# against vLLM 0.32: a few names moved. Applied at benchmark time only.
+# against vLLM 0.32: a few names moved. Applied at benchmark time only: never imported,
+# rufus/harness/bench.py prepends this text to the official model.py.
 import importlib as _il
 import sys as _sys
 

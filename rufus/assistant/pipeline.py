@@ -1,0 +1,285 @@
+"""The shopping assistant: question -> plan -> product retrieval -> streamed, grounded answer.
+
+    assistant = Assistant("127.0.0.1:8001", default_retriever())
+    async with contextlib.aclosing(assistant.stream("running shoes under $80")) as events:
+        async for ev in events:
+            ...   # plan, products (cards), text deltas, done
+
+Events, always in this order: one ``plan`` (the planner's plan and its ``fallback`` flag),
+one ``products`` (product cards; empty for intents that need no search), any number of
+``text`` (answer deltas, links already rendered), one ``done`` (``finish_reason``,
+``timings`` in seconds). Bad input raises :class:`InvalidInput` naming the field before
+any model is called. Stopping early (closing the generator, or cancelling the task that
+iterates it) cancels the planner / answer gRPC streams at once; Triton then marks those
+requests cancelled and the models abort them in their engines (polled every 0.25 s).
+
+Paths by the plan's intent (docs/architecture.md, "Shopping assistant"):
+
+- product_search / product_comparison / product_question / recommendation, and every
+  fallback plan: retrieval with the plan's queries and filters (a fallback plan searches the
+  question itself, with a price cap read from it) -> rufus_llm with the products as context.
+- order_status / returns_refunds: no search, no model: a fixed reply that says where the
+  real answer is (the model has no order or policy data and would make it up).
+- other (off-topic): no search; rufus_llm answers briefly and offers shopping help.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from rufus.assistant.prompt import (
+    SERVICE_REPLIES,
+    LinkRenderer,
+    answer_messages,
+    cards,
+    clip,
+    diversify,
+    price_cap,
+)
+from rufus.assistant.triton_io import TritonStreams, output_str
+from rufus.client import RequestFailed
+from rufus.retrieval.base import Filters, Retriever, query_terms
+from rufus.retrieval.catalog import Product
+from rufus.serving.requests import InvalidInput, parse_messages
+
+log = logging.getLogger("rufus.assistant")
+
+PRODUCT_INTENTS = frozenset({"product_search", "product_comparison", "product_question",
+                             "recommendation"})
+# Same bounds as the planner's own inputs (rufus_qp_medusa), so a valid assistant request
+# is a valid planner request.
+MAX_QUESTION_CHARS = 1000
+MAX_HISTORY_TURNS = 8
+PLANNER_HISTORY_CHARS = 300
+
+EventType = Literal["plan", "products", "text", "done"]
+
+
+@dataclass(frozen=True)
+class AssistantEvent:
+    type: EventType
+    plan: dict[str, Any] | None = None           # plan
+    fallback: bool = False                       # plan
+    fallback_reason: str = ""                    # plan
+    products: list[dict[str, Any]] | None = None  # products: id, title, brand, price, rating, url, image_url
+    text: str = ""                               # text
+    finish_reason: str = ""                      # done: stop | length | service
+    timings: dict[str, float] = field(default_factory=dict)  # done
+    path: str = ""                               # products, done: products | service | general
+
+
+class AssistantMetrics(Protocol):
+    def observe(self, stage: str, seconds: float) -> None: ...
+    def count(self, outcome: str, path: str) -> None: ...
+
+
+class NullMetrics:
+    def observe(self, stage: str, seconds: float) -> None:
+        pass
+
+    def count(self, outcome: str, path: str) -> None:
+        pass
+
+
+def validate_request(question: Any, history: Any) -> list[dict[str, str]]:
+    """Check question and history; returns the history as clean {role, content} turns."""
+    if not isinstance(question, str):
+        raise InvalidInput("question", f"must be a string, got {type(question).__name__}")
+    if not question.strip():
+        raise InvalidInput("question", "is empty")
+    if len(question) > MAX_QUESTION_CHARS:
+        raise InvalidInput("question", f"is {len(question)} characters; at most {MAX_QUESTION_CHARS}")
+    if history is None:
+        return []
+    if not isinstance(history, list):
+        raise InvalidInput("history", f"must be a list of {{role, content}}, got {type(history).__name__}")
+    if len(history) > MAX_HISTORY_TURNS:
+        raise InvalidInput("history", f"{len(history)} turns; at most {MAX_HISTORY_TURNS}")
+    if not history:
+        return []
+    try:
+        text = json.dumps([*history, {"role": "user", "content": question}])
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput("history", f"must be JSON-serializable ({exc})") from None
+    try:
+        return parse_messages(text)[:-1]
+    except InvalidInput as exc:
+        raise InvalidInput(exc.field.replace("messages", "history", 1), exc.reason) from None
+
+
+def fallback_plan(question: str) -> dict[str, Any]:
+    """The planner's documented fallback (question passed through), plus a price cap read
+    from the question, so "running shoes under $80" still gets its filter."""
+    q = " ".join(question.split())[:80] or "?"
+    cap = price_cap(question)
+    return {"intent": "other", "query_type": "conversational", "search_queries": [q],
+            "filters": {"max_price": cap} if cap is not None else {}}
+
+
+def with_stated_price_cap(plan: dict[str, Any], question: str) -> dict[str, Any]:
+    """A price cap the customer states in this question ("under $50") is a hard constraint:
+    added when the planner left it out (measured: the planner sometimes drops it)."""
+    cap = price_cap(question)
+    filters = plan.get("filters") or {}
+    if cap is None or "max_price" in filters or plan.get("intent") not in PRODUCT_INTENTS:
+        return plan
+    return {**plan, "filters": {**filters, "max_price": cap}}
+
+
+def search_queries(plan: dict[str, Any], question: str, history: Sequence[dict[str, str]]) -> list[str]:
+    """The plan's queries; when none has a content word ("any under $60?") and there is a
+    previous user turn, that turn is searched instead (the filters stay this turn's)."""
+    queries = [q for q in plan.get("search_queries", []) if isinstance(q, str)] or [question]
+    if any(query_terms(q) for q in queries):
+        return queries
+    for turn in reversed(history):
+        if turn["role"] == "user" and query_terms(turn["content"]):
+            return [turn["content"][:80]]
+    return queries
+
+
+class Assistant:
+    """The pipeline, as a library: construct from Triton's gRPC URL and a retriever."""
+
+    def __init__(self, url: str, retriever: Retriever, *, planner_model: str = "rufus_qp_medusa",
+                 answer_model: str = "rufus_llm", k: int = 5, max_tokens: int = 160,
+                 plan_timeout_s: float | None = None, metrics: AssistantMetrics | None = None) -> None:
+        self.url = url
+        self.retriever = retriever
+        self.planner_model = planner_model
+        self.answer_model = answer_model
+        self.k = k
+        self.max_tokens = max_tokens
+        self.plan_timeout_s = plan_timeout_s if plan_timeout_s is not None else float(
+            os.environ.get("RUFUS_ASSISTANT_PLAN_TIMEOUT_S", "10"))
+        self.metrics: AssistantMetrics = metrics or NullMetrics()
+        self._io: TritonStreams | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def streams(self) -> TritonStreams:
+        """One gRPC client per event loop (an aio channel belongs to the loop it was made on)."""
+        loop = asyncio.get_running_loop()
+        if self._io is None or self._loop is not loop:
+            self._io, self._loop = TritonStreams(self.url), loop
+        return self._io
+
+    async def aclose(self) -> None:
+        if self._io is not None:
+            await self._io.close()
+            self._io = None
+
+    async def plan(self, question: str, history: list[dict[str, str]]) -> tuple[dict[str, Any], bool, str]:
+        """(plan, fallback, reason). A planner that fails or is slower than the timeout
+        gives the fallback plan: the assistant still answers."""
+        tensors: dict[str, Any] = {"question": question}
+        if history:
+            tensors["history"] = [{"role": m["role"], "content": clip(m["content"], PLANNER_HISTORY_CHARS)}
+                                  for m in history]
+        last: dict[str, Any] = {}
+        try:
+            async with asyncio.timeout(self.plan_timeout_s):
+                async with contextlib.aclosing(self.streams().stream(self.planner_model, tensors)) as s:
+                    async for outs in s:
+                        last = outs
+            plan = json.loads(output_str(last, "plan"))
+            fallback = bool(last["fallback"].reshape(-1)[0]) if "fallback" in last else False
+            reason = output_str(last, "fallback_reason")
+        except (RequestFailed, TimeoutError, ValueError, KeyError) as exc:
+            why = clip(str(exc), 200) if str(exc) else (
+                f"no plan within {self.plan_timeout_s:g} s" if isinstance(exc, TimeoutError)
+                else type(exc).__name__)
+            log.warning("planner failed, using the fallback plan: %s", why)
+            return fallback_plan(question), True, f"planner unavailable: {why}"
+        if fallback:
+            return fallback_plan(question), True, reason
+        return with_stated_price_cap(plan, question), False, ""
+
+    def _retrieve(self, plan: dict[str, Any], question: str,
+                  history: list[dict[str, str]]) -> list[Product]:
+        found = self.retriever.search(search_queries(plan, question, history),
+                                      Filters.from_plan(plan.get("filters")), 4 * self.k)
+        return diversify(found, self.k)
+
+    async def stream(self, question: str, history: list[dict[str, str]] | None = None
+                     ) -> AsyncIterator[AssistantEvent]:
+        turns = validate_request(question, history)
+        t0 = time.monotonic()
+        timings: dict[str, float] = {}
+        path, outcome = "none", "error"
+        try:
+            plan, fallback, reason = await self.plan(question, turns)
+            timings["plan_s"] = time.monotonic() - t0
+            yield AssistantEvent("plan", plan=plan, fallback=fallback, fallback_reason=reason)
+
+            intent = plan.get("intent", "other")
+            products: list[Product] = []
+            if fallback or intent in PRODUCT_INTENTS:
+                path = "products"
+                t = time.monotonic()
+                products = await asyncio.to_thread(self._retrieve, plan, question, turns)
+                timings["retrieval_s"] = time.monotonic() - t
+            else:
+                path = "service" if intent in SERVICE_REPLIES else "general"
+            timings["cards_s"] = time.monotonic() - t0
+            yield AssistantEvent("products", products=cards(products), path=path)
+
+            finish = "service"
+            if path == "service":
+                timings["first_token_s"] = time.monotonic() - t0
+                yield AssistantEvent("text", text=SERVICE_REPLIES[intent])
+            else:
+                finish = ""
+                # aclosing: closing this generator must close the answer stream at once
+                # (an unclosed async generator is only finalized by the garbage collector)
+                async with contextlib.aclosing(self._answer(
+                        question, products, turns, path == "general", t0, timings)) as answer:
+                    async for ev in answer:
+                        if ev.type == "done":
+                            finish = ev.finish_reason
+                        else:
+                            yield ev
+            timings["total_s"] = time.monotonic() - t0
+            outcome = "fallback" if fallback else "ok"
+            yield AssistantEvent("done", finish_reason=finish, timings=dict(timings), path=path)
+        except (asyncio.CancelledError, GeneratorExit):
+            outcome = "cancelled"
+            raise
+        finally:
+            self.metrics.count(outcome, path)
+            for stage, secs in timings.items():
+                self.metrics.observe(stage.removesuffix("_s"), secs)
+
+    async def _answer(self, question: str, products: list[Product], turns: list[dict[str, str]],
+                      general: bool, t0: float, timings: dict[str, float]
+                      ) -> AsyncIterator[AssistantEvent]:
+        renderer = LinkRenderer(products)
+        tensors = {
+            "messages": answer_messages(question, products, turns, general=general),
+            "stream": True, "exclude_input_in_output": True, "return_finish_reason": True,
+            "sampling_parameters": {"max_tokens": self.max_tokens, "temperature": 0.0},
+        }
+        sent = time.monotonic()
+        finish = ""
+        async with contextlib.aclosing(self.streams().stream(self.answer_model, tensors)) as s:
+            async for outs in s:
+                delta = output_str(outs, "text_output")
+                finish = output_str(outs, "finish_reason") or finish
+                if delta and "answer_ttft_s" not in timings:
+                    timings["answer_ttft_s"] = time.monotonic() - sent
+                text = renderer.feed(delta)
+                if text:
+                    timings.setdefault("first_token_s", time.monotonic() - t0)
+                    yield AssistantEvent("text", text=text)
+        tail = renderer.flush()
+        if tail:
+            timings.setdefault("first_token_s", time.monotonic() - t0)
+            yield AssistantEvent("text", text=tail)
+        yield AssistantEvent("done", finish_reason=finish or "stop")

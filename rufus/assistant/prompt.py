@@ -1,0 +1,199 @@
+"""What the answer model sees, what it may not write, and the replies that need no model.
+
+Grounding: the answer model gets the retrieved products as a numbered list *without URLs*
+and is asked to cite them as ``[n]``. :class:`LinkRenderer` turns each ``[n]`` in the
+streamed text into a markdown link to product n's catalog URL and deletes any URL the model
+writes itself, so every link a user sees comes from the retrieval results, whatever the
+model produces.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from rufus.retrieval.catalog import Product
+
+HISTORY_TURNS = 4          # previous turns given to the answer model
+HISTORY_CHARS = 400        # per previous turn (long answers would crowd out the products)
+
+SYSTEM_PRODUCTS = (
+    "You are a helpful shopping assistant. Recommend two or three of the numbered products "
+    "below that best fit the question. Refer to each product by its number in brackets, for "
+    "example [1], and say why it fits in a few words. Do not write links.")
+SYSTEM_NO_RESULTS = (
+    "You are a shopping assistant. No product in the catalog matches the customer's request. "
+    "Say so in one sentence and suggest how to broaden the search (another brand, a higher "
+    "budget). Do not write links.")
+SYSTEM_GENERAL = (
+    "You are a shopping assistant. This question is not about shopping: answer it in one or "
+    "two sentences, then offer to help find products. Do not write links.")
+
+# Intents answered without product search or the answer model: the model has no access to
+# orders or return policies and would invent them; these say where the real answer is.
+SERVICE_REPLIES = {
+    "order_status": (
+        "I can't see your orders from here. Open Your Orders in your account to see each "
+        "order's status and tracking, or contact customer service with your order number."),
+    "returns_refunds": (
+        "Most items can be returned within 30 days of delivery. Start a return from Your "
+        "Orders in your account: choose the item, pick a reason and print the label. Refunds "
+        "go to the original payment method once the item is received."),
+}
+
+
+def clip(text: str, n: int) -> str:
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+def product_lines(products: Sequence[Product]) -> str:
+    return "\n".join(
+        f"[{i}] {p.title} - ${p.price:.2f}, rated {p.rating:.1f} ({p.review_count:,} reviews)"
+        for i, p in enumerate(products, start=1))
+
+
+def previous_turns(history: Sequence[dict[str, str]] | None) -> list[dict[str, str]]:
+    return [{"role": m["role"], "content": clip(m["content"], HISTORY_CHARS)}
+            for m in (history or [])[-HISTORY_TURNS:] if m["role"] in ("user", "assistant")]
+
+
+def answer_messages(question: str, products: Sequence[Product],
+                    history: Sequence[dict[str, str]] | None, general: bool = False
+                    ) -> list[dict[str, str]]:
+    """Chat messages for rufus_llm: system, previous turns, then products + question."""
+    if general:
+        system, user = SYSTEM_GENERAL, question
+    elif products:
+        system = SYSTEM_PRODUCTS
+        user = f"Products:\n{product_lines(products)}\n\nQuestion: {question}"
+    else:
+        system, user = SYSTEM_NO_RESULTS, question
+    return [{"role": "system", "content": system}, *previous_turns(history),
+            {"role": "user", "content": user}]
+
+
+# ------------------------------------------------------------------ fallback filters
+
+_UNDER = re.compile(r"\b(?:under|below|less than|cheaper than|up to|max|at most|within)\s*"
+                    r"\$?\s*(\d+(?:\.\d+)?)", re.I)
+_DOLLARS = re.compile(r"\$\s*(\d+(?:\.\d+)?)")
+
+
+def price_cap(text: str) -> float | None:
+    """A price cap stated in the question ("under $80", "below 50 dollars"), used only when
+    the planner gave no plan (the fallback plan carries no filters)."""
+    m = _UNDER.search(text)
+    if m:
+        return float(m.group(1))
+    return None
+
+
+# ------------------------------------------------------------------ link rendering
+
+_CITE = re.compile(r"\[(\d{1,2})\]")
+_URL = re.compile(r"(?:https?://|www\.)[^\s)\]]+", re.I)
+_URL_STARTS = ("https://", "http://", "www.")
+_MD_EMPTY_LINK = re.compile(r"\[([^\]\n]{1,200})\]\(\s*\)")
+
+
+def family(p: Product) -> str:
+    """The name a model writes for a product: its title up to the first comma (brand, line
+    and kind, without colour/size variants)."""
+    return p.title.split(",")[0].strip()
+
+
+def diversify(products: Sequence[Product], k: int) -> list[Product]:
+    """Top k with one listing per product family first (five colours of one shoe are one
+    choice for the customer), then the rest in rank order."""
+    out: list[Product] = []
+    seen: set[str] = set()
+    for p in products:
+        if family(p) not in seen and len(out) < k:
+            out.append(p)
+            seen.add(family(p))
+    for p in products:
+        if len(out) >= k:
+            break
+        if p not in out:
+            out.append(p)
+    return out
+
+
+class LinkRenderer:
+    """Streaming filter over the answer text. ``[n]`` -> ``[title](url)`` of retrieved product
+    n; a retrieved product's name written out (its :func:`family`) -> linked to it; any
+    other URL removed. Holds back only what may still become one of these (an unfinished
+    ``[nn``, URL, or product name)."""
+
+    def __init__(self, products: Sequence[Product]) -> None:
+        self.products = list(products)
+        self.buf = ""
+        self.cited: list[str] = []
+        names: dict[str, Product] = {}
+        for p in self.products:
+            f = family(p)
+            if len(f) >= 8:
+                names.setdefault(f.lower(), p)
+        self.names = names
+        self.maxlen = max((len(n) for n in names), default=0)
+        self._name_re = (re.compile("|".join(re.escape(n) for n in sorted(names, key=len, reverse=True)),
+                                    re.I) if names else None)
+
+    def _cut(self, s: str) -> int:
+        i = s.rfind("[")
+        if i >= 0 and re.fullmatch(r"\[\d{0,2}", s[i:]):
+            return i
+        m = re.search(r"(?:https?://|www\.)\S*$", s, re.I)
+        if m:
+            return m.start()
+        low = s.lower()
+        for i in range(max(0, len(s) - self.maxlen), len(s)):
+            if (i == 0 or not s[i - 1].isalnum()) and any(n.startswith(low[i:]) for n in self.names):
+                return i
+        for p in _URL_STARTS:
+            for n in range(len(p) - 1, 0, -1):
+                if low.endswith(p[:n]) and (len(s) == n or not s[-n - 1].isalnum()):
+                    return len(s) - n
+        return len(s)
+
+    def _cite(self, p: Product) -> None:
+        if p.id not in self.cited:
+            self.cited.append(p.id)
+
+    def _render(self, s: str) -> str:
+        s = _URL.sub("", s)
+        s = _MD_EMPTY_LINK.sub(r"\1", s)  # "[text](" + removed URL + ")" -> "text"
+        parts = _CITE.split(s)  # text, number, text, number, ...
+        out = []
+        for j, part in enumerate(parts):
+            if j % 2:
+                n = int(part)
+                if 1 <= n <= len(self.products):
+                    p = self.products[n - 1]
+                    self._cite(p)
+                    out.append(f"[{p.title}]({p.url})")
+            elif self._name_re is not None:
+                def link(m: re.Match[str]) -> str:
+                    p = self.names[m.group(0).lower()]
+                    self._cite(p)
+                    return f"[{m.group(0)}]({p.url})"
+
+                out.append(self._name_re.sub(link, part))
+            else:
+                out.append(part)
+        return "".join(out)
+
+    def feed(self, delta: str) -> str:
+        self.buf += delta
+        cut = self._cut(self.buf)
+        out, self.buf = self.buf[:cut], self.buf[cut:]
+        return self._render(out)
+
+    def flush(self) -> str:
+        out, self.buf = self.buf, ""
+        return self._render(out)
+
+
+def cards(products: Sequence[Product]) -> list[dict[str, Any]]:
+    return [p.card() for p in products]

@@ -1,0 +1,508 @@
+"""The OpenAI-compatible HTTP app: FastAPI routes over rufus_llm's gRPC stream.
+
+Request path: body -> pydantic schema -> :class:`Plan` (validated with rufus_llm's own rules)
+-> one gRPC stream per Triton call (rufus.client.agenerate on a shared channel) -> OpenAI
+JSON or server-sent events. A streamed response starts only once the first Triton response
+(or error) is in, so errors before the first token keep their HTTP status. A client that goes
+away cancels the handler task; that cancels the gRPC stream, and rufus_llm aborts the request
+in vLLM (its cancel watcher polls every 0.25 s).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from rufus.client import RequestFailed
+from rufus.frontend import backends, render
+from rufus.frontend.backends import ChatHook, TritonBackend
+from rufus.frontend.protocol import (
+    APIError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    Plan,
+    map_triton_error,
+    parse_body,
+    plan_chat,
+    plan_completion,
+)
+from rufus.frontend.render import ChunkWriter, Delta
+
+log = logging.getLogger("rufus.frontend")
+
+MAX_BODY_BYTES = 4 << 20  # 4 MiB: far above any prompt the context can hold
+
+
+@dataclass
+class Settings:
+    triton_url: str = "localhost:8001"
+    models: list[str] = field(default_factory=lambda: ["rufus_llm"])
+    retries: int = 2
+    timeout: float = 600.0
+    hooks: bool = True  # offer registered pipelines (rufus-assistant) when importable
+    api_key: str | None = field(default=None, repr=False)  # never logged
+
+
+class FrontendMetrics:
+    """Prometheus series as seen at the frontend (the client's view, HTTP included)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("rufus_openai_requests", "OpenAI API requests by outcome",
+                                ["endpoint", "model", "status"], registry=r)
+        self.in_flight = Gauge("rufus_openai_requests_in_flight", "requests being served",
+                               ["endpoint"], registry=r)
+        buckets = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+        self.latency = Histogram("rufus_openai_request_latency_seconds",
+                                 "arrival to last byte", ["endpoint", "model"],
+                                 buckets=buckets, registry=r)
+        self.ttft = Histogram("rufus_openai_time_to_first_token_seconds",
+                              "arrival to the first generated text sent", ["endpoint", "model"],
+                              buckets=buckets, registry=r)
+        self.tokens = Counter("rufus_openai_generation_tokens", "completion tokens returned",
+                              ["model"], registry=r)
+
+
+def error_response(exc: APIError) -> JSONResponse:
+    headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after is not None else None
+    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+
+
+class Frontend:
+    """State of one app: settings, the shared gRPC client, backends, metrics."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.metrics = FrontendMetrics()
+        self.client: Any = None
+        self.backends: dict[str, TritonBackend] = {}
+        self.hooks: dict[str, ChatHook] = {}
+        self.created = int(time.time())
+        self._health: tuple[float, int, dict[str, Any]] = (0.0, 503, {})
+
+    async def start(self) -> None:
+        import tritonclient.grpc.aio as aioclient
+
+        s = self.settings
+        # keepalive: notice a dead Triton/ingress connection between requests
+        self.client = aioclient.InferenceServerClient(s.triton_url, channel_args=[
+            ("grpc.max_send_message_length", 64 << 20),
+            ("grpc.max_receive_message_length", 64 << 20),
+            ("grpc.keepalive_time_ms", 10_000),
+            ("grpc.keepalive_timeout_ms", 5_000),
+            ("grpc.http2.max_pings_without_data", 0),
+        ])
+        self.backends = {m: TritonBackend(s.triton_url, m, self.client, s.retries, s.timeout)
+                         for m in s.models}
+        if s.hooks:
+            backends.load_builtin_hooks()
+            for model_id, factory in backends.HOOKS.items():
+                try:
+                    self.hooks[model_id] = factory(self.settings)
+                except Exception as exc:  # noqa: BLE001 - a broken hook must not stop serving
+                    log.warning("model %s not offered: %s", model_id, exc)
+        log.info("serving %s from Triton at %s", sorted([*self.backends, *self.hooks]),
+                 s.triton_url)
+
+    async def stop(self) -> None:
+        if self.client is not None:
+            await self.client.close()
+
+    # ----------------------------------------------------------------- models, health
+    def model_ids(self) -> list[str]:
+        return [*self.backends, *self.hooks]
+
+    def model_card(self, model_id: str) -> dict[str, Any]:
+        owner = self.hooks[model_id].owned_by if model_id in self.hooks else "rufus"
+        return {"id": model_id, "object": "model", "created": self.created, "owned_by": owner}
+
+    def check_model(self, model_id: str, chat: bool) -> None:
+        if model_id in self.backends or (chat and model_id in self.hooks):
+            return
+        if model_id in self.hooks:
+            raise APIError(400, f"model `{model_id[:64]}` serves chat completions only",
+                           param="model")
+        raise APIError(404, f"The model `{model_id[:64]}` does not exist. Available: "
+                       f"{self.model_ids()}", param="model", code="model_not_found")
+
+    async def health(self) -> tuple[int, dict[str, Any]]:
+        """Triton ready and every served Triton model ready (cached for 1 s)."""
+        t, status, body = self._health
+        if time.monotonic() - t < 1.0:
+            return status, body
+        body = {"triton": self.settings.triton_url, "models": {}}
+        try:
+            ok = await asyncio.wait_for(self.client.is_server_ready(), 3)
+            for m in self.backends:
+                ready = await asyncio.wait_for(self.client.is_model_ready(m), 3)
+                body["models"][m] = "ready" if ready else "not ready"
+                ok = ok and ready
+        except Exception as exc:  # noqa: BLE001 - any failure means "not healthy"
+            ok = False
+            body["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        status = 200 if ok else 503
+        body["status"] = "ok" if ok else "unavailable"
+        self._health = (time.monotonic(), status, body)
+        return status, body
+
+    # ----------------------------------------------------------------- generation
+    async def _call_deltas(self, plan: Plan, index: int) -> AsyncIterator[tuple[int, Delta]]:
+        backend = self.backends[plan.model]
+        try:
+            async for d in backend.generate(plan, plan.calls[index]):
+                yield index, d
+        except RequestFailed as exc:
+            raise map_triton_error(exc.status, str(exc), plan.kind) from None
+
+    async def deltas(self, plan: Plan) -> AsyncIterator[tuple[int, Delta]]:
+        """(call index, delta) of every call, merged as they arrive."""
+        if len(plan.calls) == 1:
+            async for item in self._call_deltas(plan, 0):
+                yield item
+            return
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        done = object()
+
+        async def pump(i: int) -> None:
+            try:
+                async for item in self._call_deltas(plan, i):
+                    await queue.put(item)
+                await queue.put(done)
+            except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+                await queue.put(exc)
+
+        tasks = [asyncio.create_task(pump(i)) for i in range(len(plan.calls))]
+        try:
+            remaining = len(tasks)
+            while remaining:
+                item = await queue.get()
+                if item is done:
+                    remaining -= 1
+                elif isinstance(item, BaseException):
+                    raise item
+                else:
+                    yield item
+        finally:
+            for t in tasks:
+                t.cancel()
+
+    async def complete(self, plan: Plan, endpoint: str, arrival: float) -> dict[str, Any]:
+        """A whole (non-streaming) response."""
+        n_calls = len(plan.calls)
+        texts = [[""] * plan.n for _ in range(n_calls)]
+        finish: list[list[str | None]] = [[None] * plan.n for _ in range(n_calls)]
+        lps: list[list[list[Any]]] = [[[] for _ in range(plan.n)] for _ in range(n_calls)]
+        n_in = [0] * n_calls
+        n_out = 0
+        first = True
+        async for i, d in self.deltas(plan):
+            if first:
+                first = False
+                self.metrics.ttft.labels(endpoint, plan.model).observe(time.monotonic() - arrival)
+            n_in[i] = d.n_in if d.n_in is not None else n_in[i]
+            n_out += sum(d.n_out)
+            for j, text in enumerate(d.texts[:plan.n]):
+                texts[i][j] += text
+                finish[i][j] = d.finish[j] or finish[i][j]
+                if j < len(d.logprobs) and d.logprobs[j]:
+                    lps[i][j].extend(d.logprobs[j])
+        top = plan.calls[0].sampling.get("logprobs", 0)
+        choices = []
+        for i in range(n_calls):
+            for j in range(plan.n):
+                index = i * plan.n + j
+                if plan.kind == "chat":
+                    lp = render.chat_logprobs(lps[i][j], top) if plan.logprobs else None
+                    choices.append(render.chat_choice(index, texts[i][j], finish[i][j], lp))
+                else:
+                    prefix = plan.calls[i].prompt if plan.echo else ""
+                    lp = render.completion_logprobs(lps[i][j], top, 0) if plan.logprobs else None
+                    choices.append(render.text_choice(index, (prefix or "") + texts[i][j],
+                                                      finish[i][j], lp))
+        self.metrics.tokens.labels(plan.model).inc(n_out)
+        use = render.usage(sum(n_in), n_out)
+        build = render.chat_completion if plan.kind == "chat" else render.text_completion
+        return build(render.new_id("chatcmpl" if plan.kind == "chat" else "cmpl"), plan.model,
+                     choices, use)
+
+    async def stream(self, plan: Plan, endpoint: str, arrival: float) -> AsyncIterator[bytes]:
+        """Server-sent events; the first item is produced only after Triton's first response."""
+        w = ChunkWriter(plan.kind, plan.model, plan.include_usage)
+        top = plan.calls[0].sampling.get("logprobs", 0)
+        n_in = [0] * len(plan.calls)
+        n_out = 0
+        started: set[int] = set()
+        offsets = [0] * len(plan.calls)
+        first = True
+        try:
+            async for i, d in self.deltas(plan):
+                if first:
+                    first = False
+                    self.metrics.ttft.labels(endpoint, plan.model).observe(
+                        time.monotonic() - arrival)
+                if d.n_in is not None:
+                    n_in[i] = d.n_in
+                n_out += sum(d.n_out)
+                text, fin = d.texts[0], d.finish[0]
+                entries = d.logprobs[0] if d.logprobs else None
+                if plan.kind == "chat":
+                    if i not in started:
+                        started.add(i)
+                        yield w.role(i)
+                    lp = render.chat_logprobs(entries, top) if plan.logprobs else None
+                else:
+                    if i not in started:
+                        started.add(i)
+                        if plan.echo and plan.calls[i].prompt:
+                            yield w.delta(i, plan.calls[i].prompt, None)
+                            offsets[i] = len(plan.calls[i].prompt)
+                    lp = render.completion_logprobs(entries, top, offsets[i]) \
+                        if plan.logprobs else None
+                    offsets[i] += len(text)
+                if text or fin or lp:
+                    yield w.delta(i, text, fin, lp)
+        except APIError as exc:
+            if first:  # nothing sent yet: the handler answers with the error's status
+                raise
+            # after the first chunk the status line is already sent: an error event
+            yield w.error(exc.body())
+            yield w.done()
+            return
+        self.metrics.tokens.labels(plan.model).inc(n_out)
+        if plan.include_usage:
+            yield w.usage(sum(n_in), n_out)
+        yield w.done()
+
+    async def stream_hook(self, plan: Plan, hook: ChatHook) -> AsyncIterator[bytes]:
+        w = ChunkWriter("chat", plan.model, plan.include_usage)
+        first = True
+        async for ev in hook.chat(plan.messages or [], plan):
+            if first:
+                first = False
+                yield w.role(0, ev.extra)
+            if ev.text or ev.finish:
+                yield w.delta(0, ev.text, ev.finish)
+        if plan.include_usage:
+            yield w.usage(0, 0)
+        yield w.done()
+
+    async def complete_hook(self, plan: Plan, hook: ChatHook) -> dict[str, Any]:
+        text, extra = "", {}
+        async for ev in hook.chat(plan.messages or [], plan):
+            text += ev.text
+            extra.update(ev.extra or {})
+        body = render.chat_completion(render.new_id("chatcmpl"), plan.model,
+                                      [render.chat_choice(0, text, "stop", None)],
+                                      render.usage(0, 0))
+        body.update(extra)
+        return body
+
+
+async def _until_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def _race_disconnect(request: Request, work: Awaitable[Any]) -> Any:
+    """Run ``work``; cancel it (and so its gRPC stream) if the client goes away first."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_until_disconnect(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, APIError):
+                await task
+            raise APIError(499, "client disconnected", type_="server_error", code="cancelled")
+    return task.result()
+
+
+async def _prime(agen: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """Start a stream: its first item now (errors keep their status), the rest lazily."""
+    first = await agen.__anext__()
+
+    async def rest() -> AsyncIterator[bytes]:
+        try:
+            yield first
+            async for item in agen:
+                yield item
+        finally:
+            await agen.aclose()  # type: ignore[attr-defined]
+
+    return rest()
+
+
+def create_app(settings: Settings) -> FastAPI:
+    fe = Frontend(settings)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        await fe.start()
+        try:
+            yield
+        finally:
+            await fe.stop()
+
+    app = FastAPI(title="rufus OpenAI-compatible API", lifespan=lifespan, docs_url=None,
+                  redoc_url=None, openapi_url=None)
+    app.state.frontend = fe
+    if settings.api_key:
+        app.add_middleware(BearerAuth, key=settings.api_key)
+
+    @app.exception_handler(APIError)
+    async def _api_error(_request: Request, exc: APIError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_response(APIError(exc.status_code, str(exc.detail)))
+
+    async def handle(request: Request, endpoint: str,
+                     build: Callable[[bytes], tuple[Plan, bool]]) -> Response:
+        arrival = time.monotonic()
+        model = "-"
+        status = 500
+        fe.metrics.in_flight.labels(endpoint).inc()
+        streaming = False
+        try:
+            body = await request.body()
+            if len(body) > MAX_BODY_BYTES:
+                raise APIError(413, f"request body over {MAX_BODY_BYTES} bytes")
+            plan, chat = build(body)
+            model = plan.model
+            hook = fe.hooks.get(plan.model) if chat else None
+            if hook is not None:
+                if plan.n > 1:
+                    raise APIError(400, f"n: model {plan.model} answers once (n must be 1)",
+                                   param="n")
+                if plan.stream:
+                    agen = await _prime(fe.stream_hook(plan, hook))
+                else:
+                    result = await _race_disconnect(request, fe.complete_hook(plan, hook))
+                    status = 200
+                    return JSONResponse(result)
+            elif plan.stream:
+                agen = await _prime(fe.stream(plan, endpoint, arrival))
+            else:
+                result = await _race_disconnect(request, fe.complete(plan, endpoint, arrival))
+                status = 200
+                return JSONResponse(result)
+            streaming = True
+            status = 200
+            return StreamingResponse(_finish(agen, fe, endpoint, model, arrival),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache",
+                                              "X-Accel-Buffering": "no"})
+        except APIError as exc:
+            status = exc.status
+            if exc.status >= 500 and exc.status != 503:
+                log.warning("%s %s failed: %s", endpoint, model, exc.message)
+            return error_response(exc)
+        except StopAsyncIteration:
+            status = 500
+            return error_response(APIError(500, "empty response from the model",
+                                           type_="server_error"))
+        finally:
+            if not streaming:
+                fe.metrics.in_flight.labels(endpoint).dec()
+                fe.metrics.requests.labels(endpoint, model, str(status)).inc()
+                fe.metrics.latency.labels(endpoint, model).observe(time.monotonic() - arrival)
+
+    def build_chat(body: bytes) -> tuple[Plan, bool]:
+        req = parse_body(ChatCompletionRequest, body)
+        fe.check_model(req.model, chat=True)
+        return plan_chat(req), True
+
+    def build_completion(body: bytes) -> tuple[Plan, bool]:
+        req = parse_body(CompletionRequest, body)
+        fe.check_model(req.model, chat=False)
+        return plan_completion(req), False
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await handle(request, "chat", build_chat)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await handle(request, "completions", build_completion)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [fe.model_card(m) for m in fe.model_ids()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> dict[str, Any]:
+        if model_id not in fe.model_ids():
+            raise APIError(404, f"The model `{model_id[:64]}` does not exist.", param="model",
+                           code="model_not_found")
+        return fe.model_card(model_id)
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        status, body = await fe.health()
+        return JSONResponse(body, status_code=status,
+                            headers=None if status == 200 else {"Retry-After": "1"})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(fe.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+class BearerAuth:
+    """Pure ASGI check of ``Authorization: Bearer <key>`` on /v1 (health and metrics stay
+    open for probes); not BaseHTTPMiddleware, which buffers and detaches streamed bodies."""
+
+    def __init__(self, app: Any, key: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {key}".encode()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+            got = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(got, self.expected):
+                body = APIError(401, "Incorrect API key provided",
+                                code="invalid_api_key").body()
+                await JSONResponse(body, status_code=401)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+async def _finish(agen: AsyncIterator[bytes], fe: Frontend, endpoint: str, model: str,
+                  arrival: float) -> AsyncIterator[bytes]:
+    """The streamed body, with the request's metrics once it ends (or the client left)."""
+    status = "200"
+    try:
+        async for item in agen:
+            yield item
+    except asyncio.CancelledError:
+        status = "499"
+        raise
+    finally:
+        fe.metrics.in_flight.labels(endpoint).dec()
+        fe.metrics.requests.labels(endpoint, model, status).inc()
+        fe.metrics.latency.labels(endpoint, model).observe(time.monotonic() - arrival)

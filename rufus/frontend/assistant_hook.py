@@ -1,0 +1,95 @@
+"""Model ``rufus-assistant``: the shopping assistant pipeline (rufus/assistant/) as an OpenAI
+chat model.
+
+The last message is the question and the earlier user/assistant turns its history (system
+messages are dropped: the pipeline has its own prompts; only the last 8 turns are kept, the
+pipeline's bound). Product cards arrive twice: as markdown links at the start of the content
+(any OpenAI client shows them) and whole in the extension field ``x_rufus_products`` of the
+first chunk (non-streaming: of the response), with the plan in ``x_rufus_plan``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+from rufus.assistant import Assistant
+from rufus.client import RequestFailed
+from rufus.frontend.backends import HookEvent, register
+from rufus.frontend.protocol import Plan, bad_request, map_triton_error
+from rufus.serving.requests import InvalidInput
+
+MODEL_ID = "rufus-assistant"
+MAX_HISTORY_TURNS = 8
+
+
+def card_markdown(cards: list[dict[str, Any]]) -> str:
+    """Numbered markdown links, one per card: ``1. [Title](url) - Brand, $12.99, 4.5 stars``."""
+    lines = []
+    for i, c in enumerate(cards, 1):
+        facts = [str(c["brand"])] if c.get("brand") else []
+        if c.get("price") is not None:
+            facts.append(f"${float(c['price']):.2f}")
+        if c.get("rating") is not None:
+            facts.append(f"{float(c['rating']):.1f} stars")
+        title = str(c.get("title", "")).replace("[", "(").replace("]", ")")
+        line = f"{i}. [{title}]({c.get('url', '')})"
+        lines.append(line + (" - " + ", ".join(facts) if facts else ""))
+    return "\n".join(lines) + "\n\n" if lines else ""
+
+
+def split_messages(messages: list[dict[str, str]]) -> tuple[str, list[dict[str, str]]]:
+    turns = [m for m in messages if m["role"] != "system"]
+    if not turns or turns[-1]["role"] != "user":
+        raise bad_request("messages", "the last message must be the user's question")
+    return turns[-1]["content"], turns[:-1][-MAX_HISTORY_TURNS:]
+
+
+class AssistantHook:
+    owned_by = "rufus"
+
+    def __init__(self, triton_url: str) -> None:
+        self.triton_url = triton_url
+        self._assistant: Assistant | None = None
+        self._lock = asyncio.Lock()
+
+    async def assistant(self) -> Assistant:
+        """Built on first use: opening (or building) the product index takes a while."""
+        async with self._lock:
+            if self._assistant is None:
+                from rufus.retrieval import default_retriever
+
+                retriever = await asyncio.to_thread(default_retriever)
+                self._assistant = Assistant(self.triton_url, retriever)
+            return self._assistant
+
+    async def chat(self, messages: list[dict[str, str]], plan: Plan) -> AsyncIterator[HookEvent]:
+        question, history = split_messages(messages)
+        assistant = await self.assistant()
+        try:
+            async with contextlib.aclosing(assistant.stream(question, history)) as events:
+                plan_info: dict[str, Any] = {}
+                async for ev in events:
+                    if ev.type == "plan":
+                        plan_info = {**(ev.plan or {}), "fallback": ev.fallback}
+                    elif ev.type == "products":
+                        cards = ev.products or []
+                        yield HookEvent(text=card_markdown(cards),
+                                        extra={"x_rufus_products": cards,
+                                               "x_rufus_plan": plan_info})
+                    elif ev.type == "text":
+                        yield HookEvent(text=ev.text)
+                    elif ev.type == "done":
+                        finish = "length" if ev.finish_reason == "length" else "stop"
+                        yield HookEvent(finish=finish)
+        except InvalidInput as exc:
+            name = exc.field.replace("question", "messages").replace("history", "messages")
+            raise bad_request(name, exc.reason) from None
+        except RequestFailed as exc:
+            raise map_triton_error(exc.status, str(exc), "chat") from None
+
+
+def register_default() -> None:
+    register(MODEL_ID, lambda settings: AssistantHook(settings.triton_url))

@@ -1,0 +1,206 @@
+"""Plan quality on the held-out set (data/qp/eval.jsonl): every field scored.
+
+Each eval row has the expected ``intent``, ``query_type``, ``brand`` (or null),
+``max_price`` (or null) and ``query_words`` (words the search queries together must
+contain); ``history`` when it is a follow-up. Scores:
+
+* ``json_valid``: the output parsed and validated against the plan schema (no fallback).
+* ``intent``, ``query_type``: accuracy over all rows (a fallback plan counts as wrong
+  unless the fallback's value happens to be right, as the customer would see it).
+* ``brand``, ``max_price``: precision / recall / F1 over filter values: a predicted value is
+  a true positive when it equals the expected one (brand case-insensitively, price within
+  a cent); every other predicted value is a false positive (including one where none was
+  expected), every expected value not predicted exactly is a false negative.
+* ``query_words``: share of rows whose search queries contain every required word
+  (case-insensitive substring, so "earbud" matches "earbuds").
+* ``multi_turn_intent``: intent accuracy on the rows with history.
+* ``ungrounded_filters``: predicted brand/max_price values not written in the question or
+  history (rufus/qp/grounding.py): the issue's "never emitted" rule, counted.
+
+:class:`TorchPlanner` runs the served decoder in-process (the same TinyLlama + Medusa tree
++ xgrammar path as the Triton model, batch 1) so the eval takes about a minute.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rufus.qp.grounding import brand_grounded, context_text, ground_plan, price_grounded
+from rufus.qp.plan import parse_plan, plan_schema, render_prompt_ids
+
+
+@dataclass
+class Prediction:
+    text: str
+    plan: dict[str, Any]
+    fallback: bool
+    token_ids: list[int] = field(default_factory=list)
+    seconds: float = 0.0
+    steps: int = 0
+
+
+def _prf(tp: int, fp: int, fn: int) -> dict[str, float]:
+    p = tp / (tp + fp) if tp + fp else 1.0
+    r = tp / (tp + fn) if tp + fn else 1.0
+    f = 2 * p * r / (p + r) if p + r else 0.0
+    return {"precision": round(p, 4), "recall": round(r, 4), "f1": round(f, 4),
+            "tp": tp, "fp": fp, "fn": fn}
+
+
+def _same(field_name: str, a: Any, b: Any) -> bool:
+    if field_name == "brand":
+        return isinstance(a, str) and isinstance(b, str) and a.strip().lower() == b.strip().lower()
+    return isinstance(a, int | float) and isinstance(b, int | float) and abs(a - b) < 0.01
+
+
+def score(rows: list[dict[str, Any]], preds: list[Prediction]) -> dict[str, Any]:
+    """Per-field scores (see the module docstring) plus per-intent accuracy."""
+    n = len(rows)
+    out: dict[str, Any] = {"n": n}
+    out["json_valid"] = round(sum(not p.fallback for p in preds) / n, 4)
+    for key in ("intent", "query_type"):
+        out[key] = round(sum(p.plan.get(key) == r[key] for r, p in zip(rows, preds, strict=True)) / n, 4)
+    ungrounded = 0
+    for key in ("brand", "max_price"):
+        tp = fp = fn = 0
+        for r, p in zip(rows, preds, strict=True):
+            want, got = r.get(key), (p.plan.get("filters") or {}).get(key)
+            if got is not None and _same(key, want, got):
+                tp += 1
+                continue
+            fp += got is not None
+            fn += want is not None
+            text = context_text(r["question"], r.get("history"))
+            if got is not None and not (brand_grounded(str(got), text) if key == "brand"
+                                        else price_grounded(float(got), text, strict=False)):
+                ungrounded += 1
+        out[key] = _prf(tp, fp, fn)
+    out["ungrounded_filters"] = ungrounded
+    words_ok = 0
+    for r, p in zip(rows, preds, strict=True):
+        joined = " ".join(p.plan.get("search_queries") or []).lower()
+        words_ok += all(w.lower() in joined for w in r.get("query_words", []))
+    out["query_words"] = round(words_ok / n, 4)
+    multi = [(r, p) for r, p in zip(rows, preds, strict=True) if r.get("history")]
+    out["multi_turn_n"] = len(multi)
+    out["multi_turn_intent"] = round(sum(p.plan.get("intent") == r["intent"] for r, p in multi)
+                                     / max(len(multi), 1), 4)
+    by: dict[str, list[bool]] = {}
+    for r, p in zip(rows, preds, strict=True):
+        by.setdefault(r["intent"], []).append(p.plan.get("intent") == r["intent"])
+    out["intent_by_class"] = {k: round(sum(v) / len(v), 3) for k, v in sorted(by.items())}
+    out["confusions"] = Counter(f"{r['intent']}->{p.plan.get('intent')}"
+                                for r, p in zip(rows, preds, strict=True)
+                                if p.plan.get("intent") != r["intent"]).most_common(8)
+    return out
+
+
+def grounded(rows: list[dict[str, Any]], preds: list[Prediction], strict: bool = True
+             ) -> list[Prediction]:
+    """The same predictions after the post-decode filter check (rufus/qp/grounding.py)."""
+    out = []
+    for r, p in zip(rows, preds, strict=True):
+        plan, _ = ground_plan(p.plan, r["question"], r.get("history"), strict)
+        out.append(Prediction(p.text, plan, p.fallback, p.token_ids, p.seconds, p.steps))
+    return out
+
+
+def summary_line(s: dict[str, Any]) -> str:
+    return (f"json {s['json_valid']:.3f} intent {s['intent']:.3f} query_type "
+            f"{s['query_type']:.3f} brand F1 {s['brand']['f1']:.3f} max_price F1 "
+            f"{s['max_price']['f1']:.3f} words {s['query_words']:.3f} multi-turn intent "
+            f"{s['multi_turn_intent']:.3f} ungrounded {s['ungrounded_filters']}")
+
+
+class TorchPlanner:
+    """The served decoding path in-process: TinyLlama, optional Medusa tree, plan grammar."""
+
+    def __init__(self, model_dir: str | Path, dtype: str = "bfloat16",
+                 medusa_dir: str | Path | None = None, tree: list[list[int]] | None = None,
+                 num_heads: int = 0, grammar: bool = True, threads: int = 0) -> None:
+        import torch
+        from transformers import AutoTokenizer
+
+        from rufus.qp.decoder.medusa_decode import Decoder, Tree
+        from rufus.qp.decoder.torch_llama import MedusaHeads, TinyLlama
+
+        if threads:
+            torch.set_num_threads(threads)
+        self.tok = AutoTokenizer.from_pretrained(str(model_dir))
+        model = TinyLlama(str(model_dir), dtype, 1024)
+        heads = t = None
+        if medusa_dir and tree:
+            heads = MedusaHeads(str(medusa_dir), model.dtype, num_heads or max(map(len, tree)))
+            t = Tree.from_paths(tree)
+        eos = {int(self.tok.convert_tokens_to_ids("<|im_end|>")), int(self.tok.eos_token_id)}
+        self.decoder = Decoder(model, heads, t, eos)
+        self.compiled = None
+        if grammar:
+            import xgrammar as xgr
+
+            info = xgr.TokenizerInfo.from_huggingface(self.tok, vocab_size=model.vocab_size)
+            self.compiled = xgr.GrammarCompiler(info).compile_json_schema(json.dumps(plan_schema()))
+
+    def plan(self, question: str, history: list[dict[str, str]] | None = None,
+             max_tokens: int = 96) -> Prediction:
+        from rufus.qp.decoder.medusa_decode import Grammar
+
+        grammar = None
+        if self.compiled is not None:
+            grammar = Grammar(self.compiled, self.decoder.model.vocab_size)
+        ids = render_prompt_ids(self.tok, question, history)
+        t0 = time.perf_counter()
+        out: list[int] = []
+        steps = 0
+        for step in self.decoder.generate(ids, max_tokens, grammar):
+            out += step.tokens
+            steps += 1
+        dt = time.perf_counter() - t0
+        text = self.tok.decode(out, skip_special_tokens=True)
+        res = parse_plan(text, question)
+        return Prediction(text, res.plan, res.fallback, out, dt, steps)
+
+
+def run(planner: TorchPlanner, rows: list[dict[str, Any]], say: Any = None) -> list[Prediction]:
+    preds = []
+    for i, r in enumerate(rows):
+        preds.append(planner.plan(r["question"], r.get("history")))
+        if say is not None and (i + 1) % 50 == 0:
+            say(f"{i + 1}/{len(rows)} planned")
+    return preds
+
+
+def speed_compare(medusa: TorchPlanner, plain: TorchPlanner, rows: list[dict[str, Any]],
+                  say: Any = None) -> dict[str, Any]:
+    """The same questions through the Medusa decoder and the plain one, interleaved per
+    question (alternating which goes first), in one process: on a shared machine only a
+    ratio measured this way means anything. Also counts token-identical outputs (the
+    losslessness check's first criterion)."""
+    t_md = t_ar = 0.0
+    identical = steps = tokens = 0
+    lat_md, lat_ar = [], []
+    for i, r in enumerate(rows):
+        order = (medusa, plain) if i % 2 == 0 else (plain, medusa)
+        out = {id(p): p.plan(r["question"], r.get("history")) for p in order}
+        md, ar = out[id(medusa)], out[id(plain)]
+        t_md += md.seconds
+        t_ar += ar.seconds
+        lat_md.append(md.seconds)
+        lat_ar.append(ar.seconds)
+        identical += md.token_ids == ar.token_ids
+        steps += md.steps
+        tokens += len(md.token_ids)
+        if say is not None and (i + 1) % 20 == 0:
+            say(f"speed: {i + 1}/{len(rows)}, Medusa {t_ar / t_md:.2f}x so far")
+    return {"n": len(rows), "speedup_mean_latency": round(t_ar / t_md, 3),
+            "medusa_mean_ms": round(t_md / len(rows) * 1e3, 1),
+            "plain_mean_ms": round(t_ar / len(rows) * 1e3, 1),
+            "medusa_p50_ms": round(sorted(lat_md)[len(lat_md) // 2] * 1e3, 1),
+            "plain_p50_ms": round(sorted(lat_ar)[len(lat_ar) // 2] * 1e3, 1),
+            "tokens_per_step": round(tokens / max(steps, 1), 3),
+            "identical": round(identical / len(rows), 4)}

@@ -1,0 +1,115 @@
+"""Medusa tree search: head accuracies, a measured cost model, and the tree that maximises
+expected tokens per unit of verification time (Medusa's sparse-tree recipe).
+
+On calibration questions (disjoint from training and eval) the accuracy ``acc[d][r]`` of
+head ``d``'s rank-``r`` candidate is measured; a candidate path ``(r_1..r_d)`` is accepted
+with probability ~ ``prod acc[i][r_i]``. Adding nodes in order of that probability keeps the
+tree prefix-closed and maximises expected accepted tokens for its size. The size is chosen
+with the *measured* time of one forward pass verifying n tokens on the engine that serves
+the tree, so on a CPU (where width is not free) the tree stays small, and on a device where
+extra nodes are nearly free it grows. Pure functions; scripts/build_medusa_tree.py measures.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+TOPK = 8
+
+
+def interpolate_cost(cost: dict[int, float]) -> Callable[[int], float]:
+    """Verification time of n tokens, linear between measured points, proportional beyond."""
+    pts = sorted(cost.items())
+
+    def step_cost(n: int) -> float:
+        if n <= pts[0][0]:
+            return pts[0][1]
+        for (n0, c0), (n1, c1) in itertools.pairwise(pts):
+            if n0 <= n <= n1:
+                return c0 + (c1 - c0) * (n - n0) / (n1 - n0)
+        return pts[-1][1] * n / pts[-1][0]
+
+    return step_cost
+
+
+def grow_tree(acc: list[list[float]], step_cost: Callable[[int], float], max_nodes: int
+              ) -> tuple[list[tuple[int, ...]], float, float]:
+    """Greedy growth by path probability; returns (best tree's paths, expected tokens per
+    step incl. the verified token, modelled speedup over one-token steps)."""
+    heads = len(acc)
+    topk = len(acc[0])
+    frontier = [((r,), acc[0][r]) for r in range(topk)]
+    tree: list[tuple[tuple[int, ...], float]] = []
+    best: list[tuple[tuple[int, ...], float]] = []
+    best_speed = 0.0
+    while frontier and len(tree) < max_nodes:
+        frontier.sort(key=lambda x: -x[1])
+        path, p = frontier.pop(0)
+        tree.append((path, p))
+        if len(path) < heads:
+            frontier += [((*path, r), p * acc[len(path)][r]) for r in range(topk)]
+        expected = 1 + sum(q for _, q in tree)
+        speed = expected / step_cost(len(tree) + 1) * step_cost(1)
+        if speed > best_speed:
+            best_speed, best = speed, list(tree)
+    return [p for p, _ in best], 1 + sum(q for _, q in best), best_speed
+
+
+def chain_speeds(acc: list[list[float]], step_cost: Callable[[int], float]
+                 ) -> tuple[dict[int, float], dict[int, float]]:
+    """For vLLM's top-1 chain proposer: expected tokens per step and modelled speedup for
+    each chain length k = 1..heads."""
+    prob, chain = 1.0, []
+    for row in acc:
+        prob *= row[0]
+        chain.append(prob)
+    expected = {k: 1 + sum(chain[:k]) for k in range(1, len(acc) + 1)}
+    speed = {k: e / step_cost(k + 1) * step_cost(1) for k, e in expected.items()}
+    return expected, speed
+
+
+def head_accuracy(model: Any, emb: Any, blocks: list[Any], seqs: list[tuple[list[int], int]],
+                  topk: int = TOPK) -> list[list[float]]:
+    """``acc[k][r]``: how often head k's rank-r token is the token k+2 ahead in the model's
+    own greedy outputs ``seqs`` ((prompt + output ids, prompt length) pairs)."""
+    import torch
+    import torch.nn.functional as F
+
+    k_heads = len(blocks)
+    hits = torch.zeros(k_heads, topk)
+    count = torch.zeros(k_heads)
+    with torch.no_grad():
+        for ids, plen in seqs:
+            h = model.model(input_ids=torch.tensor([ids])).last_hidden_state[0]
+            for k in range(k_heads):
+                pos = [t for t in range(plen - 1, len(ids) - 1) if t + k + 2 < len(ids)]
+                if not pos:
+                    continue
+                z = h[pos] + F.silu(h[pos] @ blocks[k].t())
+                top = (z @ emb.t()).topk(topk, dim=-1).indices
+                tgt = torch.tensor([ids[t + k + 2] for t in pos])
+                hits[k] += (top == tgt[:, None]).float().sum(0)
+                count[k] += len(pos)
+    return (hits / count[:, None].clamp(min=1)).tolist()
+
+
+def tree_record(tree: list[tuple[int, ...]], heads: int, chain_k: int,
+                acc: list[list[float]], expected_tree: float, expected_chain: dict[int, float],
+                cost: dict[int, float], questions: int) -> dict[str, Any]:
+    """medusa_tree.json: NxDI's ``medusa_tree`` format, the knobs, and the statistics."""
+    paths = [list(p) for p in tree]
+    return {
+        "medusa_tree": paths,
+        "num_medusa_heads": heads,
+        "medusa_speculation_length": len(paths) + 1,
+        "vllm_num_speculative_tokens": chain_k,
+        "calibration": {
+            "questions": questions,
+            "head_topk_accuracy": [[round(x, 4) for x in r] for r in acc],
+            "expected_tokens_per_step_tree": round(expected_tree, 3),
+            "expected_tokens_per_step_chain": {k: round(v, 3) for k, v in expected_chain.items()},
+            "verify_cost_ms": {n: round(c * 1e3, 1) for n, c in cost.items()},
+        },
+    }

@@ -1,0 +1,42 @@
+"""Product catalog and search (issue 16): one small interface, :class:`Retriever`.
+
+- ``SqliteFtsRetriever`` (default): SQLite FTS5 BM25, embedded, index file under build/.
+- ``TantivyRetriever``: the benchmark's comparison engine.
+- ``OpenSearchRetriever``: the engine to move to at scale (untested here, no server).
+
+:func:`default_retriever` is what the assistant uses: the index built by setup
+(``scripts/build_catalog.py``), or the catalog named by ``RUFUS_CATALOG`` / the generated
+one indexed in memory when there is no index file (about a second).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from rufus.retrieval.base import Filters, Retriever
+from rufus.retrieval.catalog import Product, generate_catalog, load_catalog
+from rufus.retrieval.sqlite_fts import SqliteFtsRetriever
+
+__all__ = ["DEFAULT_INDEX", "Filters", "Product", "Retriever", "SqliteFtsRetriever",
+           "default_retriever", "index_path"]
+
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_INDEX = ROOT / "build" / "retrieval" / "catalog.sqlite"
+log = logging.getLogger("rufus.retrieval")
+
+
+def index_path() -> Path:
+    return Path(os.environ.get("RUFUS_CATALOG_INDEX", str(DEFAULT_INDEX)))
+
+
+def default_retriever() -> SqliteFtsRetriever:
+    path = index_path()
+    if path.exists():
+        return SqliteFtsRetriever.open(path)
+    src = os.environ.get("RUFUS_CATALOG")
+    products = load_catalog(src) if src else generate_catalog()
+    log.warning("search index %s missing (run scripts/build_catalog.py); indexed %d products "
+                "in memory", path, len(products))
+    return SqliteFtsRetriever.build(products)

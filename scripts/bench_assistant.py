@@ -1,0 +1,238 @@
+"""Shopping assistant under closed-loop conversations: time to cards and to first answer
+token, stage breakdown, conversations/s, at several concurrencies, against a baseline in the
+same run (the answer model alone, same prompts, same concurrency).
+
+    python scripts/bench_assistant.py                          # starts its own tritonserver
+    python scripts/bench_assistant.py --url 127.0.0.1:8001     # against `make serve`
+    python scripts/bench_assistant.py --concurrency 1 4 16 --conversations 12 16 32
+
+Conversations are a fixed mix of intents (search with filters, comparison, product
+question, recommendation, order status, returns, off-topic), a third of them multi-turn; each
+worker runs them back to back (closed loop), every turn through the Triton model
+``rufus_assistant`` with the previous turns as history. Stage times (plan, retrieval,
+answer TTFT) come from the server's ``timings``; cards and first-answer-token times are
+measured by this client. Baseline phase: the same answer prompts (retrieved locally for the
+same questions) sent straight to rufus_llm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+CONVERSATIONS: list[list[str]] = [
+    ["running shoes under $80", "any from nike?"],
+    ["wireless earbuds under $50"],
+    ["which is better for pet hair, a dyson or a shark vacuum?"],
+    ["does the ipad air work with the apple pencil?"],
+    ["gift ideas for someone who likes camping"],
+    ["where is my order? it should have arrived yesterday"],
+    ["how do i return shoes that don't fit?"],
+    ["65 inch tv", "which one has the best reviews?"],
+    ["how tall is mount everest"],
+    ["laptop for college under $600"],
+    ["i need a coffee maker", "something under $100?"],
+    ["sony headphones"],
+]
+
+
+@dataclass
+class Turn:
+    cards_s: float = float("nan")
+    first_token_s: float = float("nan")
+    total_s: float = float("nan")
+    answered: bool = False      # the answer model produced the text (not a service reply)
+    fallback: bool = False      # the planner gave no plan (error or RUFUS_ASSISTANT_PLAN_TIMEOUT_S)
+    server: dict[str, float] = field(default_factory=dict)
+    text: str = ""
+    error: str = ""
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(x for x in xs if x == x)
+    if not xs:
+        return float("nan")
+    return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
+
+
+async def assistant_turn(io: Any, question: str, history: list[dict[str, str]]) -> Turn:
+    from rufus.assistant.triton_io import output_str
+    from rufus.client import RequestFailed
+
+    t = Turn()
+    t0 = time.monotonic()
+    tensors: dict[str, Any] = {"question": question}
+    if history:
+        tensors["history"] = history
+    try:
+        async with contextlib.aclosing(io.stream("rufus_assistant", tensors)) as s:
+            async for outs in s:
+                if "products" in outs:
+                    t.cards_s = time.monotonic() - t0
+                    t.fallback = bool(outs["fallback"].reshape(-1)[0])
+                text = output_str(outs, "text_output")
+                if text and t.first_token_s != t.first_token_s:
+                    t.first_token_s = time.monotonic() - t0
+                t.text += text
+                if "timings" in outs:
+                    t.server = json.loads(output_str(outs, "timings"))
+                    t.answered = output_str(outs, "finish_reason") != "service"
+    except RequestFailed as exc:
+        t.error = str(exc)[:200]
+    t.total_s = time.monotonic() - t0
+    return t
+
+
+async def baseline_turn(io: Any, messages: list[dict[str, str]], max_tokens: int) -> Turn:
+    from rufus.assistant.triton_io import output_str
+
+    t = Turn(answered=True)
+    t0 = time.monotonic()
+    tensors = {"messages": messages, "stream": True, "exclude_input_in_output": True,
+               "sampling_parameters": {"max_tokens": max_tokens, "temperature": 0.0}}
+    async with contextlib.aclosing(io.stream("rufus_llm", tensors)) as s:
+        async for outs in s:
+            if output_str(outs, "text_output") and t.first_token_s != t.first_token_s:
+                t.first_token_s = time.monotonic() - t0
+    t.total_s = time.monotonic() - t0
+    return t
+
+
+async def run_level(url: str, concurrency: int, n_conv: int, mode: str,
+                    prompts: list[list[dict[str, str]]], max_tokens: int) -> tuple[list[Turn], float]:
+    from rufus.assistant.triton_io import TritonStreams
+
+    io = TritonStreams(url)
+    turns: list[Turn] = []
+    next_conv = 0
+
+    async def worker() -> None:
+        nonlocal next_conv
+        while next_conv < n_conv:
+            i = next_conv
+            next_conv += 1
+            if mode == "baseline":
+                turns.append(await baseline_turn(io, prompts[i % len(prompts)], max_tokens))
+                continue
+            history: list[dict[str, str]] = []
+            for q in CONVERSATIONS[i % len(CONVERSATIONS)]:
+                t = await assistant_turn(io, q, history)
+                turns.append(t)
+                history += [{"role": "user", "content": q}, {"role": "assistant", "content": t.text}]
+
+    t0 = time.monotonic()
+    try:
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    finally:
+        await io.close()
+    return turns, time.monotonic() - t0
+
+
+def baseline_prompts() -> list[list[dict[str, str]]]:
+    """The answer prompts the assistant builds for the first turn of each conversation,
+    retrieved locally with the question as the query (what rufus_llm sees, same size)."""
+    from rufus.assistant.pipeline import fallback_plan, search_queries
+    from rufus.assistant.prompt import answer_messages
+    from rufus.retrieval import default_retriever
+    from rufus.retrieval.base import Filters
+
+    r = default_retriever()
+    out = []
+    for conv in CONVERSATIONS:
+        q = conv[0]
+        plan = fallback_plan(q)
+        prods = r.search(search_queries(plan, q, []), Filters.from_plan(plan["filters"]), 5)
+        out.append(answer_messages(q, prods, None))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--url", help="Triton gRPC address; default: start a tritonserver here")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
+    ap.add_argument("--conversations", type=int, nargs="+", default=[12, 16, 32],
+                    help="conversations per level (one value per --concurrency)")
+    ap.add_argument("--max-tokens", type=int, default=160,
+                    help="answer length (rufus_assistant's answer_max_tokens; baseline too)")
+    ap.add_argument("--plan-timeout", type=float, default=60.0,
+                    help="RUFUS_ASSISTANT_PLAN_TIMEOUT_S of the server this script starts: high, so "
+                         "the plan stage shows the planner's latency, not the timeout (default 60)")
+    ap.add_argument("--no-baseline", action="store_true")
+    ap.add_argument("--json", help="write the raw per-level results here")
+    a = ap.parse_args(argv)
+    srv = None
+    if a.url is None:
+        from rufus.harness.server import TritonServer, free_port
+
+        srv = TritonServer(models=["rufus_qp_medusa", "rufus_llm", "rufus_assistant"],
+                           grpc_port=free_port(), http_port=free_port(), metrics_port=free_port(),
+                           log_path="build/bench_assistant_triton.log",
+                           extra_env={"RUFUS_ANSWER_MAX_TOKENS": str(a.max_tokens),
+                                      "RUFUS_ASSISTANT_PLAN_TIMEOUT_S": str(a.plan_timeout)})
+        srv.start()
+        print(f"starting tritonserver (log {srv.log_path})", flush=True)
+        srv.wait_ready(900)
+        a.url = f"127.0.0.1:{srv.grpc_port}"
+    try:
+        prompts = baseline_prompts()
+        asyncio.run(run_level(a.url, 2, 2, "assistant", prompts, a.max_tokens))  # warm-up
+        asyncio.run(run_level(a.url, 2, 2, "baseline", prompts, a.max_tokens))
+        levels = list(zip(a.concurrency, a.conversations, strict=False))
+        results: dict[str, Any] = {}
+        print(f"load average at start {os.getloadavg()[0]:.1f} (2 cores)", flush=True)
+        for c, n in levels:
+            time.sleep(2)  # idle gap: vLLM's CPU worker busy-polls 1 s after its last request
+            turns, wall = asyncio.run(run_level(a.url, c, n, "assistant", prompts, a.max_tokens))
+            base: list[Turn] = []
+            if not a.no_baseline:
+                time.sleep(2)
+                base, _ = asyncio.run(run_level(a.url, c, max(n, c), "baseline", prompts,
+                                                a.max_tokens))
+            ok = [t for t in turns if not t.error]
+            llm = [t for t in ok if t.answered]
+            stage = {k: [t.server.get(k, float("nan")) for t in ok if k in t.server]
+                     for k in ("plan_s", "retrieval_s", "answer_ttft_s")}
+            row = {
+                "concurrency": c, "conversations": n, "turns": len(turns),
+                "errors": len(turns) - len(ok), "fallbacks": sum(t.fallback for t in ok),
+                "conv_per_s": n / wall, "wall_s": wall,
+                "cards_p50": pct([t.cards_s for t in ok], 0.5),
+                "cards_p99": pct([t.cards_s for t in ok], 0.99),
+                "ttfat_p50": pct([t.first_token_s for t in llm], 0.5),
+                "ttfat_p99": pct([t.first_token_s for t in llm], 0.99),
+                **{f"{k.removesuffix('_s')}_p50": pct(v, 0.5) for k, v in stage.items()},
+                **{f"{k.removesuffix('_s')}_p99": pct(v, 0.99) for k, v in stage.items()},
+                "baseline_ttft_p50": pct([t.first_token_s for t in base], 0.5),
+                "baseline_ttft_p99": pct([t.first_token_s for t in base], 0.99),
+                "load": os.getloadavg()[0],
+            }
+            results[str(c)] = row
+            ms = {k: v * 1000 for k, v in row.items() if k.endswith(("_p50", "_p99"))}
+            print(f"c={c:2d} conv/s {row['conv_per_s']:.2f} ({row['turns']} turns, {row['errors']} errors, "
+                  f"{row['fallbacks']} fallback plans, "
+                  f"load {row['load']:.1f}) | cards p50/p99 {ms['cards_p50']:.0f}/{ms['cards_p99']:.0f} ms | "
+                  f"first answer token p50/p99 {ms['ttfat_p50']:.0f}/{ms['ttfat_p99']:.0f} ms | "
+                  f"plan {ms['plan_p50']:.0f}/{ms['plan_p99']:.0f} | retrieval {ms['retrieval_p50']:.1f}/"
+                  f"{ms['retrieval_p99']:.1f} | answer TTFT {ms['answer_ttft_p50']:.0f}/"
+                  f"{ms['answer_ttft_p99']:.0f}"
+                  f" | baseline rufus_llm TTFT {ms['baseline_ttft_p50']:.0f}/{ms['baseline_ttft_p99']:.0f}"
+                  f" | TTFAT/baseline p50 {row['ttfat_p50'] / row['baseline_ttft_p50']:.2f}x",
+                  flush=True)
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(results, f, indent=1)
+    finally:
+        if srv is not None:
+            srv.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,379 @@
+"""Assistant pipeline at its unit boundaries: link rendering, validation, plan handling,
+event order, intent paths, planner fallback and cancellation, with a fake Triton stream
+layer (the real stack is tests/integration/test_assistant.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+
+from rufus.assistant.pipeline import Assistant, fallback_plan, search_queries, validate_request
+from rufus.assistant.prompt import LinkRenderer, answer_messages, price_cap
+from rufus.assistant.triton_model import parse_assistant_request
+from rufus.client import RequestFailed
+from rufus.retrieval.catalog import generate_catalog
+from rufus.retrieval.sqlite_fts import SqliteFtsRetriever
+from rufus.serving.requests import InvalidInput
+
+CATALOG = generate_catalog(3000)
+
+
+@pytest.fixture(scope="module")
+def retriever():
+    return SqliteFtsRetriever.build(CATALOG)
+
+
+def _b(s: str) -> np.ndarray:
+    return np.array([s.encode()], dtype=np.object_)
+
+
+# ------------------------------------------------------------------ link rendering
+
+def test_renderer_links_citations_across_chunk_boundaries():
+    prods = CATALOG[:3]
+    r = LinkRenderer(prods)
+    text = "Try [1] or [3]. Skip [9]."
+    out = "".join(r.feed(c) for c in text) + r.flush()
+    assert out == f"Try [{prods[0].title}]({prods[0].url}) or [{prods[2].title}]({prods[2].url}). Skip ."
+    assert r.cited == [prods[0].id, prods[2].id]
+
+
+@pytest.mark.parametrize("chunks", [
+    ["See https://evil.example/x now"],
+    ["See ht", "tps://evil", ".example/x", " now"],
+    ["See [a deal](https://evil.example/x) now"],
+    ["See www.evil", ".example now"],
+])
+def test_renderer_drops_model_urls(chunks):
+    r = LinkRenderer(CATALOG[:1])
+    out = "".join(r.feed(c) for c in chunks) + r.flush()
+    assert "evil" not in out and "http" not in out and out.startswith("See ") and out.endswith("now")
+
+
+def test_renderer_holds_back_little():
+    r = LinkRenderer(CATALOG[:1])
+    assert r.feed("Hello world, ") == "Hello world, "
+    assert r.feed("see [") == "see "
+    assert r.feed("1] thanks") == f"[{CATALOG[0].title}]({CATALOG[0].url}) thanks"
+
+
+# ------------------------------------------------------------------ validation and plans
+
+@pytest.mark.parametrize("question,history,field", [
+    ("", None, "question"),
+    ("   ", None, "question"),
+    (42, None, "question"),
+    ("x" * 1001, None, "question"),
+    ("ok", "not a list", "history"),
+    ("ok", [{"role": "robot", "content": "hi"}], "history[0].role"),
+    ("ok", [{"role": "user"}], "history[0].content"),
+    ("ok", [{"role": "user", "content": "a"}] * 9, "history"),
+])
+def test_bad_input_names_the_field(question, history, field):
+    with pytest.raises(InvalidInput) as ei:
+        validate_request(question, history)
+    assert ei.value.field == field
+
+
+def test_triton_request_parsing():
+    req = parse_assistant_request({"question": _b("shoes"), "history": _b(json.dumps(
+        [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]))})
+    assert req.question == "shoes" and len(req.history) == 2
+    with pytest.raises(InvalidInput, match="question: missing"):
+        parse_assistant_request({"question": None, "history": None})
+    with pytest.raises(InvalidInput, match="history: is not valid JSON"):
+        parse_assistant_request({"question": _b("x"), "history": _b("[oops")})
+    with pytest.raises(InvalidInput, match="question: is not valid UTF-8"):
+        parse_assistant_request({"question": np.array([b"\xff\xfe"], dtype=np.object_)})
+
+
+def test_fallback_plan_reads_price_cap():
+    assert price_cap("running shoes under $80") == 80
+    assert price_cap("a tv below 500 dollars") == 500
+    assert price_cap("65 inch tv") is None
+    p = fallback_plan("running  shoes under $80")
+    assert p["search_queries"] == ["running shoes under $80"] and p["filters"] == {"max_price": 80.0}
+
+
+def test_follow_up_without_product_words_searches_previous_turn():
+    history = [{"role": "user", "content": "I need running shoes"},
+               {"role": "assistant", "content": "Here are some."}]
+    plan = {"search_queries": ["any under $60?"], "filters": {"max_price": 60}}
+    assert search_queries(plan, "any under $60?", history) == ["I need running shoes"]
+    plan2 = {"search_queries": ["trail shoes"], "filters": {}}
+    assert search_queries(plan2, "q", history) == ["trail shoes"]
+
+
+def test_answer_prompt_has_products_not_urls():
+    msgs = answer_messages("q?", CATALOG[:2], [{"role": "user", "content": "x" * 2000}])
+    assert msgs[0]["role"] == "system" and msgs[-1]["content"].startswith("Products:\n[1] ")
+    assert "http" not in json.dumps(msgs)
+    assert len(msgs[1]["content"]) <= 400
+
+
+# ------------------------------------------------------------------ pipeline with fake streams
+
+class FakeStreams:
+    """Stands in for rufus.assistant.triton_io.TritonStreams (Triton over gRPC)."""
+
+    def __init__(self, plan: dict | None, answer: list[str], plan_error: Exception | None = None,
+                 hang: bool = False) -> None:
+        self.plan, self.answer, self.plan_error, self.hang = plan, answer, plan_error, hang
+        self.calls: list[tuple[str, dict]] = []
+        self.closed: list[str] = []
+
+    async def stream(self, model: str, tensors: dict[str, Any]):
+        self.calls.append((model, tensors))
+        try:
+            if model == "rufus_qp_medusa":
+                if self.plan_error:
+                    raise self.plan_error
+                yield {"plan": _b(json.dumps(self.plan)), "fallback": np.array([False])}
+                return
+            for tok in self.answer:
+                await asyncio.sleep(0)
+                yield {"text_output": _b(tok)}
+            if self.hang:
+                await asyncio.sleep(3600)
+            yield {"text_output": _b(""), "finish_reason": _b("stop")}
+        finally:
+            self.closed.append(model)
+
+
+def run(assistant: Assistant, fake: FakeStreams, question: str, history=None) -> list:
+    assistant.streams = lambda: fake  # type: ignore[method-assign]
+
+    async def go():
+        return [ev async for ev in assistant.stream(question, history)]
+
+    return asyncio.run(go())
+
+
+def plan_of(intent: str, queries: list[str], filters: dict | None = None) -> dict:
+    return {"intent": intent, "query_type": "keyword", "search_queries": queries,
+            "filters": filters or {}}
+
+
+def test_product_path_event_order_filters_and_links(retriever):
+    fake = FakeStreams(plan_of("product_search", ["running shoes"], {"max_price": 80}),
+                       ["Try ", "[1", "] and [2]", " at http://x.example"])
+    evs = run(Assistant("x", retriever), fake, "running shoes under $80")
+    assert [e.type for e in evs][:2] == ["plan", "products"] and evs[-1].type == "done"
+    assert all(e.type == "text" for e in evs[2:-1])
+    cards = evs[1].products
+    assert cards and all(c["price"] <= 80 for c in cards)
+    text = "".join(e.text for e in evs if e.type == "text")
+    assert f"({cards[0]['url']})" in text and f"({cards[1]['url']})" in text and "x.example" not in text
+    msgs = fake.calls[1][1]["messages"]
+    assert cards[0]["title"] in msgs[-1]["content"]
+    assert {"plan_s", "retrieval_s", "cards_s", "answer_ttft_s", "first_token_s", "total_s"} <= \
+        set(evs[-1].timings)
+    assert evs[-1].finish_reason == "stop" and fake.closed == ["rufus_qp_medusa", "rufus_llm"]
+
+
+def test_brand_filter_respected(retriever):
+    fake = FakeStreams(plan_of("product_search", ["headphones"], {"brand": "sony"}), ["ok"])
+    evs = run(Assistant("x", retriever), fake, "sony headphones")
+    assert evs[1].products and all(c["brand"] == "Sony" for c in evs[1].products)
+
+
+@pytest.mark.parametrize("intent", ["order_status", "returns_refunds"])
+def test_service_intents_need_no_search_and_no_model(retriever, intent):
+    fake = FakeStreams(plan_of(intent, ["order"]), [])
+    evs = run(Assistant("x", retriever), fake, "where is my order")
+    assert evs[1].products == [] and evs[1].path == "service"
+    assert [m for m, _ in fake.calls] == ["rufus_qp_medusa"]
+    assert evs[2].type == "text" and "Your Orders" in evs[2].text and evs[-1].finish_reason == "service"
+
+
+def test_off_topic_answers_without_products(retriever):
+    fake = FakeStreams(plan_of("other", ["how tall is everest"]), ["About 8,849 m."])
+    evs = run(Assistant("x", retriever), fake, "how tall is everest")
+    assert evs[1].products == [] and evs[1].path == "general"
+    assert "not about shopping" in fake.calls[1][1]["messages"][0]["content"]
+
+
+def test_planner_failure_falls_back_to_question(retriever):
+    fake = FakeStreams(None, ["Here."], plan_error=RequestFailed("[UNAVAILABLE] gone", "UNAVAILABLE"))
+    evs = run(Assistant("x", retriever), fake, "wireless earbuds under $50")
+    assert evs[0].fallback and "planner unavailable" in evs[0].fallback_reason
+    assert evs[0].plan["search_queries"] == ["wireless earbuds under $50"]
+    assert evs[1].products and all(c["price"] <= 50 for c in evs[1].products)
+    assert evs[-1].type == "done"
+
+
+def test_history_reaches_planner_and_answer_model(retriever):
+    history = [{"role": "user", "content": "I need running shoes"},
+               {"role": "assistant", "content": "Here are some."}]
+    fake = FakeStreams(plan_of("product_search", ["any"], {"max_price": 60}), ["ok"])
+    evs = run(Assistant("x", retriever), fake, "any under $60?", history)
+    assert fake.calls[0][1]["history"] == history
+    assert fake.calls[1][1]["messages"][1:3] == history
+    assert evs[1].products and all(c["price"] <= 60 for c in evs[1].products)
+    assert any("Shoe" in c["title"] for c in evs[1].products)
+
+
+def test_closing_the_stream_cancels_the_answer_call(retriever):
+    fake = FakeStreams(plan_of("product_search", ["tv"]), ["a", "b"], hang=True)
+    a = Assistant("x", retriever)
+    a.streams = lambda: fake  # type: ignore[method-assign]
+
+    async def go():
+        async with contextlib.aclosing(a.stream("tv")) as events:
+            async for ev in events:
+                if ev.type == "text":
+                    break
+        return list(fake.closed)
+
+    assert asyncio.run(asyncio.wait_for(go(), 5)) == ["rufus_qp_medusa", "rufus_llm"]
+
+
+def test_cancelling_the_task_cancels_the_answer_call(retriever):
+    fake = FakeStreams(plan_of("product_search", ["tv"]), [], hang=True)
+    a = Assistant("x", retriever)
+    a.streams = lambda: fake  # type: ignore[method-assign]
+
+    async def consume():
+        async with contextlib.aclosing(a.stream("tv")) as events:
+            async for _ in events:
+                pass
+
+    async def go():
+        t = asyncio.create_task(consume())
+        while "rufus_llm" not in [m for m, _ in fake.calls]:
+            await asyncio.sleep(0.01)
+        t.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await t
+        return list(fake.closed)
+
+    assert asyncio.run(asyncio.wait_for(go(), 5)) == ["rufus_qp_medusa", "rufus_llm"]
+
+
+def test_bad_input_raised_before_any_call(retriever):
+    fake = FakeStreams(None, [])
+    with pytest.raises(InvalidInput, match="question"):
+        run(Assistant("x", retriever), fake, "")
+    assert fake.calls == []
+
+
+def test_renderer_links_product_names_written_out():
+    from rufus.assistant.prompt import family
+
+    prods = [p for p in CATALOG if p.category == "headphones"][:2]
+    name = family(prods[1])
+    r = LinkRenderer(prods)
+    text = f"1. {name}, great for travel. 2. Something else."
+    out = "".join(r.feed(text[i:i + 3]) for i in range(0, len(text), 3)) + r.flush()
+    assert out == f"1. [{name}]({prods[1].url}), great for travel. 2. Something else."
+    assert r.cited == [prods[1].id]
+
+
+def test_diversify_prefers_distinct_families():
+    from rufus.assistant.prompt import diversify, family
+
+    shoes = [p for p in CATALOG if p.category == "running_shoes"]
+    same = [p for p in shoes if family(p) == family(shoes[0])][:4]
+    other = [p for p in shoes if family(p) != family(shoes[0])][:2]
+    out = diversify(same + other, 3)
+    assert out[:2] == [same[0], other[0]] and len(out) == 3
+
+
+def test_stated_price_cap_added_when_planner_drops_it(retriever):
+    fake = FakeStreams(plan_of("product_search", ["wireless earbuds"]), ["ok"])
+    evs = run(Assistant("x", retriever), fake, "wireless earbuds under $50")
+    assert evs[0].plan["filters"] == {"max_price": 50.0} and not evs[0].fallback
+    assert evs[1].products and all(c["price"] <= 50 for c in evs[1].products)
+    fake2 = FakeStreams(plan_of("product_search", ["earbuds"], {"max_price": 30}), ["ok"])
+    assert run(Assistant("x", retriever), fake2, "earbuds under $50")[0].plan["filters"] == \
+        {"max_price": 30}
+
+
+def test_config_pbtxt_matches_the_adapter():
+    import re
+    from pathlib import Path
+
+    from rufus.assistant.triton_model import ASSISTANT_INPUTS, ASSISTANT_OUTPUTS
+
+    cfg = (Path(__file__).resolve().parents[2] / "model_repository" / "rufus_assistant" /
+           "config.pbtxt").read_text()
+    names = re.findall(r'name: "(\w+)" data_type: (TYPE_\w+)', cfg)
+    want = [(i["name"], i["data_type"]) for i in ASSISTANT_INPUTS + ASSISTANT_OUTPUTS]
+    assert names == want
+    assert "decoupled: true" in cfg
+
+
+# ------------------------------------------------------------------ Triton adapter (fake sender)
+
+class FakeSender:
+    def __init__(self, cancel_after: int | None = None) -> None:
+        self.sent: list[tuple[Any, Any, bool]] = []
+        self.polls_after_final = 0
+        self.polls = 0
+        self.cancel_after = cancel_after
+
+    def is_cancelled(self) -> bool:
+        self.polls += 1
+        if self.sent and self.sent[-1][2]:
+            self.polls_after_final += 1
+        return self.cancel_after is not None and self.polls > self.cancel_after
+
+
+def _adapter(monkeypatch, retriever, fake_streams):
+    from rufus.assistant import triton_model as tm
+
+    monkeypatch.setattr(tm, "CANCEL_POLL_S", 0.01)
+    monkeypatch.setattr(tm, "send_now", lambda sender, outs, err, final: sender.sent.append(
+        (outs, err, final)))
+    m = tm.AssistantModel.__new__(tm.AssistantModel)
+    m.assistant = Assistant("x", retriever)
+    m.assistant.streams = lambda: fake_streams  # type: ignore[method-assign]
+    m.live, m.poller = {}, None
+    return m
+
+
+def test_adapter_never_polls_a_finished_request(monkeypatch, retriever):
+    from rufus.assistant.triton_model import AssistantRequest
+
+    fake = FakeStreams(plan_of("product_search", ["tv"]), ["a", "b", "c"])
+    m = _adapter(monkeypatch, retriever, fake)
+    senders = [FakeSender() for _ in range(5)]
+
+    async def go():
+        m.loop = asyncio.get_running_loop()
+        for s in senders:
+            m._start(AssistantRequest("tv", []), s)
+        while m.live:
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.05)
+
+    asyncio.run(go())
+    for s in senders:
+        assert s.sent[-1][2] and s.sent[-1][1] is None and "products" in s.sent[0][0]
+        assert sum(final for _, _, final in s.sent) == 1
+        assert s.polls_after_final == 0
+
+
+def test_adapter_cancels_on_client_disconnect(monkeypatch, retriever):
+    from rufus.assistant.triton_model import AssistantRequest
+
+    fake = FakeStreams(plan_of("product_search", ["tv"]), ["a"], hang=True)
+    m = _adapter(monkeypatch, retriever, fake)
+    s = FakeSender(cancel_after=3)
+
+    async def go():
+        m.loop = asyncio.get_running_loop()
+        m._start(AssistantRequest("tv", []), s)
+        for _ in range(500):
+            if s.sent and s.sent[-1][2]:
+                break
+            await asyncio.sleep(0.01)
+
+    asyncio.run(go())
+    assert s.sent[-1][1].code == "CANCELLED" and s.sent[-1][2]
+    assert "rufus_llm" in fake.closed and s.polls_after_final == 0

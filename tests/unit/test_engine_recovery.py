@@ -1,0 +1,233 @@
+"""EngineHost heals a dead engine in place: fake engines behind the Engine protocol.
+
+The real engine (vLLM's engine core killed mid-stream) is covered by
+tests/integration/test_recovery.py; here every branch of the policy is checked quickly:
+replace after a death, exponential backoff, give up after too many failures in the window,
+a failed restart counts as a failure, a straggler of the old engine cannot kill the new one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from rufus.serving.engine import (
+    DEAD,
+    FAILED,
+    READY,
+    RESTARTING,
+    EngineHost,
+    EngineUnavailable,
+    RestartPolicy,
+    restart_policy_from_env,
+)
+from rufus.serving.engine_api import Completion, Engine, Output
+
+
+class FakeEngine:
+    """Satisfies rufus.serving.engine_api.Engine; ``die()`` simulates a dead engine core."""
+
+    built = 0
+
+    def __init__(self) -> None:
+        FakeEngine.built += 1
+        self.serial = FakeEngine.built
+        self.tokenizer = SimpleNamespace(name="tok")
+        self.model_config = SimpleNamespace(max_model_len=64)
+        self.output_processor = SimpleNamespace(get_num_unfinished_requests=lambda: 0)
+        self.errored = False
+        self.shut = False
+        self._dead = asyncio.Event()
+
+    def die(self) -> None:
+        self.errored = True
+
+    async def generate(self, prompt: Any, params: Any, request_id: str):
+        for i in range(3):
+            if self.errored:
+                raise RuntimeError("EngineCore died")
+            yield Output([Completion(f"t{i}", [i])], i == 2, request_id)
+            await asyncio.sleep(0.01)
+
+    async def abort(self, request_id: str) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        self.shut = True
+
+
+def make_host(policy: RestartPolicy, factory=None) -> tuple[EngineHost, list[str]]:
+    states: list[str] = []
+    host = EngineHost({}, name="t", restart=policy,
+                      engine_factory=factory or (lambda args: FakeEngine()),
+                      on_state=lambda h, s: states.append(s))
+    host.start()
+    return host, states
+
+
+def wait(pred, timeout: float = 10.0) -> bool:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if pred():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def collect(host: EngineHost) -> list[Any]:
+    async def run() -> list[Any]:
+        return [o async for o in host.generate({"prompt_token_ids": [1]}, None, "r")]
+    return host.submit(run()).result(5)
+
+
+def test_fake_engine_satisfies_the_protocol():
+    assert isinstance(FakeEngine(), Engine)
+
+
+def test_dead_engine_is_replaced_and_serves_again():
+    host, states = make_host(RestartPolicy(backoff_s=0.05))
+    try:
+        first = host.engine
+        assert len(collect(host)) == 3
+        first.die()
+        assert wait(lambda: host.state != READY, 2), "death not noticed"
+        assert not host.healthy
+        with pytest.raises(EngineUnavailable):
+            host.admit()
+        assert wait(lambda: host.state == READY and host.engine is not first)
+        assert first.shut, "the dead engine was not shut down"
+        assert host.healthy and host.restarts == 1 and host.failure_count == 1
+        assert len(collect(host)) == 3
+        assert states[:4] == [READY, DEAD, RESTARTING, READY]
+    finally:
+        host.shutdown(5)
+
+
+def test_backoff_doubles_and_host_gives_up_after_max_failures_in_window():
+    policy = RestartPolicy(max_failures=2, window_s=60, backoff_s=0.05, backoff_max_s=0.1)
+    assert [policy.delay(n) for n in (1, 2, 3, 4)] == [0.05, 0.1, 0.1, 0.1]
+    host, _ = make_host(policy)
+    try:
+        for n in (1, 2):
+            host.engine.die()
+            assert wait(lambda n=n: host.restarts == n and host.state == READY), n
+        host.engine.die()
+        assert wait(lambda: host.state == FAILED)
+        assert "3 engine failures within 60 s (limit 2)" in host.unavailable_reason()
+        with pytest.raises(EngineUnavailable, match="stays down"):
+            host.admit()
+        time.sleep(0.3)
+        assert host.state == FAILED and host.restarts == 2, "restarted after giving up"
+    finally:
+        host.shutdown(5)
+
+
+def test_failed_restart_counts_as_a_failure_and_is_retried():
+    calls = {"n": 0}
+
+    def factory(args):
+        calls["n"] += 1
+        if calls["n"] == 2:  # the first replacement fails to start
+            raise OSError("no memory for the KV cache")
+        return FakeEngine()
+
+    host, _ = make_host(RestartPolicy(max_failures=3, backoff_s=0.05), factory)
+    try:
+        host.engine.die()
+        assert wait(lambda: host.state == READY and calls["n"] == 3)
+        assert host.failure_count == 2 and host.restarts == 1
+    finally:
+        host.shutdown(5)
+
+
+def test_restart_disabled_stays_down():
+    host, _ = make_host(RestartPolicy(enabled=False))
+    try:
+        host.engine.die()
+        assert wait(lambda: host.state == FAILED)
+        assert "restarted whole by its supervisor" in host.unavailable_reason()
+    finally:
+        host.shutdown(5)
+
+
+def test_straggler_of_a_replaced_engine_does_not_kill_the_new_one():
+    host, _ = make_host(RestartPolicy(backoff_s=0.05))
+    try:
+        new, stale = host.engine, FakeEngine()
+
+        async def straggle() -> None:
+            host.engine = stale  # a request that began on an engine since replaced
+            gen = host.generate({"prompt_token_ids": [1]}, None, "old")
+            await gen.__anext__()
+            host.engine = new
+            stale.die()
+            with pytest.raises(EngineUnavailable):
+                async for _ in gen:
+                    pass
+
+        host.submit(straggle()).result(5)
+        time.sleep(0.6)
+        assert host.healthy, "the new engine was marked dead by the old engine's request"
+    finally:
+        host.shutdown(5)
+
+
+def test_policy_from_environment():
+    p = restart_policy_from_env({"RUFUS_ENGINE_MAX_FAILURES": "5",
+                                 "RUFUS_ENGINE_RESTART": "false",
+                                 "RUFUS_ENGINE_RESTART_BACKOFF_S": "2"})
+    assert (p.max_failures, p.enabled, p.backoff_s) == (5, False, 2.0)
+
+
+METRICS = """# HELP rufus_engine_ready 1 while the engine serves
+rufus_engine_ready{model="rufus_llm",version="1"} 0
+rufus_engine_ready{model="rufus_qp_medusa",version="1"} 1
+"""
+
+
+def test_health_checks_read_the_engine_gauge():
+    from proxy.agent import judge_engines
+    from rufus.harness.server import engine_ready_from_metrics
+
+    assert engine_ready_from_metrics(METRICS, "rufus_llm") is False
+    assert engine_ready_from_metrics(METRICS, "rufus_qp_medusa") is True
+    assert engine_ready_from_metrics(METRICS, "other") is None
+    checks = {c.check: c.ok for c in judge_engines(METRICS, ["rufus_llm", "rufus_qp_medusa"])}
+    assert checks == {"engine rufus_llm": False, "engine rufus_qp_medusa": True}
+
+
+def test_torch_planner_engine_reports_a_decoder_crash_as_death():
+    """TorchPlannerEngine.errored turns true when decoding itself fails (the default planner
+    backend used to never report death), and later requests are refused."""
+    import concurrent.futures
+
+    pytest.importorskip("vllm")
+    from vllm import SamplingParams
+
+    from rufus.qp.decoder import torch_engine
+
+    class CrashingDecoder:
+        def generate(self, *args, **kwargs):
+            raise RuntimeError("decoder state corrupted")
+            yield  # pragma: no cover
+
+    eng = object.__new__(torch_engine.TorchPlannerEngine)
+    eng.errored, eng.dead_error, eng._pending, eng.on_stats = False, None, {}, None
+    eng.decoder = CrashingDecoder()
+    eng._pool = concurrent.futures.ThreadPoolExecutor(1)
+
+    async def one(rid: str) -> None:
+        async for _ in eng.generate({"prompt_token_ids": [1, 2]},
+                                    SamplingParams(max_tokens=4, temperature=0), rid):
+            pass
+
+    with pytest.raises(RuntimeError, match="decoder state corrupted"):
+        asyncio.run(one("a"))
+    assert eng.errored and "decoder state corrupted" in str(eng.dead_error)
+    with pytest.raises(torch_engine.DecoderCrashed, match="is dead"):
+        asyncio.run(one("b"))
+    eng.shutdown()

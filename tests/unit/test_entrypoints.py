@@ -1,0 +1,91 @@
+"""Every entrypoint answers ``--help`` (exit 0, its options) without starting anything, names
+every environment variable its own source reads, and a wrong setting names the variable.
+
+Entrypoints are found, not listed: every script in scripts/, every package with a
+``__main__.py`` and every module with a ``__main__`` guard under rufus/, proxy/, follower/.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("rufus", "proxy", "follower")
+# Read directly in the entrypoint's own file: os.environ.get("X"), os.environ["X"],
+# os.getenv("X"), env_int/env_float/env_port("X").
+READ = re.compile(r"(?:environ\.get\(|environ\[|getenv\(|env_(?:int|float|port)\()"
+                  r"""\s*["']([A-Z][A-Z0-9_]+)["']""")
+# Read by the tooling, never by an operator: not part of --help.
+INTERNAL = {"PYTHONPATH", "LD_LIBRARY_PATH", "PATH", "HOME"}
+
+
+def _entrypoints() -> dict[str, tuple[list[str], list[Path]]]:
+    """name -> (argv after the interpreter, the source files whose env reads it must list)."""
+    out: dict[str, tuple[list[str], list[Path]]] = {}
+    for f in sorted((ROOT / "scripts").glob("*.py")):
+        out[f"scripts/{f.name}"] = ([str(f)], [f])
+    for pkg in PACKAGES:
+        for f in sorted((ROOT / pkg).rglob("*.py")):
+            rel = f.relative_to(ROOT)
+            if "__pycache__" in rel.parts:
+                continue
+            if f.name == "__main__.py":
+                module = ".".join(rel.parent.parts)
+                own = [f] + ([f.parent / "node.py"] if module == "follower" else [])
+                out[module] = (["-m", module], own)
+            elif f.name != "__init__.py" and re.search(
+                    r"^if __name__ == .__main__.:", f.read_text(), re.M):
+                module = ".".join(rel.with_suffix("").parts)
+                out[module] = (["-m", module], [f])
+    return out
+
+
+ENTRYPOINTS = _entrypoints()
+
+
+def _run(argv: list[str], **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT), **env})
+
+
+def test_the_documented_entrypoints_are_found():
+    for name in ("follower", "rufus.harness.server", "rufus.client", "rufus.qp.client",
+                 "proxy.agent", "proxy.haproxy", "proxy.fleet", "scripts/rig.py",
+                 "scripts/bench.py", "scripts/fleet.py", "scripts/client.py"):
+        assert name in ENTRYPOINTS, name
+
+
+@pytest.mark.parametrize("name", sorted(ENTRYPOINTS))
+def test_help_lists_options_and_environment(name):
+    argv, sources = ENTRYPOINTS[name]
+    text = "".join(f.read_text() for f in sources)
+    # never run one that would ignore --help and do its work (write files, start servers)
+    parses = re.search(r"ArgumentParser|parser\(|^from \S+ import main$", text, re.M)
+    assert parses, f"{name} has no argument parser: --help would run it"
+    r = _run([*argv, "--help"])
+    assert r.returncode == 0, f"{name} --help: exit {r.returncode}\n{r.stderr[-2000:]}"
+    assert "usage:" in r.stdout and "--help" in r.stdout, r.stdout[:500]
+    read = {v for f in sources for v in READ.findall(f.read_text())} - INTERNAL
+    missing = sorted(v for v in read if v not in r.stdout)
+    assert not missing, f"{name} reads {missing} but its --help does not name them"
+
+
+@pytest.mark.parametrize("argv,env,variable", [
+    (["-m", "follower"], {"RUFUS_HEARTBEAT_S": "fast"}, "RUFUS_HEARTBEAT_S"),
+    (["-m", "follower"], {"RUFUS_NNODES": "2", "RUFUS_NODE_RANK": "one"}, "RUFUS_NODE_RANK"),
+    (["-m", "rufus.harness.server"], {"GRPC_PORT": "80o1"}, "GRPC_PORT"),
+    (["-m", "rufus.client", "hi"], {"GRPC_PORT": "x"}, "GRPC_PORT"),
+    (["-m", "proxy.agent"], {"RUFUS_AGENT_PORT": "8o90"}, "RUFUS_AGENT_PORT"),
+    (["-m", "proxy.fleet"], {"RUFUS_FLEET_NNODES": "0"}, "RUFUS_FLEET_NNODES"),
+    (["scripts/rig.py"], {"HTTP_PORT": "99999"}, "HTTP_PORT"),
+])
+def test_a_wrong_setting_names_the_variable(argv, env, variable):
+    r = _run(argv, **env)
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert variable in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]

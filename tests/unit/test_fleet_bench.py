@@ -1,0 +1,64 @@
+"""The fleet benchmark's pieces that need no fleet: the seeded mixed workload, the stream
+that sends each prompt's answer length, and pooling phases into the LOR-vs-RR bar."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+import proxy.fleet_bench as fb
+from rufus.client import Chunk
+
+
+def test_mixed_workload_is_seeded_and_mixed():
+    a = fb.mixed_workload(64, 16, 160, 0.2, seed=1)
+    assert a == fb.mixed_workload(64, 16, 160, 0.2, seed=1)
+    assert a != fb.mixed_workload(64, 16, 160, 0.2, seed=2)
+    assert len(a) == 64 and set(a.values()) == {16, 160}
+    assert 0.05 < sum(v == 160 for v in a.values()) / 64 < 0.4
+
+
+def test_mixed_stream_sends_each_prompts_length_with_retries(monkeypatch):
+    calls = []
+
+    async def fake_agenerate(url, model, prompt=None, messages=None, **kw):
+        calls.append((url, model, messages, kw))
+        for i in (1, 2):
+            yield Chunk("x", {"num_output_tokens": np.array([i])}, float(i))
+
+    monkeypatch.setattr(fb, "agenerate", fake_agenerate)
+    stream = fb.mixed_stream("u:1", {"p": 7}, retries=3)
+
+    async def collect():
+        return [x async for x in stream("p", 999)]
+
+    assert asyncio.run(collect()) == [(1, 1.0), (2, 2.0)]
+    (url, model, messages, kw), = calls
+    assert (url, model) == ("u:1", "rufus_llm")
+    assert messages == [{"role": "user", "content": "p"}]
+    assert kw["sampling"]["max_tokens"] == 7 and kw["sampling"]["ignore_eos"] is True
+    assert kw["retries"] == 3
+
+
+def _phase(policy, tok_s, wall, p99, errors=0, requests=10):
+    return {"policy": policy, "output_tok_s": tok_s, "wall_s": wall, "ttft_p50_ms": p99 / 2,
+            "ttft_p99_ms": p99, "errors": errors, "requests": requests}
+
+
+def test_summarize_pools_by_wall_time_and_applies_the_bar():
+    s = fb.summarize_policies([_phase("lor", 100, 1, 400), _phase("rr", 100, 1, 1000),
+                               _phase("rr", 40, 3, 1000, errors=1), _phase("lor", 100, 1, 600)])
+    assert s["lor"]["output_tok_s"] == pytest.approx(100)
+    assert s["rr"]["output_tok_s"] == pytest.approx((100 + 120) / 4)
+    assert s["rr"]["errors"] == 1 and s["lor"]["ttft_p99_ms"] == pytest.approx(500)
+    assert s["p99_ttft_ratio_lor_over_rr"] == pytest.approx(0.5)
+    assert s["bar_met"] is True
+    even = fb.summarize_policies([_phase("lor", 100, 1, 1000), _phase("rr", 100, 1, 1000)])
+    assert even["bar_met"] is False
+
+
+def test_summarize_one_policy_has_no_ratio():
+    s = fb.summarize_policies([_phase("lor", 100, 1, 400)])
+    assert "lor" in s and "bar_met" not in s

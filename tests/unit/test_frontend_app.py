@@ -1,0 +1,135 @@
+"""The frontend app in-process (no Triton): model listing, errors, the rufus-assistant hook's
+chunk shapes with a fake pipeline, authentication. The real stack: tests/integration/
+test_openai.py."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+import pytest
+from fastapi.testclient import TestClient
+
+from rufus.assistant.pipeline import AssistantEvent
+from rufus.frontend import backends
+from rufus.frontend.app import Settings, create_app
+from rufus.frontend.assistant_hook import AssistantHook, card_markdown, split_messages
+from rufus.frontend.protocol import APIError
+
+CARD = {"id": "p1", "title": "Trail Runner [2]", "brand": "Acme", "price": 59.5, "rating": 4.25,
+        "url": "https://shop.example/p1", "image_url": "https://shop.example/p1.jpg"}
+
+
+class FakeAssistant:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, list]] = []
+
+    async def stream(self, question, history) -> AsyncIterator[AssistantEvent]:
+        self.calls.append((question, history))
+        yield AssistantEvent("plan", plan={"intent": "product_search"})
+        yield AssistantEvent("products", products=[CARD], path="products")
+        yield AssistantEvent("text", text="Try [Trail Runner](https://shop.example/p1).")
+        yield AssistantEvent("done", finish_reason="stop")
+
+
+@pytest.fixture
+def fake_assistant(monkeypatch):
+    fake = FakeAssistant()
+
+    async def get(self):
+        return fake
+
+    monkeypatch.setattr(AssistantHook, "assistant", get)
+    monkeypatch.setattr(backends, "HOOKS", dict(backends.HOOKS))
+    return fake
+
+
+@pytest.fixture
+def app_client(fake_assistant):
+    app = create_app(Settings(triton_url="127.0.0.1:1", retries=0))
+    with TestClient(app) as c:
+        yield c
+
+
+def test_card_markdown_and_messages_split():
+    md = card_markdown([CARD])
+    assert md == ("1. [Trail Runner (2)](https://shop.example/p1) - Acme, $59.50, 4.2 stars\n\n")
+    assert card_markdown([]) == ""
+    q, hist = split_messages([{"role": "system", "content": "s"}, {"role": "user", "content": "a"},
+                              {"role": "assistant", "content": "b"},
+                              {"role": "user", "content": "c"}])
+    assert q == "c" and hist == [{"role": "user", "content": "a"},
+                                 {"role": "assistant", "content": "b"}]
+    with pytest.raises(APIError):
+        split_messages([{"role": "system", "content": "s"}])
+
+
+def test_models_lists_triton_models_and_the_assistant(app_client):
+    ids = [m["id"] for m in app_client.get("/v1/models").json()["data"]]
+    assert ids == ["rufus_llm", "rufus-assistant"]
+    r = app_client.get("/v1/models/nope")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+
+
+def test_assistant_streams_cards_as_links_and_extension(app_client, fake_assistant):
+    r = app_client.post("/v1/chat/completions", json={
+        "model": "rufus-assistant", "stream": True, "stream_options": {"include_usage": True},
+        "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"},
+                     {"role": "user", "content": "running shoes"}]})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    events = [e.removeprefix("data: ") for e in r.text.split("\n\n") if e]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert chunks[0]["x_rufus_products"] == [CARD]
+    assert chunks[0]["x_rufus_plan"]["intent"] == "product_search"
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+    assert text.startswith("1. [Trail Runner (2)](https://shop.example/p1)")
+    assert text.endswith("Try [Trail Runner](https://shop.example/p1).")
+    assert chunks[-2]["choices"][0]["finish_reason"] == "stop"
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["total_tokens"] == 0
+    assert fake_assistant.calls == [("running shoes", [{"role": "user", "content": "hi"},
+                                                       {"role": "assistant", "content": "yo"}])]
+
+
+def test_assistant_non_streaming(app_client):
+    r = app_client.post("/v1/chat/completions", json={
+        "model": "rufus-assistant", "messages": [{"role": "user", "content": "shoes"}]})
+    body = r.json()
+    assert r.status_code == 200 and body["x_rufus_products"] == [CARD]
+    assert "[Trail Runner (2)]" in body["choices"][0]["message"]["content"]
+
+
+def test_assistant_is_chat_only(app_client):
+    r = app_client.post("/v1/completions", json={"model": "rufus-assistant", "prompt": "x"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "model"
+
+
+def test_errors_have_openai_shape(app_client):
+    r = app_client.post("/v1/chat/completions", json={"model": "rufus_llm", "messages": [],
+                                                      "temperature": 1})
+    assert r.status_code == 400
+    assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+    r = app_client.post("/v1/chat/completions", content=b"\xff\xfe")
+    assert r.status_code == 400
+    r = app_client.get("/v1/nothing")
+    assert r.status_code == 404 and "error" in r.json()
+    assert "rufus_openai_requests_total" in app_client.get("/metrics").text
+
+
+def test_triton_down_is_503(app_client):
+    r = app_client.post("/v1/chat/completions", json={
+        "model": "rufus_llm", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    assert r.status_code == 503 and r.headers["retry-after"] == "1"
+    assert r.json()["error"]["type"] == "server_error"
+    h = app_client.get("/health")
+    assert h.status_code == 503 and h.json()["status"] == "unavailable"
+
+
+def test_api_key(fake_assistant):
+    app = create_app(Settings(triton_url="127.0.0.1:1", api_key="k1", hooks=False))
+    with TestClient(app) as c:
+        assert c.get("/v1/models").status_code == 401
+        assert c.get("/v1/models", headers={"Authorization": "Bearer nope"}).status_code == 401
+        assert c.get("/v1/models", headers={"Authorization": "Bearer k1"}).status_code == 200
+        assert c.get("/metrics").status_code == 200

@@ -1,0 +1,83 @@
+"""Each model's inputs and outputs are declared once; config.pbtxt must say the same."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from rufus.harness.server import ROOT
+from rufus.qp.model import QP_INPUT_SPECS, QP_OUTPUT_SPECS, QueryPlannerModel
+from rufus.serving.llm import LLMModel
+from rufus.serving.requests import KNOWN_INPUTS, LLM_INPUT_SPECS, LLM_OUTPUT_SPECS
+
+ENTRY = re.compile(r"\{\s*name:\s*\"(\w+)\"\s+data_type:\s*(\w+)\s+dims:\s*\[\s*([-\d,\s]+)\]"
+                   r"(\s+optional:\s*true)?\s*\}")
+
+
+def pbtxt_io(model: str) -> tuple[list[tuple], list[tuple]]:
+    text = (ROOT / "model_repository" / model / "config.pbtxt").read_text()
+    text = "\n".join(line.split("#")[0] for line in text.splitlines())
+    blocks = {}
+    for kind in ("input", "output"):
+        m = re.search(kind + r"\s*\[(.*?)\n\]", text, re.S)
+        assert m, f"{model}: no {kind} block"
+        blocks[kind] = [(n, t, tuple(int(d) for d in dims.split(",")), bool(opt))
+                        for n, t, dims, opt in ENTRY.findall(m.group(1))]
+    return blocks["input"], blocks["output"]
+
+
+@pytest.mark.parametrize("model, inputs, outputs", [
+    ("rufus_llm", LLM_INPUT_SPECS, LLM_OUTPUT_SPECS),
+    ("rufus_qp_medusa", QP_INPUT_SPECS, QP_OUTPUT_SPECS),
+])
+def test_table_matches_config_pbtxt(model, inputs, outputs):
+    cfg_in, cfg_out = pbtxt_io(model)
+    assert cfg_in == [(s.name, s.data_type, s.dims, s.optional) for s in inputs]
+    assert cfg_out == [(s.name, s.data_type, s.dims, False) for s in outputs]
+
+
+def test_known_inputs_and_model_inputs_come_from_the_tables():
+    assert KNOWN_INPUTS == {s.name for s in LLM_INPUT_SPECS}
+    assert LLMModel.INPUTS == set(KNOWN_INPUTS)
+    assert QueryPlannerModel.INPUTS == {s.name for s in QP_INPUT_SPECS}
+
+
+def test_auto_complete_adds_every_declared_input():
+    class Cfg:
+        def __init__(self):
+            self.inputs, self.outputs = [], []
+
+        def as_dict(self):
+            return {"input": [], "output": []}
+
+        def add_input(self, i):
+            self.inputs.append(i)
+
+        def add_output(self, o):
+            self.outputs.append(o)
+
+        def set_model_transaction_policy(self, p):
+            self.policy = p
+
+        def set_max_batch_size(self, n):
+            self.mbs = n
+
+    for model, specs in ((LLMModel, LLM_INPUT_SPECS), (QueryPlannerModel, QP_INPUT_SPECS)):
+        cfg = model.auto_complete_config(Cfg())
+        assert [i["name"] for i in cfg.inputs] == [s.name for s in specs]
+        assert cfg.policy == {"decoupled": True}
+
+
+def test_multi_lora_json_convention(tmp_path):
+    from rufus.serving.llm import load_loras
+
+    assert load_loras(tmp_path, {}) is None
+    with pytest.raises(FileNotFoundError, match=r"multi_lora\.json"):
+        load_loras(tmp_path, {"enable_lora": "true"})
+    (tmp_path / "multi_lora.json").write_text('{"a": "adapters/a", "b": "/abs/b"}')
+    assert load_loras(tmp_path, {}) == {"a": str((tmp_path / "adapters/a").resolve()),
+                                        "b": "/abs/b"}
+    (tmp_path / "multi_lora.json").write_text('["a"]')
+    with pytest.raises(ValueError, match="adapter name"):
+        load_loras(tmp_path, {})

@@ -1,0 +1,242 @@
+"""Catalog generator, loader errors, search filters and ranking (both embedded engines), and
+the OpenSearch engine against a fake client (no server here)."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from rufus.retrieval.base import Filters, query_terms
+from rufus.retrieval.catalog import (
+    CATEGORIES,
+    CatalogError,
+    Product,
+    generate_catalog,
+    load_catalog,
+    write_jsonl,
+)
+from rufus.retrieval.relevance import build_relevance, evaluate, load_relevance
+from rufus.retrieval.sqlite_fts import SqliteFtsRetriever
+from rufus.retrieval.tantivy_engine import TantivyRetriever
+
+
+@pytest.fixture(scope="module")
+def catalog() -> list[Product]:
+    return generate_catalog()
+
+
+@pytest.fixture(scope="module", params=["sqlite", "tantivy"])
+def engine(request, catalog, tmp_path_factory):
+    if request.param == "sqlite":
+        return SqliteFtsRetriever.build(catalog, tmp_path_factory.mktemp("idx") / "c.sqlite")
+    return TantivyRetriever.build(catalog)
+
+
+def test_generator_reproducible_and_large(catalog):
+    assert len(catalog) >= 20_000 and len(CATEGORIES) >= 20
+    assert len({p.category for p in catalog}) == len(CATEGORIES)
+    assert generate_catalog(200) == catalog[:200]
+    assert generate_catalog(200, seed=1) != catalog[:200]
+    assert len({p.id for p in catalog}) == len(catalog)
+    p = catalog[0]
+    assert p.url.startswith("https://") and p.image_url.startswith("https://") and p.attributes
+    assert set(p.card()) == {"id", "title", "brand", "price", "rating", "url", "image_url"}
+
+
+def test_committed_relevance_set_matches_generator(catalog):
+    items = load_relevance()
+    assert len(items) >= 100
+    assert items == build_relevance(catalog)
+
+
+def test_query_terms_drop_prices_and_stopwords():
+    assert query_terms("Running shoes under $80") == ["running", "shoes"]
+    assert query_terms("any under $60?") == []
+    assert query_terms("65 inch TV for 500 dollars") == ["65", "inch", "tv"]
+
+
+@pytest.mark.parametrize("query,filters", [
+    ("running shoes", Filters(max_price=80)),
+    ("headphones", Filters(brand="sony")),
+    ("shoes", Filters(brand="Nike", max_price=60)),
+    ("", Filters(brand="levis", max_price=50)),
+    ("tv", Filters(max_price=0)),
+])
+def test_filters_are_hard_constraints(engine, query, filters):
+    res = engine.search([query], filters, k=20)
+    for p in res:
+        if filters.max_price is not None:
+            assert p.price <= filters.max_price
+        if filters.brand:
+            assert p.brand.lower().replace("'", "") == filters.brand.lower().replace("'", "")
+    if filters.max_price == 0:
+        assert res == []
+    else:
+        assert res
+
+
+def test_ranking_sensible(engine):
+    top = engine.search(["nike running shoes"], k=5)
+    assert all(p.brand == "Nike" and p.category == "running_shoes" for p in top)
+    assert all(p.category == "tv" and p.attributes["screen_size"] == "65"
+               for p in engine.search(["65 inch tv"], k=5))
+    assert all(p.category == "earbuds" and p.price <= 50
+               for p in engine.search(["wireless earbuds"], Filters(max_price=50), k=5))
+
+
+def test_multi_query_fusion_keeps_each_query(engine):
+    res = engine.search(["bissell pet hair vacuum", "hoover pet hair vacuum"], k=6)
+    assert {"Bissell", "Hoover"} <= {p.brand for p in res}
+    assert len({p.id for p in res}) == len(res)
+
+
+def test_bad_arguments(engine):
+    with pytest.raises(TypeError):
+        engine.search("running shoes")  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        engine.search(["x"], k=0)
+
+
+def test_relevance_recorded_floor(catalog):
+    eng = SqliteFtsRetriever.build(catalog)
+    m = evaluate(lambda q, f: [p.id for p in eng.search([q], f)], load_relevance())
+    assert m["recall@5"] >= 0.9 and m["ndcg@5"] >= 0.9
+
+
+# --------------------------------------------------------------------- loader
+
+GOOD = {"id": "a1", "title": "Acme Trail Running Shoes", "brand": "Acme", "price": 59.99,
+        "url": "https://x.example/a1", "category": "running_shoes", "rating": 4.5,
+        "review_count": 10, "attributes": {"color": "red"}}
+
+
+def _jsonl(tmp_path: Path, rows: list) -> Path:
+    p = tmp_path / "c.jsonl"
+    p.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return p
+
+
+def test_loader_roundtrip_jsonl_and_csv(tmp_path, catalog):
+    write_jsonl(catalog[:50], tmp_path / "c.jsonl")
+    assert load_catalog(tmp_path / "c.jsonl") == catalog[:50]
+    p = tmp_path / "c.csv"
+    with p.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(GOOD))
+        w.writeheader()
+        w.writerow({**GOOD, "attributes": json.dumps(GOOD["attributes"])})
+    (prod,) = load_catalog(p)
+    assert prod.price == 59.99 and prod.review_count == 10 and prod.attributes == {"color": "red"}
+
+
+@pytest.mark.parametrize("row,field,reason", [
+    ({k: v for k, v in GOOD.items() if k != "title"}, "title", "missing"),
+    ({**GOOD, "price": "cheap"}, "price", "must be a number"),
+    ({**GOOD, "price": -1}, "price", "must be a number in"),
+    ({**GOOD, "rating": 7}, "rating", "[0, 5]"),
+    ({**GOOD, "url": "javascript:alert(1)"}, "url", "http(s) URL"),
+    ({**GOOD, "review_count": 1.5}, "review_count", "non-negative integer"),
+    ({**GOOD, "attributes": "{bad"}, "attributes", "not valid JSON"),
+    ({**GOOD, "colour": "red"}, "colour", "unknown field"),
+    ({**GOOD, "brand": 7}, "brand", "must be a string"),
+])
+def test_loader_names_row_and_field(tmp_path, row, field, reason):
+    p = _jsonl(tmp_path, [GOOD | {"id": "ok"}, row])
+    with pytest.raises(CatalogError) as ei:
+        load_catalog(p)
+    assert ei.value.row == 2 and ei.value.field == field and reason in ei.value.reason
+    assert "row 2" in str(ei.value) and field in str(ei.value)
+
+
+def test_loader_file_level_errors(tmp_path):
+    with pytest.raises(CatalogError, match="row 2: row: is not valid JSON"):
+        load_catalog(_jsonl(tmp_path, [GOOD, "{oops"]))
+    with pytest.raises(CatalogError, match="row 2: id: duplicate"):
+        load_catalog(_jsonl(tmp_path, [GOOD, GOOD]))
+    bad = tmp_path / "c.txt"
+    bad.write_text("x")
+    with pytest.raises(CatalogError, match="file"):
+        load_catalog(bad)
+    csvp = tmp_path / "c.csv"
+    csvp.write_text("id,title,brand,price,url\nb1,T,B,notanumber,https://x.example/b\n")
+    with pytest.raises(CatalogError, match="row 2: price"):
+        load_catalog(csvp)
+    with pytest.raises(FileNotFoundError):
+        load_catalog(tmp_path / "missing.jsonl")
+
+
+# --------------------------------------------------------------------- OpenSearch (fake client)
+
+class FakeIndices:
+    def __init__(self) -> None:
+        self.created: dict = {}
+
+    def exists(self, index):
+        return index in self.created
+
+    def create(self, index, body):
+        self.created[index] = body
+
+    def delete(self, index):
+        self.created.pop(index)
+
+
+class FakeOpenSearch:
+    """Implements the calls the engine makes, with opensearch-py 3.x's signatures and
+    response shapes; search is a naive term match so results are checkable."""
+
+    def __init__(self) -> None:
+        from opensearchpy import Transport
+
+        # helpers.bulk serializes with the client's own serializer (the real one)
+        self.transport = Transport([{"host": "localhost", "port": 9200}])
+        self.indices = FakeIndices()
+        self.docs: dict[str, dict] = {}
+        self.msearch_bodies: list = []
+
+    def bulk(self, body, *args, **kwargs):
+        lines = [json.loads(x) for x in body.strip().split("\n")]
+        items = []
+        for action, src in zip(lines[::2], lines[1::2], strict=True):
+            self.docs[action["index"]["_id"]] = src
+            items.append({"index": {"_id": action["index"]["_id"], "status": 201}})
+        return {"took": 1, "errors": False, "items": items}
+
+    def msearch(self, body):
+        self.msearch_bodies.append(body)
+        out = []
+        for _header, q in zip(body[::2], body[1::2], strict=True):
+            hits = []
+            boolq = q["query"]["bool"]
+            words = boolq["must"][0].get("multi_match", {}).get("query", "").split()
+            for d in self.docs.values():
+                ok = all((f.get("term", {}).get("brand_norm", d["brand_norm"]) == d["brand_norm"])
+                         and d["price"] <= f.get("range", {}).get("price", {}).get("lte", 1e9)
+                         for f in boolq["filter"])
+                score = sum(w in d["title"].lower() for w in words)
+                if ok and (score or not words):
+                    hits.append({"_id": d["id"], "_score": float(score), "_source": d})
+            hits.sort(key=lambda h: -h["_score"])
+            out.append({"hits": {"hits": hits[:q["size"]]}})
+        return {"responses": out}
+
+
+def test_opensearch_engine_against_fake_client(catalog):
+    from rufus.retrieval.opensearch import INDEX_BODY, OpenSearchRetriever
+
+    fake = FakeOpenSearch()
+    eng = OpenSearchRetriever(fake, index="products")
+    assert eng.create_index(catalog[:500]) == 500
+    assert fake.indices.created["products"] == INDEX_BODY
+    res = eng.search(["running shoes", "sneakers"], Filters(brand="Nike", max_price=150), k=5)
+    assert res and all(p.brand == "Nike" and p.price <= 150 for p in res)
+    assert all(isinstance(p, Product) and p.category in {c.key for c in CATEGORIES} for p in res)
+    body = fake.msearch_bodies[-1]
+    assert body[0] == {"index": "products"} and len(body) == 4
+    assert {"term": {"brand_norm": "nike"}} in body[1]["query"]["bool"]["filter"]
+    assert {"range": {"price": {"lte": 150.0}}} in body[1]["query"]["bool"]["filter"]
+    fake.msearch = lambda body: {"responses": [{"error": {"type": "index_not_found_exception"}}]}
+    with pytest.raises(RuntimeError, match="index_not_found"):
+        eng.search(["x"])
