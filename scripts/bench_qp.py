@@ -1,17 +1,6 @@
 """Benchmark the query planner through Triton: Medusa vs autoregressive, same model, same run.
 
-Tritonservers from the same model repository, each with a ``qp_backend`` override (env):
-``medusa`` as configured (torch_medusa), ``ar`` the same engine without the heads
-(torch_autoregressive: the speedup's baseline) and, unless ``--baselines`` says otherwise,
-vLLM's autoregressive and Medusa paths in a second phase of the same run. By default every
-server also loads rufus_llm, as ``make serve`` does (``--qp-only`` to leave it out).
-
-Batch 1 (concurrency 1): every eval question to each server, one request at a time,
-rotating which server goes first (the cores are shared, so interleaving gives fair ratios);
-latency p50/p99, tokens/s, Medusa tokens per step (servers' counters), JSON validity,
-per-field quality and the losslessness check. Under load (``--concurrency 4 8``):
-``--questions`` questions sent by that many concurrent clients to one server at a time;
-plans/s and p50/p99 per server. Code: rufus/qp/tooling/bench.py; figures:
+What runs and how it is measured: rufus/qp/tooling/bench.py's docstring. Figures:
 docs/benchmarks.md.
 
     .venv/bin/python scripts/bench_qp.py [--rounds 1] [--concurrency 1 4 8] [--json out.json]

@@ -47,18 +47,6 @@ def say(msg: str) -> None:
     print(f"[bench_recovery {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def engine_cores(srv: TritonServer) -> list:
-    import psutil
-
-    out = []
-    for p in psutil.Process(srv.proc.pid).children(recursive=True):
-        try:
-            if "EngineCore" in p.name() or any("EngineCore" in a for a in p.cmdline()):
-                out.append(p)
-        except psutil.NoSuchProcess:
-            continue
-    return out
-
 
 def one_start(env: dict[str, str], models: list[str], log: Path, streams: int,
               death: bool) -> dict[str, float]:
@@ -77,7 +65,7 @@ def one_start(env: dict[str, str], models: list[str], log: Path, streams: int,
             res["tok_s"] = r["output_tok_s"]
             res["itl_p50_ms"] = r["itl_p50_ms"]
         if death and "rufus_llm" in models:
-            core = engine_cores(srv)[0]
+            core = srv.engine_cores()[0]
             t1 = time.monotonic()
             core.kill()
             while srv.engine_ready("rufus_llm") is not False:

@@ -194,6 +194,22 @@ class TritonServer:
         self.reaper = start_reaper(self.proc.pid)
         return self
 
+    def engine_cores(self) -> list:
+        """vLLM EngineCore processes under this server (the death tests and the recovery
+        benchmark kill one to simulate engine death)."""
+        import psutil
+
+        if self.proc is None:
+            return []
+        out = []
+        for p in psutil.Process(self.proc.pid).children(recursive=True):
+            try:
+                if "EngineCore" in p.name() or any("EngineCore" in a for a in p.cmdline()):
+                    out.append(p)
+            except psutil.NoSuchProcess:
+                continue
+        return out
+
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.http_port}{path}"
 

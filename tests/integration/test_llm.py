@@ -256,17 +256,6 @@ def test_admission_bound_rejects_immediately(llm_server, url):
     assert text(run(url, stream=False, sampling={"max_tokens": 4, "temperature": 0}))
 
 
-def _engine_core(server):
-    import psutil
-
-    for p in psutil.Process(server.proc.pid).children(recursive=True):
-        try:
-            if "EngineCore" in p.name() or any("EngineCore" in a for a in p.cmdline()):
-                return p
-        except psutil.NoSuchProcess:
-            continue
-    return None
-
 
 def test_engine_death_fails_fast_then_heals_in_place(llm_server, url):
     """Kill vLLM's engine core mid-stream: the stream ends with UNAVAILABLE, the engine
@@ -275,7 +264,8 @@ def test_engine_death_fails_fast_then_heals_in_place(llm_server, url):
     the requests (metrics, 24 cancelled admission streams) that used to leave an unloaded
     instance stalled; the model is no longer unloaded (tests/integration/test_recovery.py
     has the same in its own server)."""
-    core = _engine_core(llm_server)
+    cores = llm_server.engine_cores()
+    core = cores[0] if cores else None
     assert core is not None, "no EngineCore process under tritonserver"
     before = text(run(url, stream=False, sampling=GREEDY, flags={"exclude_input_in_output": True}))
     errors: queue.Queue = queue.Queue()

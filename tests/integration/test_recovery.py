@@ -70,18 +70,6 @@ def _text(url: str) -> str:
                                             flags={"exclude_input_in_output": True}))
 
 
-def _engine_cores(server: TritonServer) -> list:
-    import psutil
-
-    out = []
-    for p in psutil.Process(server.proc.pid).children(recursive=True):
-        try:
-            if "EngineCore" in p.name() or any("EngineCore" in a for a in p.cmdline()):
-                out.append(p)
-        except psutil.NoSuchProcess:
-            continue
-    return out
-
 
 def _engine_gauge(server: TritonServer, model: str, name: str = "rufus_engine_ready") -> float:
     """The gauge's value; -1 when the metrics endpoint did not answer (a busy machine)."""
@@ -93,7 +81,7 @@ def _engine_gauge(server: TritonServer, model: str, name: str = "rufus_engine_re
 
 def _kill_mid_stream(server: TritonServer, url: str) -> str:
     """SIGKILL the engine core while a long stream runs; returns the stream's error."""
-    cores = _engine_cores(server)
+    cores = server.engine_cores()
     assert len(cores) == 1, f"expected one EngineCore, found {cores}"
     errors: queue.Queue = queue.Queue()
     tokens: queue.Queue = queue.Queue()
@@ -130,7 +118,7 @@ def test_engine_death_heals_in_place(llm):
             "no new engine within 600 s"
         ready_s = time.monotonic() - t0
         assert _text(url) == expected, "the new engine serves different greedy output"
-        assert len(_engine_cores(llm)) == 1, "the dead engine core was not reaped"
+        assert len(llm.engine_cores()) == 1, "the dead engine core was not reaped"
         text = scrape(llm)
         assert metric_value(text, "rufus_engine_failures_total", model=MODEL) == cycle
         assert metric_value(text, "rufus_engine_restarts_total", model=MODEL) == cycle
