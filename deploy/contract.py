@@ -24,7 +24,18 @@ PORTS: dict[str, int] = {
 }
 
 # --- what each role runs (argv after the interpreter) -----------------------------------------
-MODEL = "rufus_llm"
+MODEL = "rufus_llm"  # the unit's model: its engine spans every node (pipeline parallel)
+# The shopping assistant (issue 16) is no new process: the Triton model rufus_assistant in the
+# leader's tritonserver, which calls ASSISTANT_CALLS on that same server over gRPC
+# (model_repository/rufus_assistant/config.pbtxt: planner_model, answer_model), plus the
+# frontend's hook (model id rufus-assistant), which calls the same two models itself. The
+# planner runs on the leader alone; followers serve only MODEL's pipeline stages.
+ASSISTANT_MODEL = "rufus_assistant"
+ASSISTANT_CALLS: tuple[str, ...] = ("rufus_qp_medusa", MODEL)
+# what every leader loads (RUFUS_MODELS) and its unit agent requires ready (RUFUS_UNIT_MODELS)
+LEADER_MODELS: tuple[str, ...] = (MODEL, "rufus_qp_medusa", ASSISTANT_MODEL)
+# where the images keep the product search index (built in docker/Dockerfile's cpu-build)
+CATALOG_INDEX = "/opt/rufus/catalog/catalog.sqlite"
 COMMANDS: dict[str, list[str]] = {
     "leader": ["python", "-m", "rufus.harness.server"],
     "follower": ["python", "-m", "follower"],
@@ -128,7 +139,8 @@ ENV: dict[str, Var] = {
     "RUFUS_FOLLOWER_HEALTH_URLS": Var(("proxy/",),
                                       "unit agent: comma-separated follower /health URLs"),
     "RUFUS_LEADER_METRICS": Var(("proxy/",), "unit agent: the leader's Triton /metrics URL (load)"),
-    "RUFUS_UNIT_MODELS": Var(("proxy/",), "unit agent: models that must be ready (rufus_llm)"),
+    "RUFUS_UNIT_MODELS": Var(("proxy/",), "unit agent: models that must be ready (default rufus_llm; "
+                                 "deployments: LEADER_MODELS)"),
     "RUFUS_AGENT_CHECK_PORT": Var(("proxy/",), "unit agent: HAProxy agent-check TCP port"),
     "RUFUS_FLEET_NNODES": Var(("proxy/fleet.py",), "local fleet (make fleet): nodes per unit"),
     **{f"RUFUS_UNIT{i}_{kind}": Var((HAPROXY_CONFIG,),

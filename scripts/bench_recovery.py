@@ -3,15 +3,16 @@ and engine death to serving again, each through a real tritonserver.
 
 Compile settings compared in the same run (``--variants``):
 
-* ``aot``    vLLM 0.32's default on CPU: AOT compile cache (``VLLM_USE_AOT_COMPILE=1``).
-  Its cache never loads on CPU ("'function' object has no attribute 'finalize_loading'"),
-  so every start compiles again.
+* ``aot``    the served setting: vLLM 0.32's AOT compile cache (``VLLM_USE_AOT_COMPILE=1``)
+  with our fix (rufus/serving/vllm_aot_fix.py, named in model.json), so a cached start
+  loads the compiled model. Without the fix vLLM's loader fails on CPU ("'function' object
+  has no attribute 'finalize_loading'") and every start compiles again.
 * ``inductor`` ``VLLM_USE_AOT_COMPILE=0``: torch.compile each start, inductor's FX-graph and
   AOTAutograd caches (``TORCHINDUCTOR_CACHE_DIR``) skip code generation.
 * ``eager``  ``enforce_eager``: no compilation at all.
 
 Each variant gets its own empty cache directories, so its first start is a true cold start
-and its second a cached one. Starts of different variants alternate (``--rounds``), so the
+and its later ones cached (``--rounds``). Starts of different variants alternate (``--rounds``), so the
 load of a shared machine hits all alike; the table reports medians and the load average.
 
     python scripts/bench_recovery.py [--variants aot inductor eager] [--models rufus_llm]
@@ -98,6 +99,7 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--log-dir", type=Path, default=Path(tempfile.mkdtemp(prefix="bench-rec-")))
     a = ap.parse_args()
+    a.log_dir.mkdir(parents=True, exist_ok=True)
     models = [m for m in a.models.split(",") if m]
     caches = {v: Path(tempfile.mkdtemp(prefix=f"bench-rec-{v}-")) for v in a.variants}
     results: dict[str, dict[str, list[dict[str, float]]]] = {v: {"first": [], "cached": []}

@@ -21,7 +21,7 @@ import yaml
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
-from deploy.contract import HEALTH, MODEL, PORTS  # noqa: E402
+from deploy.contract import HEALTH, LEADER_MODELS, MODEL, PORTS  # noqa: E402
 
 NAME = "rufus"
 
@@ -74,6 +74,22 @@ def probe(endpoint: str, period: int, failures: int) -> dict[str, Any]:
             "periodSeconds": period, "timeoutSeconds": 5, "failureThreshold": failures}
 
 
+# The leader also runs the query planner (rufus_qp_medusa: 0.27 GB of weights, a 0.5 GiB KV
+# cache from its model.json, the Medusa heads) and the assistant's Python stub with the
+# product index: about 1.5 GiB more than a follower, rounded up.
+LEADER_EXTRA_MEMORY_GI = 2
+
+
+def with_extra_memory(resources: dict[str, Any], gi: int) -> dict[str, Any]:
+    """``resources`` with ``gi`` GiB added to the memory request and limit."""
+    out = copy.deepcopy(resources)
+    for kind in ("requests", "limits"):
+        mem = out[kind]["memory"]
+        assert mem.endswith("Gi"), mem
+        out[kind]["memory"] = f"{int(mem[:-2]) + gi}Gi"
+    return out
+
+
 def env_list(env: dict[str, str]) -> list[dict[str, Any]]:
     return [{"name": k, "value": v} for k, v in env.items()]
 
@@ -120,7 +136,6 @@ def manifest(variant: str) -> dict[str, Any]:
     common_env = {"RUFUS_LEADER_PORT": str(PORTS["RUFUS_LEADER_PORT"]),
                   "RUFUS_CONTROL_PORT": str(PORTS["RUFUS_CONTROL_PORT"]),
                   "RUFUS_HEALTH_PORT": str(PORTS["RUFUS_HEALTH_PORT"]),
-                  "RUFUS_MODELS": MODEL,
                   "RUFUS_RUFUS_LLM_ENGINE_ARGS": v["engine_args"],
                   **v["env"]}
     startup = probe("leader_ready", 10, v["startup_failures"])
@@ -130,11 +145,13 @@ def manifest(variant: str) -> dict[str, Any]:
         "command": [py, "-m", "rufus.harness.server"],
         "env": [*env_list({"GRPC_PORT": str(PORTS["GRPC_PORT"]),
                            "HTTP_PORT": str(PORTS["HTTP_PORT"]),
-                           "METRICS_PORT": str(PORTS["METRICS_PORT"]), **common_env}),
+                           "METRICS_PORT": str(PORTS["METRICS_PORT"]),
+                           # the unit's model + the planner and the assistant (leader only)
+                           "RUFUS_MODELS": ",".join(LEADER_MODELS), **common_env}),
                 copy.deepcopy(UNIT_SECRET), copy.deepcopy(ADMIN_KEY)],
         "ports": container_ports("GRPC_PORT", "HTTP_PORT", "METRICS_PORT", "RUFUS_LEADER_PORT",
                                  "RUFUS_CONTROL_PORT"),
-        "resources": copy.deepcopy(v["resources"]),
+        "resources": with_extra_memory(v["resources"], LEADER_EXTRA_MEMORY_GI),
         "startupProbe": startup,
         "readinessProbe": probe("model_ready", 5, 2),
         # the model unloads itself when the multi-node engine dies: restart -> LWS
@@ -151,6 +168,8 @@ def manifest(variant: str) -> dict[str, Any]:
             {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
             {"name": "RUFUS_AGENT_PORT", "value": str(PORTS["RUFUS_AGENT_PORT"])},
             {"name": "RUFUS_LEADER_HTTP", "value": f"http://127.0.0.1:{PORTS['HTTP_PORT']}"},
+            # the unit is healthy only while everything its leader serves is ready
+            {"name": "RUFUS_UNIT_MODELS", "value": ",".join(LEADER_MODELS)},
             # worker pods are <leader pod>-<index> in the LWS headless service <name>
             {"name": "RUFUS_FOLLOWER_HEALTH_URLS",
              "value": f"http://$(POD_NAME)-1.{NAME}:{PORTS['RUFUS_HEALTH_PORT']}"

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rufus.client import RequestFailed, generate
+from rufus.client import generate
 from rufus.harness import loadgen
 from rufus.harness.server import ROOT, TritonServer, free_port
 
@@ -211,21 +211,9 @@ def failure_drill(sup: Any, ref: str) -> dict[str, Any]:
     ready and the supervisor's whole-unit restart until it answers ``ref`` again."""
     unit = sup.unit
     restarts = sup.restarts
-    killed = 0.0
-    failed = float("nan")
-    status = ""
-    try:
-        n = 0
-        for _ in generate(unit.url, MODEL, "Tell me a long story about a shoe.", stream=True,
-                          sampling={"temperature": 0.0, "max_tokens": 900, "ignore_eos": True},
-                          timeout=120):
-            n += 1
-            if n == 3:
-                killed = time.monotonic()
-                unit.kill_follower(1)
-    except RequestFailed as exc:
-        failed = time.monotonic() - killed
-        status = exc.status
+    killed, exc = unit.kill_follower_mid_stream(MODEL)
+    failed = time.monotonic() - killed if exc else float("nan")
+    status = exc.status if exc else ""
     while sup.last("leader_not_ready") is None and sup.last("drain_timeout") is None:
         time.sleep(0.05)
     nr = sup.last("leader_not_ready")

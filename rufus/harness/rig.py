@@ -253,6 +253,27 @@ class LocalUnit:
         """Simulate a follower node crash: the whole process group, like a container."""
         _killpg(self.followers.get(rank), sig)
 
+    def kill_follower_mid_stream(self, model: str = "rufus_llm",
+                                 timeout: float = 120) -> tuple[float, Any]:
+        """Stream a long greedy answer and crash follower 1 at its 3rd chunk (the failure
+        drill of the benchmark and of the integration test): returns the monotonic time of
+        the kill and the stream's :class:`~rufus.client.RequestFailed` (None if it ended
+        without one)."""
+        from rufus.client import RequestFailed, generate
+
+        chunks, killed_at = 0, 0.0
+        try:
+            for _ in generate(self.url, model, "Tell me a long story about a shoe.", stream=True,
+                              sampling={"temperature": 0.0, "max_tokens": 900,
+                                        "ignore_eos": True}, timeout=timeout):
+                chunks += 1
+                if chunks == 3:
+                    killed_at = time.monotonic()
+                    self.kill_follower(1)
+        except RequestFailed as exc:
+            return killed_at, exc
+        return killed_at, None
+
     def kill_leader(self, sig: int = signal.SIGKILL) -> None:
         if self.leader is not None:
             _killpg(self.leader.proc, sig)

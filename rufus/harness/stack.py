@@ -18,7 +18,7 @@ import time
 from types import FrameType
 
 from rufus.env import env_port, exits_on_env_error, help_text
-from rufus.harness.server import ROOT, TritonServer, die_with_parent
+from rufus.harness.server import ROOT, TritonServer, die_with_parent, stop_group
 
 
 def start_frontend(grpc_url: str, port: int, models: str = "rufus_llm",
@@ -39,20 +39,7 @@ def start_frontend(grpc_url: str, port: int, models: str = "rufus_llm",
 
 def stop_process(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
     """SIGTERM the process, then SIGKILL its group if it lingers."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    try:
-        proc.wait(5)
-    except subprocess.TimeoutExpired:
-        pass
+    stop_group(proc, timeout)
 
 
 ENVIRONMENT = {

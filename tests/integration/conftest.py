@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -40,15 +41,23 @@ def llm_server(log_dir):
             "RUFUS_MAX_OUTSTANDING_REQUESTS": str(ADMISSION_LIMIT),
         },
     )
+    yield from serving(srv)
+
+
+def serving(srv: TritonServer, timeout: float = 900) -> Iterator[TritonServer]:
+    """Fixture body: start, wait until ready (on failure print the log's tail), yield, stop."""
     srv.start()
     try:
-        srv.wait_ready(timeout=900)
+        srv.wait_ready(timeout=timeout)
     except Exception:
         srv.stop()
-        print((log_dir / "tritonserver-llm.log").read_text()[-5000:])
+        if srv.log_path and Path(srv.log_path).exists():
+            print(Path(srv.log_path).read_text(errors="replace")[-5000:])
         raise
-    yield srv
-    srv.stop()
+    try:
+        yield srv
+    finally:
+        srv.stop()
 
 
 @pytest.fixture(scope="session")

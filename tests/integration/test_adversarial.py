@@ -29,7 +29,7 @@ import tritonclient.grpc as grpcclient
 
 from rufus.harness.server import TritonServer, free_port
 
-from .conftest import metric_value, scrape, wait_for
+from .conftest import metric_value, scrape, serving, wait_for
 
 pytestmark = pytest.mark.integration
 LLM, QP = "rufus_llm", "rufus_qp_medusa"
@@ -316,15 +316,7 @@ def qp_server(log_dir):
     srv = TritonServer(models=[QP], grpc_port=free_port(), http_port=free_port(),
                        metrics_port=free_port(), log_path=log_dir / "tritonserver-qp-adv.log",
                        extra_env={"VLLM_CPU_KVCACHE_SPACE": "1"})
-    srv.start()
-    try:
-        srv.wait_ready(timeout=900)
-    except Exception:
-        srv.stop()
-        print((log_dir / "tritonserver-qp-adv.log").read_text()[-5000:])
-        raise
-    yield srv
-    srv.stop()
+    yield from serving(srv)
 
 
 class Alongside:

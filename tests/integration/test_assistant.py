@@ -24,7 +24,7 @@ from rufus.retrieval import default_retriever
 from rufus.retrieval.base import norm_brand
 from rufus.serving.requests import InvalidInput
 
-from .conftest import metric_value, scrape, wait_for
+from .conftest import metric_value, scrape, serving, wait_for
 
 pytestmark = pytest.mark.integration
 MODELS = ["rufus_qp_medusa", "rufus_llm", "rufus_assistant"]
@@ -42,15 +42,7 @@ def stack(log_dir):
                    # a shared CI box can make the planner slow: test its path, not the timeout
                    "RUFUS_ASSISTANT_PLAN_TIMEOUT_S": "120"},
     )
-    srv.start()
-    try:
-        srv.wait_ready(timeout=900)
-    except Exception:
-        srv.stop()
-        print((log_dir / "tritonserver-assistant.log").read_text()[-5000:])
-        raise
-    yield srv
-    srv.stop()
+    yield from serving(srv)
 
 
 @pytest.fixture(scope="module")
@@ -252,3 +244,95 @@ def test_library_bad_input_raises_invalid_input(url, catalog):
     with pytest.raises(InvalidInput) as ei:
         asyncio.run(go())
     assert ei.value.field == "history[0].content"
+
+
+# ------------------------------------------- the same stack through the OpenAI frontend
+
+
+@pytest.fixture(scope="module")
+def openai_client(stack, log_dir):
+    """``python -m rufus.frontend`` (as ``make serve`` runs it) in front of this stack,
+    with the official ``openai`` client; model ``rufus-assistant``."""
+    import openai
+
+    from rufus.harness.stack import start_frontend, stop_process
+
+    port = free_port()
+    log = log_dir / "frontend-assistant.log"
+    proc = start_frontend(f"127.0.0.1:{stack.grpc_port}", port, "rufus_llm",
+                          log_path=str(log))
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused",
+                           max_retries=0, timeout=300)
+    try:
+        assert wait_for(lambda: _models(client), timeout=60), log.read_text()[-3000:]
+        yield client
+    finally:
+        stop_process(proc)
+
+
+def _models(client) -> bool:
+    try:
+        return "rufus-assistant" in {m.id for m in client.models.list()}
+    except Exception:  # noqa: BLE001 - not listening yet
+        return False
+
+
+def test_openai_streaming_cards_first_then_grounded_answer(openai_client, catalog):
+    stream = openai_client.chat.completions.create(
+        model="rufus-assistant", stream=True,
+        messages=[{"role": "user", "content": "running shoes under $80"}])
+    chunks = list(stream)
+    first = chunks[0]
+    cards = first.model_extra["x_rufus_products"]
+    plan = first.model_extra["x_rufus_plan"]
+    assert cards and plan["filters"].get("max_price") == 80, plan
+    assert all(c["price"] <= 80 for c in cards)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    # the content starts with the cards as markdown links, then the answer
+    for i, c in enumerate(cards, 1):
+        assert f"{i}. [" in text and f"]({c['url']})" in text
+    r = {"products": cards, "text": text}
+    check_grounded(r, catalog)
+    assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+
+
+def test_openai_multi_turn_and_non_streaming(openai_client, catalog):
+    messages = [{"role": "user", "content": "I need running shoes"},
+                {"role": "assistant", "content": "Here are some running shoes."},
+                {"role": "user", "content": "any under $60?"}]
+    resp = openai_client.chat.completions.create(model="rufus-assistant", messages=messages)
+    cards = resp.model_extra["x_rufus_products"]
+    assert cards and all(c["price"] <= 60 for c in cards), resp.model_extra["x_rufus_plan"]
+    cats = [catalog.get(c["id"]).category for c in cards]
+    assert cats.count("running_shoes") >= len(cats) - 1, cats
+    check_grounded({"products": cards, "text": resp.choices[0].message.content}, catalog)
+
+
+def test_openai_bad_input_is_a_400_naming_the_field(openai_client):
+    import openai
+
+    with pytest.raises(openai.BadRequestError) as ei:
+        openai_client.chat.completions.create(
+            model="rufus-assistant",
+            messages=[{"role": "user", "content": "shoes"},
+                      {"role": "assistant", "content": "which ones?"}])
+    assert ei.value.body["param"] == "messages", ei.value.body
+    with pytest.raises(openai.BadRequestError) as ei:
+        openai_client.chat.completions.create(
+            model="rufus-assistant", messages=[{"role": "user", "content": "x" * 1001}])
+    assert ei.value.body["param"] == "messages" and "1001" in ei.value.body["message"]
+
+
+def test_openai_disconnect_frees_the_answer_slot(stack, openai_client):
+    assert wait_for(lambda: _llm_engine_requests(stack) == 0, timeout=30)
+    stream = openai_client.chat.completions.create(
+        model="rufus-assistant", stream=True, max_tokens=400,
+        messages=[{"role": "user", "content": "tell me everything about hiking boots"}])
+    texts = 0
+    for chunk in stream:
+        texts += bool(chunk.choices and chunk.choices[0].delta.content)
+        if texts == 2:
+            break  # the cards' markdown came first; this is the answer's first text
+    stream.close()  # the HTTP connection goes away
+    assert wait_for(lambda: _llm_engine_requests(stack) == 0, timeout=15), \
+        "the answer model still holds the request of a client that went away"

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from .conftest import metric_value, scrape, wait_for
+from .conftest import metric_value, scrape, serving, wait_for
 
 pytestmark = pytest.mark.integration
 MODEL = "rufus_llm"
@@ -274,15 +274,8 @@ def lora_url(tmp_path_factory, log_dir):
                        log_path=log_dir / "tritonserver-lora.log",
                        extra_env={"RUFUS_RUFUS_LLM_ENGINE_ARGS":
                                   '{"max_num_seqs": 4, "max_model_len": 1024}'})
-    srv.start()
-    try:
-        srv.wait_ready(timeout=900)
-    except Exception:
-        srv.stop()
-        print((log_dir / "tritonserver-lora.log").read_text()[-5000:])
-        raise
-    yield f"127.0.0.1:{srv.grpc_port}"
-    srv.stop()
+    for s in serving(srv):
+        yield f"127.0.0.1:{s.grpc_port}"
 
 
 def test_lora_name_selects_an_adapter_per_request(lora_url):

@@ -17,7 +17,7 @@ import time
 import psutil
 import pytest
 
-from rufus.client import RequestFailed, generate
+from rufus.client import generate
 from rufus.harness.rig import LocalUnit, Supervisor
 from rufus.harness.server import TritonServer, free_port
 
@@ -139,19 +139,10 @@ def test_follower_death_mid_stream_then_unit_recovers(sup, single_node_reference
     """Kill the follower node (its process group, SIGKILL) during a stream."""
     unit = sup.unit
     restarts = sup.restarts
-    chunks = 0
-    killed_at = 0.0
-    with pytest.raises(RequestFailed) as exc:
-        for _ in generate(unit.url, MODEL, "Tell me a long story about a shoe.", stream=True,
-                          sampling={"temperature": 0.0, "max_tokens": 900, "ignore_eos": True},
-                          timeout=60):
-            chunks += 1
-            if chunks == 3:
-                killed_at = time.monotonic()
-                unit.kill_follower(1)
+    killed_at, err = unit.kill_follower_mid_stream(MODEL, timeout=60)
     failed_after = time.monotonic() - killed_at
     assert killed_at, "the stream must have started before the kill"
-    assert exc.value.status == "UNAVAILABLE", exc.value
+    assert err is not None and err.status == "UNAVAILABLE", err
     assert failed_after < 10, f"in-flight stream ended after {failed_after:.1f} s"
     # The leader itself reports not ready (the supervisor waits for that before restarting).
     assert wait_for(lambda: sup.last("leader_not_ready") is not None

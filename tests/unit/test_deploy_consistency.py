@@ -161,10 +161,12 @@ def test_contract_ports_match_code_defaults():
 @pytest.mark.parametrize("name", ["GRPC_PORT", "HTTP_PORT", "METRICS_PORT", "RUFUS_LEADER_PORT",
                                   "RUFUS_CONTROL_PORT",
                                   "RUFUS_HEALTH_PORT", "RUFUS_AGENT_PORT", "RUFUS_NODE_RANK",
-                                  "RUFUS_NNODES", "RUFUS_MODELS", "OPENAI_PORT"])
+                                  "RUFUS_NNODES", "RUFUS_MODELS", "RUFUS_UNIT_MODELS",
+                                  "OPENAI_PORT"])
 def test_env_values_agree_with_contract(name):
     want = {**{k: str(v) for k, v in C.PORTS.items()}, "RUFUS_NNODES": "2",
-            "RUFUS_MODELS": C.MODEL}
+            "RUFUS_MODELS": ",".join(C.LEADER_MODELS),
+            "RUFUS_UNIT_MODELS": ",".join(C.LEADER_MODELS)}
     seen = []
     for svc, s in compose_services().items():
         if name in s.get("environment", {}):
@@ -366,20 +368,21 @@ def test_dockerfile_targets_pins_user_and_context():
     args = dict(re.findall(r"^ARG\s+(\w+)=(\S+)$", DOCKERFILE, re.M))
     for image, _ in stages:
         ref = args[image[2:-1]] if image.startswith("${") else image
-        if ref in names:
+        if ref in names or ref == "scratch":  # scratch: a named build context's default
             continue
         tag = ref.rsplit("/", 1)[-1]
         assert ":" in tag and not tag.endswith(":latest"), f"base image not pinned: {ref}"
-    for m in re.finditer(r"^FROM .* AS (\w+)$(.*?)(?=^FROM |\Z)", DOCKERFILE, re.M | re.S):
-        name, body = m.groups()
-        if name.endswith("-build"):
+    for m in re.finditer(r"^FROM (\S+) AS (\w+)$(.*?)(?=^FROM |\Z)", DOCKERFILE, re.M | re.S):
+        base, name, body = m.groups()
+        if name.endswith("-build") or base == "scratch":
             continue
         assert re.search(r"^USER (?!root|0\b)\S+", body, re.M), f"{name}: no non-root USER"
         assert "HEALTHCHECK" in body, f"{name}: no HEALTHCHECK"
     # every COPY source exists and is let through by .dockerignore
     allowed = [ln[1:].rstrip("/") for ln in (ROOT / ".dockerignore").read_text().splitlines()
                if ln.startswith("!")]
-    for line in re.findall(r"^COPY (?!--from)(?:--\S+ )*(.+)$", DOCKERFILE, re.M):
+    joined = DOCKERFILE.replace("\\\n", " ")
+    for line in re.findall(r"^COPY (?!--from)(?:--\S+ )*(.+)$", joined, re.M):
         for src in line.split()[:-1]:
             assert (ROOT / src).exists() or src.rstrip("/") in ("follower", "proxy"), src
             assert any(src.rstrip("/") == a or src.startswith(a + "/") for a in allowed), src
@@ -461,3 +464,152 @@ def test_cuda_image_pins_a_triton_release_with_the_2025_cve_fixes():
     tag = args["TRITON_VLLM_IMAGE"].rsplit(":", 1)[1]
     year, month = (int(x) for x in re.match(r"(\d+)\.(\d+)-", tag).groups())
     assert (year, month) >= (25, 7), tag
+
+
+# ---------------------------------------------------------------- the shopping assistant (issue 16)
+def stage_bodies() -> dict[str, str]:
+    """Dockerfile stage name -> its instructions, continuation lines joined."""
+    joined = DOCKERFILE.replace("\\\n", " ")
+    return {m.group(1): m.group(2) for m in
+            re.finditer(r"^FROM \S+ AS (\S+)$(.*?)(?=^FROM |\Z)", joined, re.M | re.S)}
+
+
+def env_of(c: dict) -> dict[str, str]:
+    """name -> value of a k8s (env) or ECS (environment) container's plain variables."""
+    return {e["name"]: e["value"] for e in c.get("env", c.get("environment", [])) if "value" in e}
+
+
+def test_assistant_dependencies_match_the_code():
+    """C.ASSISTANT_CALLS is what both assistant paths call: the Triton model (its config's
+    parameters) and the pipeline the frontend hook builds with its defaults."""
+    import inspect
+
+    from rufus.assistant.pipeline import Assistant
+
+    cfg = (ROOT / "model_repository" / C.ASSISTANT_MODEL / "config.pbtxt").read_text()
+    params = dict(re.findall(r'key: "(\w+)" value: \{ string_value: "([^"]*)" \}', cfg))
+    assert (params["planner_model"], params["answer_model"]) == C.ASSISTANT_CALLS
+    sig = inspect.signature(Assistant)
+    assert (sig.parameters["planner_model"].default,
+            sig.parameters["answer_model"].default) == C.ASSISTANT_CALLS
+    hook = (ROOT / "rufus/frontend/assistant_hook.py").read_text()
+    assert "Assistant(self.triton_url, retriever)" in hook, "hook no longer uses the defaults"
+    assert C.MODEL in C.LEADER_MODELS and C.ASSISTANT_MODEL in C.LEADER_MODELS
+    assert set(C.ASSISTANT_CALLS) <= set(C.LEADER_MODELS)
+    assert len(set(C.LEADER_MODELS)) == len(C.LEADER_MODELS)
+    for m in C.LEADER_MODELS:
+        assert (ROOT / "model_repository" / m / "config.pbtxt").exists(), m
+
+
+def test_every_leader_serves_the_assistant_and_what_it_calls():
+    """Compose (both cells), every LWS variant and ECS: the leader loads C.LEADER_MODELS, its
+    unit agent requires them all ready, and followers (one pipeline stage of rufus_llm each)
+    are given no model list."""
+    want = list(C.LEADER_MODELS)
+    leaders: list[tuple[str, dict[str, str]]] = []
+    agents: list[tuple[str, dict[str, str]]] = []
+    followers: list[tuple[str, dict[str, str]]] = []
+    by_role = {"leader": leaders, "agent": agents, "follower": followers}
+    for name, svc in compose_services().items():
+        env = {k: str(v) for k, v in svc.get("environment", {}).items()}
+        if env.get("RUFUS_ROLE") in by_role:
+            by_role[env["RUFUS_ROLE"]].append((f"compose:{name}", env))
+    for v, _role, c in k8s_containers():
+        if c["name"] in by_role:
+            by_role[c["name"]].append((f"k8s:{v}:{c['name']}", env_of(c)))
+    for fam, c in ecs_containers():
+        if c["name"] in by_role:
+            by_role[c["name"]].append((f"ecs:{fam}:{c['name']}", env_of(c)))
+    assert len(leaders) == 2 + len(LWS) + 1, leaders
+    assert len(agents) == len(leaders) and len(followers) == len(leaders)
+    for where, env in leaders:
+        assert env.get("RUFUS_MODELS", "").split(",") == want, where
+    for where, env in agents:
+        assert env.get("RUFUS_UNIT_MODELS", "").split(",") == want, where
+    for where, env in followers:
+        assert "RUFUS_MODELS" not in env, f"{where}: a follower loads no model list"
+
+
+def test_frontends_offer_the_assistant():
+    """The OpenAI frontend's hook (model rufus-assistant) is on: no --no-hooks anywhere."""
+    cmds = [("compose", compose_services()["openai"]["command"])]
+    cmds += [(f"k8s:{v}", c["command"]) for v, _, c in k8s_containers() if c["name"] == "openai"]
+    cmds += [(f"ecs:{f}", c["command"]) for f, c in ecs_containers() if c["name"] == "openai"]
+    assert len(cmds) == 1 + len(LWS) + 1
+    for where, cmd in cmds:
+        assert "--no-hooks" not in cmd, where
+
+
+def rufus_imports(rel: str) -> set[str]:
+    """Repository files a script/module needs (its rufus.* imports, transitively, with each
+    package's __init__.py), relative to the root."""
+    import ast
+
+    need: set[str] = set()
+    todo = [rel]
+    while todo:
+        f = todo.pop()
+        if f in need:
+            continue
+        need.add(f)
+        for node in ast.walk(ast.parse((ROOT / f).read_text())):
+            mods = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                    else [node.module] if isinstance(node, ast.ImportFrom) and node.module
+                    else [])
+            for mod in mods:
+                parts = mod.split(".")
+                if parts[0] != "rufus":
+                    continue
+                for i in range(1, len(parts) + 1):
+                    base = "/".join(parts[:i])
+                    for cand in (f"{base}/__init__.py", f"{base}.py"):
+                        if (ROOT / cand).is_file():
+                            todo.append(cand)
+    return need
+
+
+def test_dockerfile_builds_the_planner_and_the_catalog_index():
+    """cpu-build runs `setup.sh qp` and `setup.sh catalog` with every file they read copied in
+    before; the cpu/cuda/neuron images carry the index and point RUFUS_CATALOG_INDEX at it."""
+    bodies = stage_bodies()
+    build = bodies["cpu-build"]
+    runs = re.findall(r"^RUN bash scripts/setup\.sh (\w+)", build, re.M)
+    assert runs[:1] == ["triton"] and {"model", "qp", "catalog"} <= set(runs), runs
+    assert runs.index("model") < runs.index("qp"), "the planner is merged into the default model"
+
+    def copied_before(step: str) -> set[str]:
+        head = build[:build.index(f"RUN bash scripts/setup.sh {step}")]
+        out: set[str] = set()
+        for line in re.findall(r"^COPY (?!--from)(?:--\S+ )*(.+)$", head, re.M):
+            out |= set(line.split()[:-1])
+        return out
+
+    from rufus.qp.tooling import build as qp_build
+
+    qp_needs = rufus_imports("rufus/qp/tooling/build.py") | rufus_imports("rufus/qp/plan.py")
+    qp_needs |= {"rufus/qp/plan_schema.json"}
+    data = [qp_build.LORA_PATH, qp_build.LORA_PATH.with_suffix(".json"), qp_build.HEADS_PATH,
+            qp_build.HEADS_PATH.with_suffix(".json"), qp_build.DATA / "train.jsonl",
+            qp_build.DATA / "calib.jsonl"]
+    qp_needs |= {str(p.relative_to(ROOT)) for p in data}
+    missing = qp_needs - copied_before("qp")
+    assert not missing, f"cpu-build runs setup.sh qp without {sorted(missing)}"
+    cat_needs = rufus_imports("scripts/build_catalog.py") | {"scripts/setup.sh"}
+    missing = cat_needs - copied_before("catalog")
+    assert not missing, f"cpu-build runs setup.sh catalog without {sorted(missing)}"
+
+    index_dir = C.CATALOG_INDEX.rsplit("/", 1)[0]
+    assert re.search(rf"RUFUS_CATALOG_INDEX={re.escape(C.CATALOG_INDEX)}\b", build)
+    # your own catalog: the `catalog` named context (empty by default) and RUFUS_CATALOG
+    assert re.search(r"^FROM scratch AS catalog$", DOCKERFILE, re.M)
+    assert re.search(r"^COPY --from=catalog ", build, re.M)
+    assert re.search(r"^ARG RUFUS_CATALOG=", build, re.M)
+    for stage in ("cpu", "cuda", "neuron"):
+        body = bodies[stage]
+        assert re.search(rf"^COPY --from=cpu-build {index_dir} {index_dir}$", body, re.M), stage
+        assert re.search(rf"^ENV .*RUFUS_CATALOG_INDEX={re.escape(C.CATALOG_INDEX)}\b", body,
+                         re.M), stage
+        assert "/opt/rufus/cache /opt/rufus/cache" in body, stage  # the planner's models
+    # the qp model.json finds the planner under the cache dir the images carry
+    qp_json = (ROOT / "model_repository/rufus_qp_medusa/1/model.json").read_text()
+    assert "${RUFUS_CACHE_DIR}/models/" in qp_json

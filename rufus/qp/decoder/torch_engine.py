@@ -100,7 +100,9 @@ class TorchPlannerEngine:
         from rufus.qp.decoder.medusa_decode import Decoder, Tree
         from rufus.qp.decoder.torch_llama import MedusaHeads, TinyLlama
 
-        # default: every core this process may run on (torch_threads in model.json caps it)
+        # torch_threads unset: every core this process may run on. The shipped model.json sets 1:
+        # a 2-thread OpenMP team stalls at every barrier when a busy neighbour (the answer
+        # model's vLLM worker) holds the cores (docs/benchmarks.md, "Planner threads").
         threads = int(args.get("torch_threads", 0) or 0) or len(os.sched_getaffinity(0))
         torch.set_num_threads(threads)
         model = TinyLlama(str(args["model"]), str(args.get("dtype", "bfloat16")), self.max_len)
