@@ -5,6 +5,10 @@
 #
 #   scripts/repeat_death_tests.sh [N=15] [M=5]     (RUFUS_TEST_LOGS=<dir> keeps the logs)
 set -uo pipefail
+if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then
+  sed -n '2,6p' "$0" | cut -c3-
+  exit 0
+fi
 cd "$(dirname "$0")/.."
 N=${1:-15}
 M=${2:-5}
