@@ -137,8 +137,8 @@ SERVICE_QUESTIONS = {
 
 def test_service_intents_answer_without_search(url):
     """The path follows the planner's intent: a service intent gets its fixed reply and no
-    cards, anything else a search. Several phrasings per intent, because the planner (67%
-    intent accuracy, docs/architecture.md) misroutes some; each intent must be routed once."""
+    cards, anything else a search. Several phrasings per intent, because the planner (92%
+    intent accuracy, docs/benchmarks.md) misroutes some; each intent must be routed once."""
     routed = dict.fromkeys(SERVICE_QUESTIONS, 0)
     for intent, questions in SERVICE_QUESTIONS.items():
         for q in questions:
