@@ -58,7 +58,12 @@ PRODUCT_INTENTS = frozenset({"product_search", "product_comparison", "product_qu
 # is a valid planner request.
 MAX_QUESTION_CHARS = 1000
 MAX_HISTORY_TURNS = 8
-PLANNER_HISTORY_CHARS = 300
+# What of each earlier turn the planner sees. Its training turns are short (assistant turns
+# 36 characters at the median, 54 at most): a whole answer is out of distribution (its
+# product names leak into the search queries) and, on one thread, every 100 characters of
+# prompt cost the plan ~100 ms. Measured on a follow-up: plan 770 ms with 300 characters of
+# the previous answer, ~460 ms with 80 (docs/benchmarks.md, "Shopping assistant").
+PLANNER_HISTORY_CHARS = {"user": 300, "assistant": 80}
 
 EventType = Literal["plan", "products", "text", "done"]
 
@@ -181,7 +186,8 @@ class Assistant:
         gives the fallback plan: the assistant still answers."""
         tensors: dict[str, Any] = {"question": question}
         if history:
-            tensors["history"] = [{"role": m["role"], "content": clip(m["content"], PLANNER_HISTORY_CHARS)}
+            tensors["history"] = [{"role": m["role"],
+                                   "content": clip(m["content"], PLANNER_HISTORY_CHARS.get(m["role"], 300))}
                                   for m in history]
         last: dict[str, Any] = {}
         try:
