@@ -58,11 +58,10 @@ PRODUCT_INTENTS = frozenset({"product_search", "product_comparison", "product_qu
 # is a valid planner request.
 MAX_QUESTION_CHARS = 1000
 MAX_HISTORY_TURNS = 8
-# What of each earlier turn the planner sees. Its training turns are short (assistant turns
-# 36 characters at the median, 54 at most): a whole answer is out of distribution (its
-# product names leak into the search queries) and, on one thread, every 100 characters of
-# prompt cost the plan ~100 ms. Measured on a follow-up: plan 770 ms with 300 characters of
-# the previous answer, ~460 ms with 80 (docs/benchmarks.md, "Shopping assistant").
+# What of each earlier turn the planner sees. Its training turns are short (data/qp/
+# train.jsonl): a whole answer is out of distribution (its product names leak into the
+# search queries) and every character of prompt costs plan time on the critical path
+# (docs/benchmarks.md, "Shopping assistant").
 PLANNER_HISTORY_CHARS = {"user": 300, "assistant": 80}
 
 EventType = Literal["plan", "products", "text", "done"]

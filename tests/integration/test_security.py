@@ -37,7 +37,7 @@ QP = "rufus_qp_medusa"
 TINY = "tiny"
 # Short enough to see a slow client cut within the test, much shorter than the streams below.
 INGRESS_LIMITS = Limits(http_request="2s", keep_alive="5s")
-# long enough to outlast `timeout http-request` (2 s) with margin on an idle machine (~6 s)
+# long enough to outlast `timeout http-request` with margin, also on an idle machine
 LONG_STREAM = {"max_tokens": 400, "ignore_eos": True, "temperature": 0.0}
 
 
