@@ -28,24 +28,13 @@ from rufus.client import RequestFailed, build_inputs, generate
 from rufus.harness.server import TritonServer, free_port
 from rufus.qp.client import plan
 
-from .conftest import metric_value, scrape, wait_for
+from .conftest import metric_value, scrape, serving, wait_for
 
 pytestmark = pytest.mark.integration
 MODEL = "rufus_llm"
 PROMPT = "The best way to keep running shoes clean is"
 GREEDY = {"temperature": 0.0, "max_tokens": 16}
 CYCLES = int(os.environ.get("RUFUS_RECOVERY_CYCLES", "1"))
-
-
-def _start(srv: TritonServer, log) -> TritonServer:
-    srv.start()
-    try:
-        srv.wait_ready(timeout=900)
-    except Exception:
-        srv.stop()
-        print(log.read_text()[-5000:])
-        raise
-    return srv
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +50,7 @@ def llm(log_dir):
             "RUFUS_ENGINE_RESTART_BACKOFF_S": "0.5",
             "RUFUS_ENGINE_RESTART_BACKOFF_MAX_S": "2",
         })
-    yield _start(srv, log)
-    srv.stop()
+    yield from serving(srv)
 
 
 def _text(url: str) -> str:
@@ -147,8 +135,7 @@ def planner(log_dir):
         models=["rufus_qp_medusa"], grpc_port=free_port(), http_port=free_port(),
         metrics_port=free_port(), log_path=log,
         extra_env={"RUFUS_QP_TORCH_FAULT_AT": "2", "RUFUS_ENGINE_RESTART_BACKOFF_S": "0.5"})
-    yield _start(srv, log)
-    srv.stop()
+    yield from serving(srv)
 
 
 def test_planner_engine_death_heals_in_place(planner):
