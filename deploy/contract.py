@@ -177,6 +177,9 @@ ENV: dict[str, Var] = {
                                  "launcher; default 127.0.0.1:8001)"),
     "RUFUS_ASSISTANT_PLAN_TIMEOUT_S": Var(("rufus/assistant/pipeline.py",),
                                           "assistant: planner time limit before the fallback plan (10)"),
+    "RUFUS_ASSISTANT_PREWARM": Var(("rufus/assistant/pipeline.py",),
+                                   "assistant: prefill a follow-up's answer prefix while planning "
+                                   "(1; 0 turns it off)"),
     "RUFUS_CATALOG": Var(("rufus/retrieval/__init__.py",),
                          "assistant: your own catalog (.jsonl/.csv) instead of the generated one"),
     "RUFUS_CATALOG_INDEX": Var(("rufus/retrieval/__init__.py",),

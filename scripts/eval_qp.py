@@ -42,6 +42,14 @@ def say(msg: str) -> None:
     print(f"[eval_qp {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
+def drafts(a: argparse.Namespace, mj: dict[str, Any]) -> dict[str, int]:
+    """Grammar-forced and prompt-lookup drafts: model.json's, unless --no-drafts."""
+    if a.no_drafts:
+        return {"grammar_drafts": 0, "lookup_drafts": 0}
+    return {"grammar_drafts": int(mj.get("grammar_drafts", 0)),
+            "lookup_drafts": int(mj.get("lookup_drafts", 0))}
+
+
 def torch_eval(a: argparse.Namespace, rows: list[dict[str, Any]]) -> dict[str, Any]:
     tree = None
     heads = 0
@@ -49,9 +57,10 @@ def torch_eval(a: argparse.Namespace, rows: list[dict[str, Any]]) -> dict[str, A
         mj = json.loads((MODEL_DIR / "model.json").read_text())
         tree = json.loads((MODEL_DIR / mj["medusa_tree"]).read_text())["medusa_tree"]
         heads = int(mj["num_medusa_heads"])
+    mj = json.loads((MODEL_DIR / "model.json").read_text())
     planner = TorchPlanner(a.model or qp_model_dir(), a.dtype, None if a.no_medusa else
                            medusa_dir(), tree, heads, grammar=not a.no_grammar,
-                           threads=a.threads)
+                           threads=a.threads, **drafts(a, mj))
     planner.plan("warm up")
     t0 = time.monotonic()
     preds = run(planner, rows, say)
@@ -74,18 +83,28 @@ def torch_eval(a: argparse.Namespace, rows: list[dict[str, Any]]) -> dict[str, A
 
 
 def speed_eval(a: argparse.Namespace, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Plain decoding, Medusa heads alone, and the served decoder (heads plus grammar-forced
+    and prompt-lookup drafts), interleaved on the same questions."""
     mj = json.loads((MODEL_DIR / "model.json").read_text())
     tree = json.loads((MODEL_DIR / mj["medusa_tree"]).read_text())["medusa_tree"]
     model = a.model or qp_model_dir()
-    md = TorchPlanner(model, a.dtype, medusa_dir(), tree, int(mj["num_medusa_heads"]),
-                      threads=a.threads)
-    ar = TorchPlanner(model, a.dtype, threads=a.threads)
-    for p in (md, ar):
+    heads = int(mj["num_medusa_heads"])
+    planners = {
+        "plain": TorchPlanner(model, a.dtype, threads=a.threads),
+        "medusa": TorchPlanner(model, a.dtype, medusa_dir(), tree, heads, threads=a.threads),
+        "served": TorchPlanner(model, a.dtype, medusa_dir(), tree, heads, threads=a.threads,
+                               **drafts(a, mj)),
+    }
+    for p in planners.values():
         p.plan("warm up")
-    res = speed_compare(md, ar, rows, say)
-    say(f"Medusa {res['speedup_mean_latency']:.2f}x over plain decoding ({res['n']} questions, "
-        f"{res['tokens_per_step']} tokens/step, identical {res['identical']:.3f})")
-    return {"engine": "torch", "dtype": a.dtype, "tree": tree, "speed": res}
+    res = speed_compare(planners, rows, say)
+    for k in ("medusa", "served"):
+        r = res[k]
+        say(f"{k}: {r['speedup_mean_latency']:.2f}x over plain decoding ({res['n']} questions, "
+            f"{r['tokens_per_step']} tokens/step, p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms, "
+            f"identical {r['identical']:.3f})")
+    return {"engine": "torch", "dtype": a.dtype, "tree": tree, "threads": a.threads,
+            "drafts": drafts(a, mj), "speed": res}
 
 
 def vllm_eval(a: argparse.Namespace, rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -137,6 +156,8 @@ def main() -> None:
     ap.add_argument("--no-medusa", action="store_true", help="torch: plain greedy decoding")
     ap.add_argument("--no-grammar", action="store_true", help="torch: no schema grammar")
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--no-drafts", action="store_true",
+                    help="torch: no grammar-forced / prompt-lookup drafts (Medusa heads only)")
     ap.add_argument("--speed", type=int, default=0, metavar="N",
                     help="torch: instead of scoring, time N questions through the Medusa "
                          "and the plain decoder, interleaved (speedup, token identity)")

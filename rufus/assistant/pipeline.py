@@ -39,6 +39,7 @@ from rufus.assistant.prompt import (
     SERVICE_REPLIES,
     LinkRenderer,
     answer_messages,
+    answer_prefix_messages,
     cards,
     clip,
     diversify,
@@ -155,7 +156,8 @@ class Assistant:
 
     def __init__(self, url: str, retriever: Retriever, *, planner_model: str = "rufus_qp_medusa",
                  answer_model: str = "rufus_llm", k: int = 5, max_tokens: int = 160,
-                 plan_timeout_s: float | None = None, metrics: AssistantMetrics | None = None) -> None:
+                 plan_timeout_s: float | None = None, metrics: AssistantMetrics | None = None,
+                 prewarm: bool | None = None) -> None:
         self.url = url
         self.retriever = retriever
         self.planner_model = planner_model
@@ -165,6 +167,9 @@ class Assistant:
         self.plan_timeout_s = plan_timeout_s if plan_timeout_s is not None else float(
             os.environ.get("RUFUS_ASSISTANT_PLAN_TIMEOUT_S", "10"))
         self.metrics: AssistantMetrics = metrics or NullMetrics()
+        # follow-ups: prefill the answer prompt's known prefix while the planner runs
+        self.prewarm = prewarm if prewarm is not None else \
+            os.environ.get("RUFUS_ASSISTANT_PREWARM", "1") != "0"
         self._io: TritonStreams | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -207,6 +212,23 @@ class Assistant:
             return fallback_plan(question), True, reason
         return with_stated_price_cap(plan, question), False, ""
 
+    async def _prewarm(self, turns: list[dict[str, str]]) -> None:
+        """A one-token rufus_llm request for the answer prompt's prefix (system message and
+        earlier turns), sent with the plan request. On a follow-up that prefix is most of
+        the answer prompt and is not in vLLM's prefix cache yet; prefilled here, on the
+        core the planner does not use, it is cached by the time the answer request comes,
+        which then prefills only the products and the question. Best effort: any failure
+        only means the answer request prefills it itself."""
+        tensors = {"messages": answer_prefix_messages(turns), "stream": False,
+                   "exclude_input_in_output": True,
+                   "sampling_parameters": {"max_tokens": 1, "temperature": 0.0}}
+        try:
+            async with contextlib.aclosing(self.streams().stream(self.answer_model, tensors)) as s:
+                async for _ in s:
+                    pass
+        except (RequestFailed, ValueError, KeyError) as exc:
+            log.debug("answer-prefix prefill failed (harmless): %s", exc)
+
     def _retrieve(self, plan: dict[str, Any], question: str,
                   history: list[dict[str, str]]) -> list[Product]:
         found = self.retriever.search(search_queries(plan, question, history),
@@ -219,6 +241,7 @@ class Assistant:
         t0 = time.monotonic()
         timings: dict[str, float] = {}
         path, outcome = "none", "error"
+        warm = asyncio.create_task(self._prewarm(turns)) if turns and self.prewarm else None
         try:
             plan, fallback, reason = await self.plan(question, turns)
             timings["plan_s"] = time.monotonic() - t0
@@ -258,6 +281,8 @@ class Assistant:
             outcome = "cancelled"
             raise
         finally:
+            if warm is not None and not warm.done():
+                warm.cancel()
             self.metrics.count(outcome, path)
             for stage, secs in timings.items():
                 self.metrics.observe(stage.removesuffix("_s"), secs)

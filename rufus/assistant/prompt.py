@@ -58,6 +58,17 @@ def previous_turns(history: Sequence[dict[str, str]] | None) -> list[dict[str, s
             for m in (history or [])[-HISTORY_TURNS:] if m["role"] in ("user", "assistant")]
 
 
+PRODUCTS_HEADER = "Products:\n"
+
+
+def answer_prefix_messages(history: Sequence[dict[str, str]] | None) -> list[dict[str, str]]:
+    """The start of a product-path answer prompt, known before the plan: the system message,
+    the earlier turns and the header of the last user message (rufus/assistant/pipeline.py
+    prefills it while the planner runs)."""
+    return [{"role": "system", "content": SYSTEM_PRODUCTS}, *previous_turns(history),
+            {"role": "user", "content": PRODUCTS_HEADER}]
+
+
 def answer_messages(question: str, products: Sequence[Product],
                     history: Sequence[dict[str, str]] | None, general: bool = False
                     ) -> list[dict[str, str]]:
@@ -66,7 +77,7 @@ def answer_messages(question: str, products: Sequence[Product],
         system, user = SYSTEM_GENERAL, question
     elif products:
         system = SYSTEM_PRODUCTS
-        user = f"Products:\n{product_lines(products)}\n\nQuestion: {question}"
+        user = f"{PRODUCTS_HEADER}{product_lines(products)}\n\nQuestion: {question}"
     else:
         system, user = SYSTEM_NO_RESULTS, question
     return [{"role": "system", "content": system}, *previous_turns(history),

@@ -5,10 +5,13 @@ NxDI-style Medusa knobs) into what the engine needs; ``create_backend`` picks th
 
 * ``torch_medusa`` (default off Neuron): the project's own batch-1 decoder
   (rufus/qp/decoder/medusa_decode.py): the ``medusa_tree`` verified in one forward pass with a tree
-  attention mask, greedy acceptance under the plan grammar. The fastest correct path
+  attention mask, greedy acceptance under the plan grammar; the tokens the grammar forces
+  (``grammar_drafts``) and prompt-lookup copies (``lookup_drafts``) join the same pass. The
+  fastest correct path
   measured on the 2-core CPU, where vLLM's speculative step costs more than twice its plain
   step (figures: docs/benchmarks.md, "Query planner").
-* ``torch_autoregressive``: the same decoder without the heads (algorithmic baseline).
+* ``torch_autoregressive``: the same decoder without the heads or any draft (algorithmic
+  baseline: one token per forward pass).
 * ``vllm_medusa``: vLLM speculative decoding with our Medusa heads as the draft (top-1 chain
   of ``vllm_num_speculative_tokens`` heads); continuous batching, for batch > 1 or GPUs.
 * ``autoregressive``: the same model in vLLM without speculation (the serving baseline, and
@@ -37,10 +40,14 @@ log = logging.getLogger("rufus.qp")
 
 QP_KEYS = ("qp_backend", "num_medusa_heads", "medusa_speculation_length", "medusa_tree",
            "medusa_model", "vllm_num_speculative_tokens", "structured_output", "torch_threads",
-           "nxdi_compiled_path", "nxdi_max_new_tokens", "ground_filters")
+           "nxdi_compiled_path", "nxdi_max_new_tokens", "ground_filters", "grammar_drafts",
+           "lookup_drafts", "max_draft_nodes")
 BACKENDS = ("torch_medusa", "torch_autoregressive", "vllm_medusa", "autoregressive", "nxdi")
 # what the torch decoder reads from model.json; the other vLLM engine arguments do not apply
 TORCH_ARGS = ("model", "dtype", "max_model_len", "torch_threads")
+# the speculative torch path's extra drafts (rufus/qp/decoder/medusa_decode.py): verified in
+# the same pass as the Medusa tree; ``torch_autoregressive``, the plain reference, has none
+DRAFT_ARGS = ("grammar_drafts", "lookup_drafts", "max_draft_nodes")
 
 
 @dataclass
@@ -114,7 +121,8 @@ class TorchBackend(PlannerBackend):
     """rufus/qp/decoder/torch_engine.py: batch-1 decoding in PyTorch, Medusa tree or plain."""
 
     def engine_args(self, args: dict[str, Any]) -> dict[str, Any]:
-        return {k: args[k] for k in TORCH_ARGS if k in args}
+        keys = TORCH_ARGS + (DRAFT_ARGS if self.medusa is not None else ())
+        return {k: args[k] for k in keys if k in args}
 
     @property
     def tokens_per_step_max(self) -> int:

@@ -218,6 +218,28 @@ def test_history_reaches_planner_and_answer_model(retriever):
     assert any("Shoe" in c["title"] for c in evs[1].products)
 
 
+def test_follow_up_prefills_the_answer_prefix_while_planning(retriever):
+    """On a follow-up, a one-token rufus_llm request carries the answer prompt's known start
+    (system message, earlier turns, the products header); the real answer prompt continues
+    it exactly, so vLLM's prefix cache serves that part. Off: no such request."""
+    history = [{"role": "user", "content": "I need running shoes"},
+               {"role": "assistant", "content": "Here are some."}]
+    fake = FakeStreams(plan_of("product_search", ["running shoes"]), ["ok"])
+    run(Assistant("x", retriever), fake, "any under $60?", history)
+    llm = [t for m, t in fake.calls if m == "rufus_llm"]
+    warm, answer = [t for t in llm if t["sampling_parameters"]["max_tokens"] == 1], \
+        [t for t in llm if t["sampling_parameters"]["max_tokens"] != 1]
+    assert len(warm) == 1 and len(answer) == 1
+    w, a = warm[0]["messages"], answer[0]["messages"]
+    assert w[:-1] == a[:-1] and a[-1]["content"].startswith(w[-1]["content"])
+    fake = FakeStreams(plan_of("product_search", ["running shoes"]), ["ok"])
+    run(Assistant("x", retriever, prewarm=False), fake, "any under $60?", history)
+    assert [m for m, _ in fake.calls] == ["rufus_qp_medusa", "rufus_llm"]
+    fake = FakeStreams(plan_of("product_search", ["running shoes"]), ["ok"])
+    run(Assistant("x", retriever), fake, "running shoes")  # first turn: nothing to prefill
+    assert [m for m, _ in fake.calls] == ["rufus_qp_medusa", "rufus_llm"]
+
+
 def test_closing_the_stream_cancels_the_answer_call(retriever):
     fake = FakeStreams(plan_of("product_search", ["tv"]), ["a", "b"], hang=True)
     a = Assistant("x", retriever)

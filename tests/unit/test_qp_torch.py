@@ -142,25 +142,51 @@ def test_logprobs_and_length_limit(tiny: tuple[Path, Path]) -> None:
 def test_grammar_constrains_choice(tiny: tuple[Path, Path]) -> None:
     """A real xgrammar grammar over a toy vocabulary: the decoder emits exactly what the
     grammar allows, picking the model's preferred token where it has a choice, and stops
-    when the grammar ends (with the stop token), in plain and Medusa decoding alike."""
+    when the grammar is complete (the certain stop token costs no forward pass), in plain
+    decoding, Medusa, and Medusa with grammar-forced and prompt-lookup drafts alike."""
     import xgrammar as xgr
 
     from rufus.qp.decoder.medusa_decode import Grammar
 
     vocab = ["<eos>"] + [chr(ord("a") + i) for i in range(26)] + [f"w{i}" for i in range(69)]
     info = xgr.TokenizerInfo(vocab, stop_token_ids=[0])
-    compiled = xgr.GrammarCompiler(info).compile_grammar('root ::= "abc" [a-z] [a-z] "x"')
+    compiled = xgr.GrammarCompiler(info).compile_grammar('root ::= "abc" [a-z] [a-z] "xyz"')
+
+    def encode(text: str) -> list[int]:
+        return [vocab.index(c) for c in text]
+
     model_dir, heads_dir = tiny
     outs = []
-    for heads, tree in ((None, None), (MedusaHeads(heads_dir, torch.float32, 3),
-                                       Tree.from_paths([[0], [1], [0, 0]]))):
-        d = Decoder(TinyLlama(model_dir, "float32", 64), heads, tree, eos_ids={0})
-        steps = list(d.generate([3, 4, 5], 20, Grammar(compiled, VOCAB)))
+    for heads, tree, drafts in (
+            (None, None, 0),
+            (MedusaHeads(heads_dir, torch.float32, 3), Tree.from_paths([[0], [1], [0, 0]]), 0),
+            (MedusaHeads(heads_dir, torch.float32, 3), Tree.from_paths([[0], [1], [0, 0]]), 8)):
+        d = Decoder(TinyLlama(model_dir, "float32", 64), heads, tree, eos_ids={0},
+                    grammar_drafts=drafts, lookup_drafts=drafts)
+        steps = list(d.generate([3, 4, 5], 20, Grammar(compiled, VOCAB, encode)))
         toks = [t for s in steps for t in s.tokens]
         assert toks[:3] == [1, 2, 3] and 1 <= toks[3] <= 26 and 1 <= toks[4] <= 26
-        assert toks[5:] == [24, 0] and steps[-1].finish_reason == "stop"
+        assert toks[5:] == [24, 25, 26] and steps[-1].finish_reason == "stop"
+        if drafts:  # "abc" forced (drafted after the first pick), then "yz" after the "x"
+            assert len(steps) <= 4 and sum(s.accepted for s in steps) >= 4
         outs.append(toks)
-    assert outs[0] == outs[1]
+    assert outs[0] == outs[1] == outs[2]
+
+
+def test_prompt_lookup_drafts(tiny: tuple[Path, Path]) -> None:
+    """Prompt-lookup drafts copy what followed the last occurrence of the emitted suffix;
+    with them the output is still exactly plain greedy decoding (float32)."""
+    model_dir, _ = tiny
+    d = Decoder(TinyLlama(model_dir, "float32", 256), None, None, {1}, lookup_drafts=4)
+    assert d._lookup([7, 8, 9, 5, 7, 8], 4) == [9, 5, 7, 8]  # "7 8" seen before
+    assert d._lookup([7, 8, 9, 5, 6], 4) == []
+    assert d._lookup([7, 8, 9, 8], 2) == [9, 8]  # 1-token suffix, latest occurrence
+    plain = Decoder(TinyLlama(model_dir, "float32", 256), None, None, {1})
+    for prompt in ([5, 6, 7, 8, 9, 5, 6, 7, 8, 9], [11, 12, 13, 11, 12, 13, 11]):
+        want = [t for s in plain.generate(prompt, 40) for t in s.tokens]
+        steps = list(d.generate(prompt, 40))
+        assert [t for s in steps for t in s.tokens] == want
+        assert d.cached == prompt + want[:-1]
 
 
 def test_torch_backends(tiny: tuple[Path, Path]) -> None:
@@ -176,6 +202,10 @@ def test_torch_backends(tiny: tuple[Path, Path]) -> None:
     assert b.tokens_per_step_max == 3
     ar = create_backend({**args, "qp_backend": "torch_autoregressive"})
     assert ar.medusa is None and ar.engine_factory() is not None
+    # the extra drafts go to the speculative path only: the plain reference stays plain
+    drafting = {**args, "grammar_drafts": 16, "lookup_drafts": 6, "max_draft_nodes": 24}
+    assert create_backend(drafting).engine_args(drafting)["lookup_drafts"] == 6
+    assert "grammar_drafts" not in ar.engine_args(drafting)
     missing = create_backend({**args, "medusa_model": "/nonexistent"})
     assert missing.name == "torch_autoregressive"
     assert callable(b.engine_factory())  # the engine itself is exercised by the real server

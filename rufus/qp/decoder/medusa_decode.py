@@ -72,6 +72,17 @@ class Tree:
 
 
 @dataclass
+class _Draft:
+    """One step's candidates as a trie: node 0 is the last token without KV, node i > 0
+    holds ``tokens[i - 1]``."""
+
+    tokens: list[int]
+    depth: list[int]
+    children: list[list[int]]
+    mask: torch.Tensor  # [nodes, nodes]: ancestor-or-self
+
+
+@dataclass
 class Step:
     """What one decoding step produced (tokens in order; logprobs when asked)."""
 
@@ -82,15 +93,55 @@ class Step:
     finish_reason: str | None
 
 
-class Grammar:
-    """xgrammar matcher for one request: masks logits to the schema, advances on tokens."""
+# The plan's exact layout (rufus/qp/plan.py ``render_plan``: what the planner was trained to
+# write): no free whitespace, compact separators. Pinned, about two thirds of a plan's tokens
+# (keys, punctuation, the rest of an enum value) are forced by the grammar, which
+# ``Decoder(grammar_drafts=...)`` then verifies as drafts instead of decoding one by one.
+GRAMMAR_LAYOUT: dict[str, Any] = {"any_whitespace": False, "separators": (", ", ": ")}
 
-    def __init__(self, compiled: Any, vocab_size: int) -> None:
+
+def compile_grammar(compiler: Any, schema: str) -> Any:
+    """xgrammar JSON-schema grammar in the plan layout (schema property order kept)."""
+    return compiler.compile_json_schema(schema, **GRAMMAR_LAYOUT)
+
+
+def draft_encoder(tokenizer: Any) -> Callable[[str], list[int]]:
+    """``Grammar``'s ``encode``: a tokenizer's ids for a forced string, memoized (a plan
+    grammar has a few dozen distinct forced strings)."""
+    from functools import lru_cache
+
+    @lru_cache(maxsize=4096)
+    def encode(text: str) -> list[int]:
+        return list(tokenizer.encode(text, add_special_tokens=False))
+
+    return encode
+
+
+class Grammar:
+    """xgrammar matcher for one request: masks logits to the schema, advances on tokens.
+
+    ``encode`` (text -> token ids, no special tokens) enables :meth:`forced_tokens`.
+    """
+
+    def __init__(self, compiled: Any, vocab_size: int,
+                 encode: Callable[[str], list[int]] | None = None) -> None:
         import xgrammar as xgr
 
         self.xgr = xgr
         self.matcher = xgr.GrammarMatcher(compiled)
         self.bitmask = xgr.allocate_token_bitmask(1, vocab_size)
+        self.encode = encode
+
+    def forced_tokens(self, limit: int) -> list[int]:
+        """Tokens of the text the grammar forces next (its jump-forward string), at most
+        ``limit``. They are drafts, verified like Medusa's: the model may tokenize the same
+        text differently in context, and then its own choice is kept (lossless)."""
+        if self.encode is None:
+            return []
+        s = self.matcher.find_jump_forward_string()
+        if not s:
+            return []
+        return self.encode(s)[:limit]
 
     def choose(self, logits: torch.Tensor) -> int:
         """The greedy token among those the grammar allows, accepted into the matcher.
@@ -111,15 +162,27 @@ class Grammar:
         return tok
 
     @property
-    def terminated(self) -> bool:
-        return bool(self.matcher.is_terminated())
+    def finished(self) -> bool:
+        """Terminated, or complete with nothing but a stop token allowed next: the stop
+        token is then certain, so decoding ends here instead of spending a forward pass on
+        it (the text is the same; the stop token is not in the output ids)."""
+        if self.matcher.is_terminated():
+            return True
+        if not self.matcher.is_completed():
+            return False
+        self.matcher.fill_next_token_bitmask(self.bitmask)
+        row = torch.zeros(1, self.bitmask.shape[1] * 32)
+        self.xgr.apply_token_bitmask_inplace(row, self.bitmask)
+        allowed = set(torch.nonzero(row[0] == 0).flatten().tolist())
+        return allowed <= set(self.matcher.stop_token_ids)
 
 
 class Decoder:
     """Owns the model, the heads and the cached prefix; decodes one request at a time."""
 
     def __init__(self, model: TinyLlama, heads: MedusaHeads | None, tree: Tree | None,
-                 eos_ids: set[int]) -> None:
+                 eos_ids: set[int], grammar_drafts: int = 0, lookup_drafts: int = 0,
+                 max_draft_nodes: int = 24) -> None:
         if (heads is None) != (tree is None):
             raise ValueError("Medusa needs both heads and a tree")
         if tree is not None and heads is not None and tree.max_depth > heads.num_heads:
@@ -129,6 +192,11 @@ class Decoder:
         self.tree = tree
         self.eos_ids = eos_ids
         self.cached: list[int] = []  # token ids whose KV is in cache slots 0..len-1
+        # up to this many grammar-forced tokens are verified per step as drafts (0: off)
+        self.grammar_drafts = grammar_drafts
+        # up to this many prompt-lookup tokens are drafted per step (0: off)
+        self.lookup_drafts = lookup_drafts
+        self.max_draft_nodes = max_draft_nodes
 
     def _pick(self, logits: torch.Tensor, grammar: Grammar | None, want_lp: int
               ) -> tuple[int, dict[int, tuple[float, int]] | None]:
@@ -145,10 +213,73 @@ class Decoder:
             out[tok] = (float(lp[tok]), int((lp > lp[tok]).sum()) + 1)
         return tok, out
 
+    def _lookup(self, seq: list[int], limit: int) -> list[int]:
+        """Prompt-lookup drafts: the tokens that followed the latest earlier occurrence of
+        the longest (3, 2 or 1 token) suffix of ``seq`` (the prompt, what was emitted and
+        the forced chain). Plans copy the customer's words, so this drafts them well."""
+        if limit <= 0 or len(seq) < 2:
+            return []
+        for n in (3, 2, 1):
+            if len(seq) <= n:
+                continue
+            pat = seq[-n:]
+            first = pat[0]
+            for j in range(len(seq) - n - 1, -1, -1):
+                if seq[j] == first and seq[j:j + n] == pat:
+                    return seq[j + n: j + n + limit]
+        return []
+
+    def _draft(self, seq: list[int], h_last: torch.Tensor | None, grammar: Grammar | None
+               ) -> _Draft:
+        """This step's candidates as a token trie under the root (the last token without
+        KV): the chain the grammar forces next, then, as branches after it, the Medusa
+        tree's paths and the prompt-lookup continuation."""
+        forced: list[int] = []
+        if grammar is not None and self.grammar_drafts:
+            forced = grammar.forced_tokens(self.grammar_drafts)
+        k = len(forced)
+        chains = [forced]
+        if h_last is not None and self.tree is not None and self.heads is not None \
+                and k < self.tree.max_depth:
+            top = self.heads.topk(h_last, self.tree.max_rank + 1, self.tree.max_depth)
+            for path in self.tree.paths:
+                if len(path) > k and not any(path[:k]):
+                    chains.append(forced + [top[d][r] for d, r in enumerate(path)][k:])
+        if self.lookup_drafts:
+            chains.append(forced + self._lookup(seq + forced, self.lookup_drafts))
+        tok, parent, depth = [-1], [-1], [0]
+        children: list[list[int]] = [[]]
+        rows: list[list[int]] = [[0]]
+        for chain in chains:
+            node = 0
+            for t in chain:
+                nxt = next((c for c in children[node] if tok[c] == t), None)
+                if nxt is None:
+                    if len(tok) > self.max_draft_nodes:
+                        break
+                    nxt = len(tok)
+                    tok.append(t)
+                    parent.append(node)
+                    depth.append(depth[node] + 1)
+                    children.append([])
+                    children[node].append(nxt)
+                    rows.append(rows[node] + [nxt])
+                node = nxt
+        n = len(tok)
+        mask = torch.zeros(n, n, dtype=torch.bool)
+        for i in range(1, n):
+            mask[i, rows[i]] = True
+        return _Draft(tok[1:], depth, children, mask)
+
     def generate(self, prompt: list[int], max_tokens: int, grammar: Grammar | None = None,
                  logprobs: int = 0, should_stop: Callable[[], bool] = lambda: False,
                  ) -> Iterator[Step]:
-        """Yields one :class:`Step` per forward pass; the last has ``finish_reason`` set."""
+        """Yields one :class:`Step` per forward pass; the last has ``finish_reason`` set.
+
+        Each pass takes the tokens that still lack KV (the new part of the prompt on the
+        first pass, then the last emitted token) followed by the step's draft trie
+        (:meth:`_draft`); the longest branch the model's own greedy choices confirm is kept.
+        """
         m = self.model
         if len(prompt) + max_tokens > m.max_len:
             raise ValueError(f"prompt ({len(prompt)}) + max_tokens ({max_tokens}) exceeds "
@@ -160,36 +291,29 @@ class Decoder:
                 break
             p += 1
         self.cached = self.cached[:p]
-        new = prompt[p:]
-        hs = m.forward(torch.tensor(new), torch.arange(p, len(prompt)), p,
-                       m.prefill_mask(p, len(new)))
-        self.cached = list(prompt)
-        h_last = hs[-1]
-        tok, lp = self._pick(m.logits(h_last), grammar, logprobs)
-        emitted = 1
-        finish = self._finished(tok, grammar, emitted, max_tokens)
-        yield Step([tok], None if lp is None else [lp], 0, 0, finish)
-        cache_len = len(prompt)
-        while finish is None:
-            if should_stop():
-                return
-            root = tok
-            if self.tree is None or self.heads is None:
-                ids, pos, mask = [root], [cache_len], None
-                node_tok = [root]
-            else:
-                top = self.heads.topk(h_last, self.tree.max_rank + 1, self.tree.max_depth)
-                # node i's token: rank path[-1] of head len(path) - 1
-                node_tok = [root] + [top[len(path) - 1][path[-1]] for path in self.tree.paths]
-                ids = node_tok
-                pos = [cache_len + d for d in self.tree.depth]
-                assert self.tree.mask is not None
-                mask = torch.ones(len(ids), cache_len + len(ids), dtype=torch.bool)
-                mask[:, cache_len:] = self.tree.mask
-            if cache_len + len(ids) > m.max_len:  # near the end of the context: plain step
-                ids, pos, mask, node_tok = [root], [cache_len], None, [root]
+        cache_len = p
+        pend = prompt[p:]  # accepted tokens without KV yet
+        seq = list(prompt)  # the prompt and every emitted token (prompt-lookup source)
+        h_last: torch.Tensor | None = None  # hidden state that predicted pend[-1]
+        emitted = 0
+        while True:
+            draft = self._draft(seq, h_last, grammar)
+            n_pend = len(pend)
+            if cache_len + n_pend + len(draft.tokens) > m.max_len:  # near the end: no drafts
+                draft = _Draft([], [0], [[]], torch.ones(1, 1, dtype=torch.bool))
+            node_tok = draft.tokens
+            ids = pend + node_tok
+            n = len(ids)
+            pos = list(range(cache_len, cache_len + n_pend)) + [
+                cache_len + n_pend - 1 + dep for dep in draft.depth[1:]]
+            mask = None
+            if n > 1:
+                # pending rows: causal; draft rows: every pending token plus ancestors
+                mask = torch.ones(n, cache_len + n, dtype=torch.bool)
+                mask[:n_pend, cache_len:] = torch.ones(n_pend, n, dtype=torch.bool).tril()
+                mask[n_pend:, cache_len + n_pend:] = draft.mask[1:, 1:]
             hs = m.forward(torch.tensor(ids), torch.tensor(pos), cache_len, mask)
-            logits = m.logits(hs)
+            logits = m.logits(hs[n_pend - 1:])  # row i: draft node i (0: the last pending)
             node, path, toks, lps = 0, [0], [], []
             while True:
                 tok, lp = self._pick(logits[node], grammar, logprobs)
@@ -198,22 +322,27 @@ class Decoder:
                     lps.append(lp)
                 emitted += 1
                 finish = self._finished(tok, grammar, emitted, max_tokens)
-                if finish is not None or len(ids) == 1:
+                if finish is not None:
                     break
-                nxt = next((c for c in self.tree.children[node] if node_tok[c] == tok), None)  # type: ignore[union-attr]
+                nxt = next((c for c in draft.children[node] if node_tok[c - 1] == tok), None)
                 if nxt is None:
                     break
                 node = nxt
                 path.append(node)
-            m.compact([cache_len + i for i in path], cache_len)
-            self.cached += [node_tok[i] for i in path]
-            cache_len += len(path)
-            h_last = hs[node]
-            yield Step(toks, lps if logprobs else None, len(ids) - 1, len(path) - 1, finish)
+            base = cache_len + n_pend - 1  # slot of the last pending token
+            m.compact([base + i for i in path], base)
+            self.cached += pend + [node_tok[i - 1] for i in path[1:]]
+            cache_len = base + len(path)
+            seq += toks
+            h_last = hs[n_pend - 1 + node]
+            pend = [toks[-1]]
+            yield Step(toks, lps if logprobs else None, len(node_tok), len(path) - 1, finish)
+            if finish is not None or should_stop():
+                return
 
     def _finished(self, tok: int, grammar: Grammar | None, emitted: int, max_tokens: int
                   ) -> str | None:
-        if grammar is not None and grammar.terminated:
+        if grammar is not None and grammar.finished:
             return "stop"
         if tok in self.eos_ids:
             return "stop"

@@ -72,6 +72,7 @@ class TorchPlannerEngine:
         self.dead_error: BaseException | None = None
         self._grammars: dict[str, Any] = {}
         self._xgr_compiler: Any = None
+        self._encode: Callable[[str], list[int]] | None = None
         self._pending: dict[str, _Request] = {}
         # Every torch op runs on this one thread, loading included: each thread that enters
         # an OpenMP parallel region gets its own thread team, and two teams on 2 cores made
@@ -110,7 +111,9 @@ class TorchPlannerEngine:
         if tree_paths is not None and medusa_dir:
             heads = MedusaHeads(medusa_dir, model.dtype, num_heads)
             tree = Tree.from_paths(tree_paths)
-        decoder = Decoder(model, heads, tree, eos)
+        decoder = Decoder(model, heads, tree, eos, int(args.get("grammar_drafts", 0) or 0),
+                          int(args.get("lookup_drafts", 0) or 0),
+                          int(args.get("max_draft_nodes", 24) or 24))
         list(decoder.generate([int(next(iter(eos)))] * 4, 2))  # warm-up: allocations, kernels
         decoder.cached = []
         return decoder, threads
@@ -168,7 +171,7 @@ class TorchPlannerEngine:
     def _grammar(self, schema: Any) -> Any:
         import xgrammar as xgr
 
-        from rufus.qp.decoder.medusa_decode import Grammar
+        from rufus.qp.decoder.medusa_decode import Grammar, compile_grammar, draft_encoder
 
         # keep the schema's property order: xgrammar emits properties in that order, and the
         # planner (and its Medusa heads) were trained on it
@@ -179,9 +182,11 @@ class TorchPlannerEngine:
                     self.tokenizer, vocab_size=self.decoder.model.vocab_size)
                 self._xgr_compiler = xgr.GrammarCompiler(info)
             t0 = time.monotonic()
-            self._grammars[key] = self._xgr_compiler.compile_json_schema(key)
+            self._grammars[key] = compile_grammar(self._xgr_compiler, key)
             log.info("compiled JSON-schema grammar in %.2f s", time.monotonic() - t0)
-        return Grammar(self._grammars[key], self.decoder.model.vocab_size)
+        if self._encode is None:
+            self._encode = draft_encoder(self.tokenizer)
+        return Grammar(self._grammars[key], self.decoder.model.vocab_size, self._encode)
 
     def _decode(self, req: _Request, loop: asyncio.AbstractEventLoop) -> None:
         global _decoded

@@ -122,11 +122,12 @@ class TorchPlanner:
 
     def __init__(self, model_dir: str | Path, dtype: str = "bfloat16",
                  medusa_dir: str | Path | None = None, tree: list[list[int]] | None = None,
-                 num_heads: int = 0, grammar: bool = True, threads: int = 0) -> None:
+                 num_heads: int = 0, grammar: bool = True, threads: int = 0,
+                 grammar_drafts: int = 0, lookup_drafts: int = 0) -> None:
         import torch
         from transformers import AutoTokenizer
 
-        from rufus.qp.decoder.medusa_decode import Decoder, Tree
+        from rufus.qp.decoder.medusa_decode import Decoder, Tree, compile_grammar, draft_encoder
         from rufus.qp.decoder.torch_llama import MedusaHeads, TinyLlama
 
         if threads:
@@ -138,13 +139,15 @@ class TorchPlanner:
             heads = MedusaHeads(str(medusa_dir), model.dtype, num_heads or max(map(len, tree)))
             t = Tree.from_paths(tree)
         eos = {int(self.tok.convert_tokens_to_ids("<|im_end|>")), int(self.tok.eos_token_id)}
-        self.decoder = Decoder(model, heads, t, eos)
+        self.decoder = Decoder(model, heads, t, eos, grammar_drafts if grammar else 0,
+                               lookup_drafts)
+        self.encode = draft_encoder(self.tok)
         self.compiled = None
         if grammar:
             import xgrammar as xgr
 
             info = xgr.TokenizerInfo.from_huggingface(self.tok, vocab_size=model.vocab_size)
-            self.compiled = xgr.GrammarCompiler(info).compile_json_schema(json.dumps(plan_schema()))
+            self.compiled = compile_grammar(xgr.GrammarCompiler(info), json.dumps(plan_schema()))
 
     def plan(self, question: str, history: list[dict[str, str]] | None = None,
              max_tokens: int = 96) -> Prediction:
@@ -152,7 +155,7 @@ class TorchPlanner:
 
         grammar = None
         if self.compiled is not None:
-            grammar = Grammar(self.compiled, self.decoder.model.vocab_size)
+            grammar = Grammar(self.compiled, self.decoder.model.vocab_size, self.encode)
         ids = render_prompt_ids(self.tok, question, history)
         t0 = time.perf_counter()
         out: list[int] = []
@@ -175,32 +178,40 @@ def run(planner: TorchPlanner, rows: list[dict[str, Any]], say: Any = None) -> l
     return preds
 
 
-def speed_compare(medusa: TorchPlanner, plain: TorchPlanner, rows: list[dict[str, Any]],
-                  say: Any = None) -> dict[str, Any]:
-    """The same questions through the Medusa decoder and the plain one, interleaved per
-    question (alternating which goes first), in one process: on a shared machine only a
-    ratio measured this way means anything. Also counts token-identical outputs (the
-    losslessness check's first criterion)."""
-    t_md = t_ar = 0.0
-    identical = steps = tokens = 0
-    lat_md, lat_ar = [], []
+def speed_compare(planners: dict[str, TorchPlanner], rows: list[dict[str, Any]],
+                  say: Any = None, baseline: str = "plain") -> dict[str, Any]:
+    """The same questions through every planner (``baseline`` is plain decoding), interleaved
+    per question with the order rotating, in one process: on a shared machine only a ratio
+    measured this way means anything. Per planner: mean/p50/p99 latency, its speedup over
+    the baseline, tokens per forward pass, and the share of outputs token-identical to the
+    baseline's (the losslessness check's first criterion)."""
+    names = list(planners)
+    lat: dict[str, list[float]] = {k: [] for k in names}
+    steps = {k: 0 for k in names}
+    tokens = {k: 0 for k in names}
+    identical = {k: 0 for k in names}
     for i, r in enumerate(rows):
-        order = (medusa, plain) if i % 2 == 0 else (plain, medusa)
-        out = {id(p): p.plan(r["question"], r.get("history")) for p in order}
-        md, ar = out[id(medusa)], out[id(plain)]
-        t_md += md.seconds
-        t_ar += ar.seconds
-        lat_md.append(md.seconds)
-        lat_ar.append(ar.seconds)
-        identical += md.token_ids == ar.token_ids
-        steps += md.steps
-        tokens += len(md.token_ids)
+        order = names[i % len(names):] + names[:i % len(names)]
+        out = {k: planners[k].plan(r["question"], r.get("history")) for k in order}
+        for k in names:
+            lat[k].append(out[k].seconds)
+            steps[k] += out[k].steps
+            tokens[k] += len(out[k].token_ids)
+            identical[k] += out[k].token_ids == out[baseline].token_ids
         if say is not None and (i + 1) % 20 == 0:
-            say(f"speed: {i + 1}/{len(rows)}, Medusa {t_ar / t_md:.2f}x so far")
-    return {"n": len(rows), "speedup_mean_latency": round(t_ar / t_md, 3),
-            "medusa_mean_ms": round(t_md / len(rows) * 1e3, 1),
-            "plain_mean_ms": round(t_ar / len(rows) * 1e3, 1),
-            "medusa_p50_ms": round(sorted(lat_md)[len(lat_md) // 2] * 1e3, 1),
-            "plain_p50_ms": round(sorted(lat_ar)[len(lat_ar) // 2] * 1e3, 1),
-            "tokens_per_step": round(tokens / max(steps, 1), 3),
-            "identical": round(identical / len(rows), 4)}
+            base = sum(lat[baseline])
+            say(f"speed: {i + 1}/{len(rows)}, " + ", ".join(
+                f"{k} {base / sum(lat[k]):.2f}x" for k in names if k != baseline))
+
+    def pct(v: list[float], q: float) -> float:
+        v = sorted(v)
+        return round(v[min(len(v) - 1, int(q * len(v)))] * 1e3, 1)
+
+    res: dict[str, Any] = {"n": len(rows), "baseline": baseline}
+    for k in names:
+        res[k] = {"speedup_mean_latency": round(sum(lat[baseline]) / sum(lat[k]), 3),
+                  "mean_ms": round(sum(lat[k]) / len(rows) * 1e3, 1),
+                  "p50_ms": pct(lat[k], 0.5), "p99_ms": pct(lat[k], 0.99),
+                  "tokens_per_step": round(tokens[k] / max(steps[k], 1), 3),
+                  "identical": round(identical[k] / len(rows), 4)}
+    return res
