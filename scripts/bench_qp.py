@@ -36,6 +36,9 @@ def main() -> None:
     ap.add_argument("--vllm-gap", type=float, default=1.2,
                     help="seconds idle before each request to a vLLM server (its worker "
                          "busy-polls for 1 s after a request)")
+    ap.add_argument("--solo", action="store_true",
+                    help="one server only, the configured planner (make serve's set): its "
+                         "own latency, with no other server sharing the cores")
     ap.add_argument("--json", default="")
     ap.add_argument("--log-dir", default=str(ROOT / "build" / "qp"))
     a = ap.parse_args()

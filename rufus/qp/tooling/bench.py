@@ -12,7 +12,10 @@ rotating which server goes first (the cores are shared, so interleaving gives fa
 latency p50/p99, tokens/s, Medusa tokens per step (servers' counters), JSON validity,
 per-field quality and the losslessness check (rufus/qp/tooling/lossless.py). Under load
 (``--concurrency 4 8``): ``--questions`` questions sent by that many concurrent clients to
-one server at a time; plans/s and p50/p99 per server. Figures go to docs/benchmarks.md.
+one server at a time; plans/s and p50/p99 per server. ``--solo``: only the configured
+planner's server, so its latency is measured with no other server sharing the cores (the
+issue's batch-1 SLA is for ``make serve``'s configuration, one server). Each client thread
+keeps one connection per server. Figures go to docs/benchmarks.md.
 
 Driven by scripts/bench_qp.py (the options are documented there).
 """
@@ -24,6 +27,7 @@ import os
 import platform
 import statistics
 import sys
+import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -79,8 +83,17 @@ def summary(rs: list[PlanResponse]) -> dict[str, float]:
             "mean_tokens": toks / len(rs)}
 
 
+_clients = threading.local()
+
+
 def ask(url: str, r: dict[str, Any], **kw: Any) -> PlanResponse:
-    return plan(url, r["question"], history=r.get("history"), **kw)
+    """One plan on this thread's connection to ``url`` (kept open, as the assistant does)."""
+    import tritonclient.grpc as grpcclient
+
+    conns = _clients.__dict__.setdefault("by_url", {})
+    if url not in conns:
+        conns[url] = grpcclient.InferenceServerClient(url)
+    return plan(url, r["question"], history=r.get("history"), client=conns[url], **kw)
 
 
 def under_load(url: str, rows: list[dict[str, Any]], concurrency: int) -> dict[str, float]:
@@ -169,13 +182,15 @@ def run(a: Any) -> dict[str, Any]:
     # Phase 2: vLLM's paths, with a pause before each request: a vLLM CPU worker busy-polls a
     # core for 1 s after each request, which slowed whichever server ran next.
     phases: list[dict[str, dict[str, Any]]] = [{"medusa": {}, "ar": {"qp_backend": same_engine_ar}}]
-    if configured == "torch_medusa":
+    if a.solo:
+        phases = [{"medusa": {}}]
+    elif configured == "torch_medusa":
         # the served decoder verifies grammar-forced and prompt-lookup drafts with the Medusa
         # tree; this server has the heads alone, so Medusa's own share stays measurable
         phases[0]["medusa_heads"] = {"grammar_drafts": 0, "lookup_drafts": 0}
     extra = {b: BASELINES[b] for b in a.baselines
              if BASELINES[b]["qp_backend"] not in (configured, same_engine_ar)}
-    if extra:
+    if extra and not a.solo:
         phases.append(extra)
     say(f"medusa = {configured} (as configured), ar = {same_engine_ar}; phases "
         f"{[list(p) for p in phases]}; dtype {a.dtype}; rufus_llm loaded: {not a.qp_only}")
@@ -201,7 +216,15 @@ def run(a: Any) -> dict[str, Any]:
                      **{k: v["qp_backend"] for k, v in extra.items()}},
         "under_load": load,
     }
-    if res.get("medusa"):
+    if a.solo and res.get("medusa"):
+        result["latency"] = {"medusa": summary(res["medusa"])}
+        result["spec"] = spec
+        result["quality"] = score(rows, [Prediction(r.text, r.plan, r.fallback)
+                                         for r in res["medusa"][:len(rows)]])
+        v = result["latency"]["medusa"]
+        say(f"solo {configured}: p50 {v['p50_ms']:.0f} ms  p99 {v['p99_ms']:.0f} ms  "
+            f"mean {v['mean_ms']:.0f} ms  {v['tokens_per_s']:.1f} tok/s")
+    elif res.get("medusa"):
         summ = {k: summary(v) for k, v in res.items() if v}
         md_s, ar_s = summ["medusa"], summ["ar"]
         n = len(rows)
