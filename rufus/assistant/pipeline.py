@@ -226,7 +226,7 @@ class Assistant:
             async with contextlib.aclosing(self.streams().stream(self.answer_model, tensors)) as s:
                 async for _ in s:
                     pass
-        except (RequestFailed, ValueError, KeyError) as exc:
+        except Exception as exc:  # noqa: BLE001 - best effort by design, never the turn's failure
             log.debug("answer-prefix prefill failed (harmless): %s", exc)
 
     def _retrieve(self, plan: dict[str, Any], question: str,
