@@ -39,6 +39,15 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return d / "model", heads
 
 
+def causal(start: int, n: int) -> torch.Tensor | None:
+    """Attention mask for ``n`` new tokens after ``start`` cached ones (None for one)."""
+    if n == 1:
+        return None
+    m = torch.ones(n, start + n, dtype=torch.bool)
+    m[:, start:] = torch.ones(n, n, dtype=torch.bool).tril()
+    return m
+
+
 def test_forward_matches_transformers(tiny: tuple[Path, Path]) -> None:
     from transformers import AutoModelForCausalLM
 
@@ -49,25 +58,34 @@ def test_forward_matches_transformers(tiny: tuple[Path, Path]) -> None:
         want = ref(torch.tensor([ids])).logits[0]
     m = TinyLlama(model_dir, "float32", 128)
     got = m.logits(m.forward(torch.tensor(ids), torch.arange(len(ids)), 0,
-                             m.prefill_mask(0, len(ids))))
+                             causal(0, len(ids))))
     assert torch.allclose(got, want, atol=1e-4)
     # split prefill (what prefix reuse does) gives the same logits
-    m.forward(torch.tensor(ids[:10]), torch.arange(10), 0, m.prefill_mask(0, 10))
+    m.forward(torch.tensor(ids[:10]), torch.arange(10), 0, causal(0, 10))
     rest = m.logits(m.forward(torch.tensor(ids[10:]), torch.arange(10, len(ids)), 10,
-                              m.prefill_mask(10, len(ids) - 10)))
+                              causal(10, len(ids) - 10)))
     assert torch.allclose(rest, want[10:], atol=1e-4)
 
 
-def test_tree_structure() -> None:
+def test_tree_structure(tiny: tuple[Path, Path]) -> None:
     t = Tree.from_paths([[0, 0], [0], [1], [0, 1], [0, 0, 0]])
     assert t.paths == [(0,), (1,), (0, 0), (0, 1), (0, 0, 0)]
     assert t.parent == [-1, 0, 0, 1, 1, 3]
     assert t.depth == [0, 1, 1, 2, 2, 3]
-    assert t.children[1] == [3, 4] and t.max_rank == 1 and t.max_depth == 3
-    assert t.mask is not None
-    assert t.mask[5].tolist() == [True, True, False, True, False, True]
+    assert t.max_rank == 1 and t.max_depth == 3
     with pytest.raises(ValueError, match="parent"):
         Tree.from_paths([[0, 0]])
+
+    class Heads:  # distinct tokens per (head, rank), so the trie keeps the tree's shape
+        def topk(self, hidden: torch.Tensor, k: int, heads: int = 0) -> list[list[int]]:
+            return [[10 + 10 * h + r for r in range(k)] for h in range(heads)]
+
+    d = Decoder(TinyLlama(tiny[0], "float32", 64), None, None, {1})
+    d.tree, d.heads = t, Heads()  # type: ignore[assignment]
+    draft = d._draft([5, 6], torch.zeros(64), None)
+    assert draft.tokens == [10, 11, 20, 21, 30] and draft.depth == t.depth
+    assert draft.children[1] == [3, 4]
+    assert draft.mask[5].tolist() == [True, True, False, True, False, True]
 
 
 def test_medusa_equals_greedy_across_requests(tiny: tuple[Path, Path]) -> None:

@@ -1,12 +1,13 @@
 """Greedy decoding with Medusa tree verification (and the plain autoregressive baseline).
 
-One step: the last emitted token (the root, not yet in the KV cache) plus the tree of
-candidates proposed by the Medusa heads go through the model in one forward pass with a tree
-attention mask. Walking down the tree, the model's own greedy choice at each node (masked by
-the JSON-schema grammar when one is given) is emitted; while that choice is a child of the
-node, the walk continues. So every emitted token is exactly the token plain greedy decoding
-would pick from the same logits: the output is the autoregressive output (lossless), up to
-kernels rounding differently for a different number of query rows (see rufus/qp/tooling/lossless.py).
+One step: the last emitted token (the root, not yet in the KV cache) plus a trie of
+candidates (the tokens the grammar forces next, the Medusa heads' tree, prompt-lookup copies)
+go through the model in one forward pass with a tree attention mask. Walking down the trie,
+the model's own greedy choice at each node (masked by the JSON-schema grammar when one is
+given) is emitted; while that choice is a child of the node, the walk continues. So every
+emitted token is exactly the token plain greedy decoding would pick from the same logits:
+the output is the autoregressive output (lossless), up to kernels rounding differently for a
+different number of query rows (see rufus/qp/tooling/lossless.py).
 The accepted nodes' KV entries are then compacted into consecutive cache slots.
 
 Batch size 1, one sequence at a time: what the planner's latency SLA is about. The KV of the
@@ -28,38 +29,28 @@ from rufus.qp.decoder.torch_llama import MedusaHeads, TinyLlama
 
 @dataclass
 class Tree:
-    """Medusa candidate tree from NxDI-style paths (each a list of top-k ranks per head)."""
+    """Medusa candidate tree from NxDI-style paths (each a list of top-k ranks per head).
+
+    Only the paths are used to decode: each step builds its draft trie from them
+    (:meth:`Decoder._draft`); the parent index is kept for validation and ``size``."""
 
     paths: list[tuple[int, ...]]
     parent: list[int] = field(default_factory=list)  # node index (0 = root) of each node
     depth: list[int] = field(default_factory=list)
-    children: list[list[int]] = field(default_factory=list)
     max_rank: int = 0
-    mask: torch.Tensor | None = None  # [nodes, nodes]: ancestor-or-self
 
     @classmethod
     def from_paths(cls, paths: list[list[int]]) -> Tree:
         ps = sorted({tuple(int(r) for r in p) for p in paths}, key=lambda p: (len(p), p))
         index = {(): 0}
-        t = cls(ps, parent=[-1], depth=[0], children=[[]])
+        t = cls(ps, parent=[-1], depth=[0])
         for p in ps:
             if p[:-1] not in index:
                 raise ValueError(f"medusa_tree path {list(p)}: parent {list(p[:-1])} missing")
-            i = len(t.parent)
-            index[p] = i
+            index[p] = len(t.parent)
             t.parent.append(index[p[:-1]])
             t.depth.append(len(p))
-            t.children.append([])
-            t.children[index[p[:-1]]].append(i)
             t.max_rank = max(t.max_rank, p[-1])
-        n = len(t.parent)
-        mask = torch.zeros(n, n, dtype=torch.bool)
-        for i in range(n):
-            j = i
-            while j >= 0:
-                mask[i, j] = True
-                j = t.parent[j]
-        t.mask = mask
         return t
 
     @property
@@ -247,7 +238,7 @@ class Decoder:
                     chains.append(forced + [top[d][r] for d, r in enumerate(path)][k:])
         if self.lookup_drafts:
             chains.append(forced + self._lookup(seq + forced, self.lookup_drafts))
-        tok, parent, depth = [-1], [-1], [0]
+        tok, depth = [-1], [0]
         children: list[list[int]] = [[]]
         rows: list[list[int]] = [[0]]
         for chain in chains:
@@ -259,7 +250,6 @@ class Decoder:
                         break
                     nxt = len(tok)
                     tok.append(t)
-                    parent.append(node)
                     depth.append(depth[node] + 1)
                     children.append([])
                     children[node].append(nxt)

@@ -161,14 +161,6 @@ class TinyLlama:
         idx = torch.tensor(src)
         self.cache[:, :, :, dst_start: dst_start + len(src)] = self.cache[:, :, :, idx]
 
-    def prefill_mask(self, start: int, n: int) -> torch.Tensor | None:
-        """Causal mask for ``n`` new tokens after ``start`` cached ones (None for n == 1)."""
-        if n == 1:
-            return None
-        m = torch.ones(n, start + n, dtype=torch.bool)
-        m[:, start:] = torch.ones(n, n, dtype=torch.bool).tril()
-        return m
-
 
 class MedusaHeads:
     """Medusa-1 heads as trained by scripts/train_medusa.py (vLLM's checkpoint layout):
