@@ -84,6 +84,9 @@ class Step:
     finish_reason: str | None
 
 
+# draft trie size cap per step (model.json ``max_draft_nodes``)
+MAX_DRAFT_NODES = 24
+
 # The plan's exact layout (rufus/qp/plan.py ``render_plan``: what the planner was trained to
 # write): no free whitespace, compact separators. Pinned, about two thirds of a plan's tokens
 # (keys, punctuation, the rest of an enum value) are forced by the grammar, which
@@ -173,7 +176,7 @@ class Decoder:
 
     def __init__(self, model: TinyLlama, heads: MedusaHeads | None, tree: Tree | None,
                  eos_ids: set[int], grammar_drafts: int = 0, lookup_drafts: int = 0,
-                 max_draft_nodes: int = 24) -> None:
+                 max_draft_nodes: int = MAX_DRAFT_NODES) -> None:
         if (heads is None) != (tree is None):
             raise ValueError("Medusa needs both heads and a tree")
         if tree is not None and heads is not None and tree.max_depth > heads.num_heads:

@@ -98,7 +98,7 @@ class TorchPlannerEngine:
         """On the decoding thread: thread count, weights, heads, one warm-up pass."""
         import torch
 
-        from rufus.qp.decoder.medusa_decode import Decoder, Tree
+        from rufus.qp.decoder.medusa_decode import MAX_DRAFT_NODES, Decoder, Tree
         from rufus.qp.decoder.torch_llama import MedusaHeads, TinyLlama
 
         # torch_threads unset: every core this process may run on. The shipped model.json sets 1:
@@ -113,7 +113,7 @@ class TorchPlannerEngine:
             tree = Tree.from_paths(tree_paths)
         decoder = Decoder(model, heads, tree, eos, int(args.get("grammar_drafts", 0) or 0),
                           int(args.get("lookup_drafts", 0) or 0),
-                          int(args.get("max_draft_nodes", 24) or 24))
+                          int(args.get("max_draft_nodes") or MAX_DRAFT_NODES))
         list(decoder.generate([int(next(iter(eos)))] * 4, 2))  # warm-up: allocations, kernels
         decoder.cached = []
         return decoder, threads

@@ -38,7 +38,7 @@ from typing import Any
 from rufus.harness.server import ROOT, TritonServer, free_port
 from rufus.qp.client import PlanResponse, plan
 from rufus.qp.plan import load_eval
-from rufus.qp.tooling.evaluate import Prediction, score
+from rufus.qp.tooling.evaluate import Prediction, pct, score
 from rufus.qp.tooling.lossless import LOGPROBS_K, NEAR_TIE_NATS, compare
 
 MODEL = "rufus_qp_medusa"
@@ -68,11 +68,6 @@ def spec_counters(srv: TritonServer) -> dict[str, float]:
         out[key] = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                        if line.startswith(name + "{"))
     return out
-
-
-def pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, max(0, round(q * (len(xs) - 1))))]
 
 
 def summary(rs: list[PlanResponse]) -> dict[str, float]:

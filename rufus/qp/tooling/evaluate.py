@@ -178,6 +178,12 @@ def run(planner: TorchPlanner, rows: list[dict[str, Any]], say: Any = None) -> l
     return preds
 
 
+def pct(xs: list[float], q: float) -> float:
+    """Nearest-rank percentile (the planner benchmarks' convention)."""
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, max(0, round(q * (len(xs) - 1))))]
+
+
 def speed_compare(planners: dict[str, TorchPlanner], rows: list[dict[str, Any]],
                   say: Any = None, baseline: str = "plain") -> dict[str, Any]:
     """The same questions through every planner (``baseline`` is plain decoding), interleaved
@@ -203,15 +209,12 @@ def speed_compare(planners: dict[str, TorchPlanner], rows: list[dict[str, Any]],
             say(f"speed: {i + 1}/{len(rows)}, " + ", ".join(
                 f"{k} {base / sum(lat[k]):.2f}x" for k in names if k != baseline))
 
-    def pct(v: list[float], q: float) -> float:
-        v = sorted(v)
-        return round(v[min(len(v) - 1, int(q * len(v)))] * 1e3, 1)
-
     res: dict[str, Any] = {"n": len(rows), "baseline": baseline}
     for k in names:
         res[k] = {"speedup_mean_latency": round(sum(lat[baseline]) / sum(lat[k]), 3),
                   "mean_ms": round(sum(lat[k]) / len(rows) * 1e3, 1),
-                  "p50_ms": pct(lat[k], 0.5), "p99_ms": pct(lat[k], 0.99),
+                  "p50_ms": round(pct(lat[k], 0.5) * 1e3, 1),
+                  "p99_ms": round(pct(lat[k], 0.99) * 1e3, 1),
                   "tokens_per_step": round(tokens[k] / max(steps[k], 1), 3),
                   "identical": round(identical[k] / len(rows), 4)}
     return res
