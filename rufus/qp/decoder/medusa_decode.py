@@ -88,8 +88,8 @@ class Step:
 MAX_DRAFT_NODES = 24
 
 # The plan's exact layout (rufus/qp/plan.py ``render_plan``: what the planner was trained to
-# write): no free whitespace, compact separators. Pinned, about two thirds of a plan's tokens
-# (keys, punctuation, the rest of an enum value) are forced by the grammar, which
+# write): no free whitespace, compact separators. Pinned, most of a plan's tokens (keys,
+# punctuation, the rest of an enum value; docs/benchmarks.md) are forced by the grammar, which
 # ``Decoder(grammar_drafts=...)`` then verifies as drafts instead of decoding one by one.
 GRAMMAR_LAYOUT: dict[str, Any] = {"any_whitespace": False, "separators": (", ", ": ")}
 
