@@ -42,6 +42,11 @@ def say(msg: str) -> None:
     print(f"[eval_qp {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
+def copy_fields(a: argparse.Namespace, mj: dict[str, Any]) -> tuple[str, ...]:
+    """model.json's copied fields (the brand), unless --no-copy."""
+    return () if a.no_copy else tuple(mj.get("copy_fields") or ())
+
+
 def drafts(a: argparse.Namespace, mj: dict[str, Any]) -> dict[str, int]:
     """Grammar-forced and prompt-lookup drafts: model.json's, unless --no-drafts."""
     if a.no_drafts:
@@ -60,13 +65,15 @@ def torch_eval(a: argparse.Namespace, rows: list[dict[str, Any]]) -> dict[str, A
     mj = json.loads((MODEL_DIR / "model.json").read_text())
     planner = TorchPlanner(a.model or qp_model_dir(), a.dtype, None if a.no_medusa else
                            medusa_dir(), tree, heads, grammar=not a.no_grammar,
-                           threads=a.threads, **drafts(a, mj))
+                           threads=a.threads, copy_fields=copy_fields(a, mj),
+                           **drafts(a, mj))
     planner.plan("warm up")
     t0 = time.monotonic()
     preds = run(planner, rows, say)
     wall = time.monotonic() - t0
     out: dict[str, Any] = {"engine": "torch", "dtype": a.dtype, "medusa": not a.no_medusa,
-                           "grammar": not a.no_grammar, "seconds": round(wall, 1),
+                           "grammar": not a.no_grammar,
+                           "copy_fields": list(planner.copy_fields), "seconds": round(wall, 1),
                            "mean_ms_per_plan": round(wall / len(rows) * 1e3, 1)}
     for name, pr in (("raw", preds), ("grounded", grounded(rows, preds)),
                      ("grounded_presence_only", grounded(rows, preds, strict=False))):
@@ -89,11 +96,13 @@ def speed_eval(a: argparse.Namespace, rows: list[dict[str, Any]]) -> dict[str, A
     tree = json.loads((MODEL_DIR / mj["medusa_tree"]).read_text())["medusa_tree"]
     model = a.model or qp_model_dir()
     heads = int(mj["num_medusa_heads"])
+    cf = copy_fields(a, mj)
     planners = {
-        "plain": TorchPlanner(model, a.dtype, threads=a.threads),
-        "medusa": TorchPlanner(model, a.dtype, medusa_dir(), tree, heads, threads=a.threads),
+        "plain": TorchPlanner(model, a.dtype, threads=a.threads, copy_fields=cf),
+        "medusa": TorchPlanner(model, a.dtype, medusa_dir(), tree, heads, threads=a.threads,
+                               copy_fields=cf),
         "served": TorchPlanner(model, a.dtype, medusa_dir(), tree, heads, threads=a.threads,
-                               **drafts(a, mj)),
+                               copy_fields=cf, **drafts(a, mj)),
     }
     for p in planners.values():
         p.plan("warm up")
@@ -155,6 +164,8 @@ def main() -> None:
     ap.add_argument("--model", default="", help="default: the planner (setup.sh qp)")
     ap.add_argument("--no-medusa", action="store_true", help="torch: plain greedy decoding")
     ap.add_argument("--no-grammar", action="store_true", help="torch: no schema grammar")
+    ap.add_argument("--no-copy", action="store_true",
+                    help="torch: brand not restricted to the customer's words (copy_fields)")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--no-drafts", action="store_true",
                     help="torch: no grammar-forced / prompt-lookup drafts (Medusa heads only)")

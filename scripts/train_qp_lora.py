@@ -43,10 +43,12 @@ def main() -> None:
     ap.add_argument("--max-minutes", type=float, default=0.0,
                     help="stop and save when reached (0: run every planned step)")
     ap.add_argument("--no-autocast", action="store_true", help="train in float32")
+    ap.add_argument("--no-checkpointing", action="store_true",
+                    help="keep activations: ~30%% faster, ~4x the memory (an idle machine)")
     a = ap.parse_args()
     cfg = LoraConfig(rank=a.rank, alpha=a.alpha, epochs=a.epochs, batch=a.batch, lr=a.lr,
                      seed=a.seed, threads=a.threads, max_minutes=a.max_minutes,
-                     autocast=not a.no_autocast)
+                     autocast=not a.no_autocast, checkpointing=not a.no_checkpointing)
     train(default_model_dir(), load_eval(a.train), Path(a.out), cfg, say,
           meta={"train": str(Path(a.train).resolve().relative_to(ROOT)),
                 "base": "SmolLM2-135M-Instruct (scripts/build_model.py)"})

@@ -40,10 +40,11 @@ log = logging.getLogger("rufus.qp")
 QP_KEYS = ("qp_backend", "num_medusa_heads", "medusa_speculation_length", "medusa_tree",
            "medusa_model", "vllm_num_speculative_tokens", "structured_output", "torch_threads",
            "nxdi_compiled_path", "nxdi_max_new_tokens", "ground_filters", "grammar_drafts",
-           "lookup_drafts", "max_draft_nodes")
+           "lookup_drafts", "max_draft_nodes", "copy_fields")
 BACKENDS = ("torch_medusa", "torch_autoregressive", "vllm_medusa", "autoregressive", "nxdi")
 # what the torch decoder reads from model.json; the other vLLM engine arguments do not apply
-TORCH_ARGS = ("model", "dtype", "max_model_len", "torch_threads")
+# (``copy_fields`` changes what is decoded, so the plain reference has it too)
+TORCH_ARGS = ("model", "dtype", "max_model_len", "torch_threads", "copy_fields")
 # the speculative torch path's extra drafts (rufus/qp/decoder/medusa_decode.py): verified in
 # the same pass as the Medusa tree; ``torch_autoregressive``, the plain reference, has none
 DRAFT_ARGS = ("grammar_drafts", "lookup_drafts", "max_draft_nodes")

@@ -56,6 +56,13 @@ def build_messages(question: str, history: list[dict[str, str]] | None = None
     return [{"role": "system", "content": PLANNER_SYSTEM}, {"role": "user", "content": content}]
 
 
+def prompt_context(prompt_text: str) -> str:
+    """The customer's words in a rendered planner prompt (its last user turn: the question
+    and the history :func:`build_messages` put there); the whole text if it has none."""
+    tail = prompt_text.rsplit("<|im_start|>user\n", 1)
+    return tail[-1].split("<|im_end|>", 1)[0]
+
+
 def fallback_plan(question: str) -> dict[str, Any]:
     """Documented fallback: unknown intent resolved as ``other``, question passed through."""
     q = " ".join(question.split())[:80] or "?"

@@ -72,16 +72,17 @@ def test_training_set_covers_the_job(train: list[dict]) -> None:
 
 
 def test_training_labels_follow_the_grounding_rule(train: list[dict]) -> None:
-    """Every brand/max_price label is written in the question or history. 12 of 4,000
-    generated rows break it (a price cap dropped from two recommendation forms, a brand
-    given a typo in follow-ups): known label noise of the committed set, kept so the set
-    stays the one the committed adapter was trained on."""
+    """Every brand/max_price label is written in the question or history. 9 of 4,000
+    generated rows break it (two keyword recommendation forms, "essentials for ..." and
+    "checklist for ...", drop the price cap from the question but keep its label): known
+    label noise of the committed set, kept so the set stays the one the committed adapter
+    was trained on. (The follow-ups' typo'd brands of the previous set are fixed.)"""
     bad = 0
     for r in train:
         f, text = r["plan"]["filters"], context_text(r["question"], r.get("history"))
         bad += "brand" in f and not brand_grounded(f["brand"], text)
         bad += "max_price" in f and not price_grounded(f["max_price"], text)
-    assert bad <= 12
+    assert bad <= 9
 
 
 def test_eval_set_is_large_hand_labelled_and_held_out(evalset: list[dict], train: list[dict]

@@ -224,6 +224,53 @@ def test_torch_backends(tiny: tuple[Path, Path]) -> None:
     drafting = {**args, "grammar_drafts": 16, "lookup_drafts": 6, "max_draft_nodes": 24}
     assert create_backend(drafting).engine_args(drafting)["lookup_drafts"] == 6
     assert "grammar_drafts" not in ar.engine_args(drafting)
+    # the copied brand changes what is decoded: the plain reference has it too
+    copying = {**args, "copy_fields": ["brand"]}
+    assert ar.engine_args(copying)["copy_fields"] == b.engine_args(copying)["copy_fields"]
     missing = create_backend({**args, "medusa_model": "/nonexistent"})
     assert missing.name == "torch_autoregressive"
     assert callable(b.engine_factory())  # the engine itself is exercised by the real server
+
+
+def test_copy_constraint_keeps_brand_to_the_customers_words() -> None:
+    """While the brand value is open only continuations of a run of the customer's words
+    (or a closing quote after a whole run) are allowed; the model's preference decides among
+    them; outside the value nothing changes."""
+    import xgrammar as xgr
+
+    from rufus.qp.decoder.medusa_decode import CopyConstraint, Grammar, TokenText, copy_spans
+    from rufus.qp.plan import build_messages, prompt_context
+
+    assert copy_spans("Where's my Weber grill? Levi's.", 2) >= {
+        "weber", "weber grill", "levi's", "grill levi's", "where's my"}
+    assert "grill?" not in copy_spans("weber grill?")
+    prompt = ("<|im_start|>system\nYou plan.<|im_end|>\n<|im_start|>user\n"
+              + build_messages("any cheaper?", [{"role": "user", "content": "anker bank"}])[1][
+                  "content"] + "<|im_end|>\n<|im_start|>assistant\n")
+    assert "anker bank" in prompt_context(prompt) and "You plan" not in prompt_context(prompt)
+
+    vocab = ["<eos>", '{"', "brand", '": "', '"}', 'ber"}', "we", "ber", "xy", "web", "er"]
+    info = xgr.TokenizerInfo(vocab, stop_token_ids=[0])
+    compiled = xgr.GrammarCompiler(info).compile_grammar(
+        'root ::= "{\\"brand\\": \\"" [a-z]+ "\\"}"')
+    text = TokenText.of(compiled)
+
+    def run(copy: CopyConstraint | None, prefs: list[list[str]]) -> str:
+        g = Grammar(compiled, len(vocab), copy=copy)
+        out = ""
+        for pref in prefs:  # each step: the tokens in the model's order of preference
+            logits = torch.zeros(len(vocab))
+            for rank, t in enumerate(pref):
+                logits[vocab.index(t)] = 10.0 - rank
+            out += vocab[g.choose(logits)]
+        return out
+
+    steps = [['{"'], ["brand"], ['": "'], ["ber", "we", "xy"], ["xy", 'ber"}', "ber"]]
+    assert run(None, steps) == '{"brand": "berxy'  # unconstrained: the garble
+    copy = CopyConstraint(["brand"], "a weber grill", text)
+    assert run(copy, steps) == '{"brand": "weber"}'
+    assert copy.allowed() is None  # the value is closed
+    fresh = CopyConstraint(["brand"], "a weber grill", text)
+    fresh.text = '{"brand": "'
+    allowed = {vocab[i] for i in fresh.allowed() or []}
+    assert {"we", "web"} <= allowed and not allowed & {"ber", "xy", 'ber"}'}

@@ -111,20 +111,100 @@ def draft_encoder(tokenizer: Any) -> Callable[[str], list[int]]:
     return encode
 
 
+class TokenText:
+    """Every token's text, indexed for :class:`CopyConstraint` (built once per engine)."""
+
+    def __init__(self, texts: list[str]) -> None:
+        self.texts = texts
+        self.by_text: dict[str, list[int]] = {}
+        self.closers: dict[str, list[int]] = {}  # text before the token's first '"' -> ids
+        for i, t in enumerate(texts):
+            if not t:
+                continue
+            self.by_text.setdefault(t, []).append(i)
+            if '"' in t:
+                self.closers.setdefault(t.split('"', 1)[0], []).append(i)
+
+    @classmethod
+    def of(cls, compiled: Any) -> TokenText:
+        """From an xgrammar compiled grammar's tokenizer info (its decoded vocabulary)."""
+        return cls([b.decode("utf-8", "replace")
+                    for b in compiled.tokenizer_info.decoded_vocab])
+
+
+_EDGE = "\"'.,!?;:()[]{}<>"
+
+
+def copy_spans(context: str, max_words: int = 4) -> set[str]:
+    """Every run of 1..``max_words`` consecutive words of ``context``, lower case, edge
+    punctuation stripped ("Levi's" -> "levi's", "pitcher?" -> "pitcher")."""
+    words = [w for w in (w.strip(_EDGE) for w in context.lower().replace("\u2019", "'").split())
+             if w]
+    return {" ".join(words[i:i + n]) for i in range(len(words))
+            for n in range(1, max_words + 1) if i + n <= len(words)}
+
+
+class CopyConstraint:
+    """String fields whose value must be copied from the customer's words (``brand``).
+
+    The planner's brand filter is, by the labelling rule, a brand the customer wrote; the
+    135M model sometimes garbles a brand it copies ("weber" -> "berber", "brita" ->
+    "britney"). While such a value is open, only tokens that keep it a prefix of a run of
+    the context's words (or close it on a whole run) are allowed; the model still picks
+    among them, greedily, so plain and Medusa decoding stay identical. Which words may be
+    copied is decided by :func:`copy_spans`; which fields, by model.json ``copy_fields``.
+    """
+
+    def __init__(self, fields: tuple[str, ...] | list[str], context: str,
+                 vocab: TokenText) -> None:
+        self.openers = tuple(f'"{f}": "' for f in fields)
+        self.spans = copy_spans(context)
+        self.vocab = vocab
+        self.text = ""  # what has been emitted
+
+    def advance(self, tok: int) -> None:
+        self.text += self.vocab.texts[tok]
+
+    def _open_value(self) -> str | None:
+        for op in self.openers:
+            i = self.text.rfind(op)
+            if i >= 0 and '"' not in self.text[i + len(op):]:
+                return self.text[i + len(op):]
+        return None
+
+    def allowed(self) -> list[int] | None:
+        """Token ids allowed next, or None when no copied value is open."""
+        prefix = self._open_value()
+        if prefix is None:
+            return None
+        ids: set[int] = set()
+        for span in self.spans:
+            if not span.startswith(prefix):
+                continue
+            rest = span[len(prefix):]
+            ids.update(self.vocab.closers.get(rest, ()))
+            for n in range(1, len(rest) + 1):
+                ids.update(self.vocab.by_text.get(rest[:n], ()))
+        return sorted(ids)
+
+
 class Grammar:
     """xgrammar matcher for one request: masks logits to the schema, advances on tokens.
 
-    ``encode`` (text -> token ids, no special tokens) enables :meth:`forced_tokens`.
+    ``encode`` (text -> token ids, no special tokens) enables :meth:`forced_tokens`;
+    ``copy`` restricts copied string values (:class:`CopyConstraint`).
     """
 
     def __init__(self, compiled: Any, vocab_size: int,
-                 encode: Callable[[str], list[int]] | None = None) -> None:
+                 encode: Callable[[str], list[int]] | None = None,
+                 copy: CopyConstraint | None = None) -> None:
         import xgrammar as xgr
 
         self.xgr = xgr
         self.matcher = xgr.GrammarMatcher(compiled)
         self.bitmask = xgr.allocate_token_bitmask(1, vocab_size)
         self.encode = encode
+        self.copy = copy
 
     def forced_tokens(self, limit: int) -> list[int]:
         """Tokens of the text the grammar forces next (its jump-forward string), at most
@@ -144,15 +224,30 @@ class Grammar:
         only removes tokens), and ``accept_token`` both checks and advances; a refused token
         leaves the matcher unchanged. Only then is the full vocabulary mask built.
         """
-        tok = int(logits.argmax())
+        allow = self.copy.allowed() if self.copy is not None else None
+        if allow:
+            tok = allow[int(logits[allow].argmax())]
+        else:
+            tok = int(logits.argmax())
         if self.matcher.accept_token(tok):
-            return tok
+            return self._accepted(tok)
         self.matcher.fill_next_token_bitmask(self.bitmask)
         row = logits[None].clone()
+        if allow:
+            keep = torch.full_like(row, float("-inf"))
+            keep[0, allow] = row[0, allow]
+            self.xgr.apply_token_bitmask_inplace(keep, self.bitmask)
+            if bool(torch.isfinite(keep).any()):  # else: nothing copyable fits, grammar only
+                row = keep
         self.xgr.apply_token_bitmask_inplace(row, self.bitmask)
         tok = int(row.argmax())
         if not self.matcher.accept_token(tok):
             raise RuntimeError(f"grammar refused token {tok} that its own mask allowed")
+        return self._accepted(tok)
+
+    def _accepted(self, tok: int) -> int:
+        if self.copy is not None:
+            self.copy.advance(tok)
         return tok
 
     @property

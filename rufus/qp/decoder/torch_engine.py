@@ -73,6 +73,9 @@ class TorchPlannerEngine:
         self._grammars: dict[str, Any] = {}
         self._xgr_compiler: Any = None
         self._encode: Callable[[str], list[int]] | None = None
+        # string fields copied from the customer's words (medusa_decode.CopyConstraint)
+        self._copy_fields = tuple(args.get("copy_fields") or ())
+        self._token_text: Any = None
         self._pending: dict[str, _Request] = {}
         # Every torch op runs on this one thread, loading included: each thread that enters
         # an OpenMP parallel region gets its own thread team, and two teams on 2 cores made
@@ -188,6 +191,15 @@ class TorchPlannerEngine:
             self._encode = draft_encoder(self.tokenizer)
         return Grammar(self._grammars[key], self.decoder.model.vocab_size, self._encode)
 
+    def _copy(self, prompt: list[int]) -> Any:
+        from rufus.qp.decoder.medusa_decode import CopyConstraint, TokenText
+        from rufus.qp.plan import prompt_context
+
+        if self._token_text is None:
+            self._token_text = TokenText.of(next(iter(self._grammars.values())))
+        text = self.tokenizer.decode(prompt, skip_special_tokens=False)
+        return CopyConstraint(self._copy_fields, prompt_context(text), self._token_text)
+
     def _decode(self, req: _Request, loop: asyncio.AbstractEventLoop) -> None:
         global _decoded
         put = loop.call_soon_threadsafe
@@ -197,6 +209,8 @@ class TorchPlannerEngine:
             return
         try:
             grammar = self._grammar(req.schema) if req.schema is not None else None
+            if grammar is not None and self._copy_fields:
+                grammar.copy = self._copy(req.prompt)
         except BaseException as exc:  # a request's schema: that request fails, nothing else
             log.exception("request %s: grammar failed in the torch planner engine",
                           req.request_id)

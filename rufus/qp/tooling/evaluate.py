@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from rufus.qp.grounding import brand_grounded, context_text, ground_plan, price_grounded
-from rufus.qp.plan import parse_plan, plan_schema, render_prompt_ids
+from rufus.qp.plan import parse_plan, plan_schema, prompt_context, render_prompt_ids
 
 
 @dataclass
@@ -123,11 +123,18 @@ class TorchPlanner:
     def __init__(self, model_dir: str | Path, dtype: str = "bfloat16",
                  medusa_dir: str | Path | None = None, tree: list[list[int]] | None = None,
                  num_heads: int = 0, grammar: bool = True, threads: int = 0,
-                 grammar_drafts: int = 0, lookup_drafts: int = 0) -> None:
+                 grammar_drafts: int = 0, lookup_drafts: int = 0,
+                 copy_fields: tuple[str, ...] = ()) -> None:
         import torch
         from transformers import AutoTokenizer
 
-        from rufus.qp.decoder.medusa_decode import Decoder, Tree, compile_grammar, draft_encoder
+        from rufus.qp.decoder.medusa_decode import (
+            Decoder,
+            TokenText,
+            Tree,
+            compile_grammar,
+            draft_encoder,
+        )
         from rufus.qp.decoder.torch_llama import MedusaHeads, TinyLlama
 
         if threads:
@@ -143,20 +150,27 @@ class TorchPlanner:
                                lookup_drafts)
         self.encode = draft_encoder(self.tok)
         self.compiled = None
+        self.copy_fields = tuple(copy_fields)
+        self.token_text: Any = None
         if grammar:
             import xgrammar as xgr
 
             info = xgr.TokenizerInfo.from_huggingface(self.tok, vocab_size=model.vocab_size)
             self.compiled = compile_grammar(xgr.GrammarCompiler(info), json.dumps(plan_schema()))
+            self.token_text = TokenText.of(self.compiled)
 
     def plan(self, question: str, history: list[dict[str, str]] | None = None,
              max_tokens: int = 96) -> Prediction:
-        from rufus.qp.decoder.medusa_decode import Grammar
+        from rufus.qp.decoder.medusa_decode import CopyConstraint, Grammar
 
         grammar = None
-        if self.compiled is not None:
-            grammar = Grammar(self.compiled, self.decoder.model.vocab_size, self.encode)
         ids = render_prompt_ids(self.tok, question, history)
+        if self.compiled is not None:
+            copy = None
+            if self.copy_fields:  # as the engine does: the customer's words from the prompt
+                text = prompt_context(self.tok.decode(ids, skip_special_tokens=False))
+                copy = CopyConstraint(self.copy_fields, text, self.token_text)
+            grammar = Grammar(self.compiled, self.decoder.model.vocab_size, self.encode, copy)
         t0 = time.perf_counter()
         out: list[int] = []
         steps = 0

@@ -513,7 +513,41 @@ MODELS: dict[str, list[tuple[str | None, str]]] = {
     ],
 }
 
-ALL_BRANDS = sorted({b for c in CATEGORIES for b in c[2]}, key=len, reverse=True)
+# More brands per category, so the planner learns to copy a brand it has rarely seen rather
+# than recall a short list (brand F1 on the eval set, docs/benchmarks.md).
+EXTRA_BRANDS: dict[str, list[str]] = {
+    "tv": ["toshiba", "insignia", "panasonic"],
+    "audio": ["audio-technica", "marshall", "soundcore", "ultimate ears"],
+    "laptop": ["razer", "samsung", "gigabyte"],
+    "power tools": ["ridgid", "kobalt", "porter-cable", "metabo"],
+    "camping": ["nemo", "big agnes", "msr", "therm-a-rest"],
+    "shoes": ["puma", "reebok", "altra", "vans"],
+    "vacuum": ["miele", "roborock", "tineco", "kenmore"],
+    "coffee": ["mr. coffee", "chemex", "gaggia", "oxo"],
+    "kitchen": ["oster", "hamilton beach", "breville", "le creuset", "calphalon"],
+    "phone": ["motorola", "oneplus", "zagg", "casetify"],
+    "wearables": ["whoop", "suunto", "coros", "withings"],
+    "computer": ["viewsonic", "hyperx", "steelseries", "acer"],
+    "toys": ["melissa & doug", "hot wheels", "nerf", "playmobil"],
+    "beauty": ["olay", "dove", "the ordinary", "revlon", "remington"],
+    "home": ["tuft & needle", "parachute", "saatva"],
+    "outdoor": ["rei", "mountain hardwear", "stanley", "camelbak"],
+    "pets": ["royal canin", "iams", "pedigree", "petsafe", "fancy feast"],
+    "baby": ["britax", "evenflo", "owlet", "munchkin"],
+    "gaming": ["logitech", "razer", "8bitdo", "corsair"],
+    "camera": ["panasonic", "blink", "eufy", "insta360"],
+    "grill": ["napoleon", "kamado joe", "big green egg", "camp chef"],
+    "appliances": ["maytag", "kitchenaid", "electrolux", "haier"],
+    "clothes": ["old navy", "wrangler", "the north face", "under armour"],
+    "tools": ["husky", "dewalt", "ridgid", "fiskars", "toro"],
+}
+# Brands of the eval set (data/qp/eval.jsonl) that no generated question may use: they
+# measure whether a brand the planner never saw in training is still extracted.
+HELD_OUT_BRANDS = frozenset({"brita", "crocs", "samsonite"})
+CATEGORIES = [(c, nouns, list(dict.fromkeys(brands + EXTRA_BRANDS.get(c, []))), pre, post)
+              for c, nouns, brands, pre, post in CATEGORIES]
+ALL_BRANDS = sorted({b for c in CATEGORIES for b in c[2]}, key=lambda b: (-len(b), b))
+assert not HELD_OUT_BRANDS & set(ALL_BRANDS)
 
 
 def named_brand(text: str) -> str | None:
@@ -953,6 +987,8 @@ def product_phrase(rng: random.Random, p: Product) -> str:
     """The product as written, the brand in one of several positions."""
     core = " ".join(x for x in (p.pre, p.noun, p.post) if x)
     if not p.brand:
+        if p.pre and rng.random() < 0.3:  # "cat food grain free": a word after the noun
+            return " ".join(x for x in (p.noun, p.pre, p.post) if x)  # is not a brand
         return core
     r = rng.random()
     if r < 0.55:
@@ -1177,7 +1213,7 @@ def ex_recommend(rng: random.Random) -> Example:
         if price and qt == C:
             q += ", " + rng.choice(PRICE_SENTENCES).format(p=ps)
     else:
-        p = sample_product(rng, brand_p=0.25, attr_p=0.2)
+        p = sample_product(rng, brand_p=0.5, attr_p=0.2)
         use = rng.choice(
             [
                 "a beginner",
@@ -1319,14 +1355,50 @@ def ex_returns(rng: random.Random) -> Example:
     )
 
 
+BRAND_TRIVIA = [  # off-topic questions about a brand, not a search: no brand filter
+    "is {b} a japanese company",
+    "who owns {b}",
+    "where is {b} based",
+    "how do you pronounce {b}",
+    "when was {b} founded",
+    "is {b} stock a good buy",
+    "who is the ceo of {b}",
+    "what country is {b} from",
+]
+
+
 def ex_other(rng: random.Random) -> Example:
     q = rng.choice(OTHER)
+    if rng.random() < 0.3:
+        q = rng.choice(BRAND_TRIVIA).format(b=rng.choice(ALL_BRANDS))
     shown = surface(rng, q, set(q.split()), True)
     norm = " ".join(shown.split())
     return Example(shown, plan("other", C, [norm]), kind="other")
 
 
-def _reply(rng: random.Random, what: str) -> str:
+def _brand_case(rng: random.Random, b: str) -> str:
+    r = rng.random()
+    return b.upper() if r < 0.2 else b.title() if r < 0.9 else b
+
+
+def _reply(rng: random.Random, what: str, p: Product | None = None) -> str:
+    """The assistant's previous answer. Half name products (brands, models, a price) the way
+    the assistant's answers do: a brand the assistant named is not the customer's filter."""
+    if p is not None and rng.random() < 0.5:
+        cat = next(c for c in CATEGORIES if c[0] == p.category)
+        bs = [_brand_case(rng, b) for b in rng.sample(cat[2], min(3, len(cat[2])))]
+        if p.brand:
+            bs[0] = _brand_case(rng, p.brand)
+        models = MODELS.get(p.category) or [(None, what)]
+        _, m = rng.choice(models)
+        ps, _ = price_text(rng)
+        return rng.choice([
+            f"Here are some {what} from {bs[0]}, {bs[1]} and {bs[-1]}.",
+            f"The {m.title()} is a best seller.",
+            f"These {what} are popular: the {m.title()} is {ps}.",
+            f"I found {what} from {bs[0]} and {bs[1]}, starting at {ps}.",
+            f"Top picks: {bs[0]} and {bs[-1]}. The {m} has great reviews.",
+        ])
     return rng.choice(
         [
             f"Here are some {what} you might like.",
@@ -1351,7 +1423,7 @@ def ex_multiturn(rng: random.Random) -> Example:
         u1 += " " + rng.choice(PRICE_CAPS).format(p=hps)
     history = [
         {"role": "user", "content": u1},
-        {"role": "assistant", "content": _reply(rng, p.noun)},
+        {"role": "assistant", "content": _reply(rng, p.noun, p)},
     ]
     if rng.random() < 0.2:  # an earlier, unrelated exchange before
         history = [
@@ -1389,6 +1461,7 @@ def ex_multiturn(rng: random.Random) -> Example:
         ).format(b=b2)
         p2 = Product(p.noun, b2, p.pre, p.post, p.category)
         pl = plan("product_search", C, [p2.query], b2, hpv)
+        p = p2  # the follow-up's brand is protected from typos below
     elif r < 0.6:
         feat, kind = rng.choice([f for f in FEATURES if f[1] != "kw"])
         q = rng.choice(
