@@ -162,6 +162,15 @@ class CopyConstraint:
         self.vocab = vocab
         self.text = ""  # what has been emitted
 
+    @classmethod
+    def for_prompt(cls, fields: tuple[str, ...] | list[str], tokenizer: Any,
+                   prompt: list[int], vocab: TokenText) -> CopyConstraint:
+        """For one planner request: the customer's words are its prompt's user turn."""
+        from rufus.qp.plan import prompt_context
+
+        text = tokenizer.decode(prompt, skip_special_tokens=False)
+        return cls(fields, prompt_context(text), vocab)
+
     def advance(self, tok: int) -> None:
         self.text += self.vocab.texts[tok]
 

@@ -174,7 +174,12 @@ class TorchPlannerEngine:
     def _grammar(self, schema: Any) -> Any:
         import xgrammar as xgr
 
-        from rufus.qp.decoder.medusa_decode import Grammar, compile_grammar, draft_encoder
+        from rufus.qp.decoder.medusa_decode import (
+            Grammar,
+            TokenText,
+            compile_grammar,
+            draft_encoder,
+        )
 
         # keep the schema's property order: xgrammar emits properties in that order, and the
         # planner (and its Medusa heads) were trained on it
@@ -187,18 +192,11 @@ class TorchPlannerEngine:
             t0 = time.monotonic()
             self._grammars[key] = compile_grammar(self._xgr_compiler, key)
             log.info("compiled JSON-schema grammar in %.2f s", time.monotonic() - t0)
+            if self._copy_fields and self._token_text is None:  # ~0.3 s: at warm-up, once
+                self._token_text = TokenText.of(self._grammars[key])
         if self._encode is None:
             self._encode = draft_encoder(self.tokenizer)
         return Grammar(self._grammars[key], self.decoder.model.vocab_size, self._encode)
-
-    def _copy(self, prompt: list[int]) -> Any:
-        from rufus.qp.decoder.medusa_decode import CopyConstraint, TokenText
-        from rufus.qp.plan import prompt_context
-
-        if self._token_text is None:
-            self._token_text = TokenText.of(next(iter(self._grammars.values())))
-        text = self.tokenizer.decode(prompt, skip_special_tokens=False)
-        return CopyConstraint(self._copy_fields, prompt_context(text), self._token_text)
 
     def _decode(self, req: _Request, loop: asyncio.AbstractEventLoop) -> None:
         global _decoded
@@ -210,7 +208,10 @@ class TorchPlannerEngine:
         try:
             grammar = self._grammar(req.schema) if req.schema is not None else None
             if grammar is not None and self._copy_fields:
-                grammar.copy = self._copy(req.prompt)
+                from rufus.qp.decoder.medusa_decode import CopyConstraint
+
+                grammar.copy = CopyConstraint.for_prompt(self._copy_fields, self.tokenizer,
+                                                         req.prompt, self._token_text)
         except BaseException as exc:  # a request's schema: that request fails, nothing else
             log.exception("request %s: grammar failed in the torch planner engine",
                           req.request_id)

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from rufus.qp.grounding import brand_grounded, context_text, ground_plan, price_grounded
-from rufus.qp.plan import parse_plan, plan_schema, prompt_context, render_prompt_ids
+from rufus.qp.plan import parse_plan, plan_schema, render_prompt_ids
 
 
 @dataclass
@@ -167,9 +167,8 @@ class TorchPlanner:
         ids = render_prompt_ids(self.tok, question, history)
         if self.compiled is not None:
             copy = None
-            if self.copy_fields:  # as the engine does: the customer's words from the prompt
-                text = prompt_context(self.tok.decode(ids, skip_special_tokens=False))
-                copy = CopyConstraint(self.copy_fields, text, self.token_text)
+            if self.copy_fields:
+                copy = CopyConstraint.for_prompt(self.copy_fields, self.tok, ids, self.token_text)
             grammar = Grammar(self.compiled, self.decoder.model.vocab_size, self.encode, copy)
         t0 = time.perf_counter()
         out: list[int] = []
