@@ -192,7 +192,7 @@ class TorchPlannerEngine:
             t0 = time.monotonic()
             self._grammars[key] = compile_grammar(self._xgr_compiler, key)
             log.info("compiled JSON-schema grammar in %.2f s", time.monotonic() - t0)
-            if self._copy_fields and self._token_text is None:  # ~0.3 s: at warm-up, once
+            if self._copy_fields and self._token_text is None:  # at warm-up, once per engine
                 self._token_text = TokenText.of(self._grammars[key])
         if self._encode is None:
             self._encode = draft_encoder(self.tokenizer)
