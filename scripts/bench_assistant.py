@@ -27,6 +27,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from rufus.harness.loadgen import pct_nearest as pct
+
 CONVERSATIONS: list[list[str]] = [
     ["running shoes under $80", "any from nike?"],
     ["wireless earbuds under $50"],
@@ -53,13 +55,6 @@ class Turn:
     server: dict[str, float] = field(default_factory=dict)
     text: str = ""
     error: str = ""
-
-
-def pct(xs: list[float], q: float) -> float:
-    xs = sorted(x for x in xs if x == x)
-    if not xs:
-        return float("nan")
-    return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
 
 
 async def assistant_turn(io: Any, question: str, history: list[dict[str, str]]) -> Turn:

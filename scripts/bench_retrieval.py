@@ -19,14 +19,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from rufus.harness.loadgen import pct_nearest as pct
 from rufus.retrieval.base import Filters
 from rufus.retrieval.catalog import DEFAULT_SEED, DEFAULT_SIZE, generate_catalog
 from rufus.retrieval.relevance import RELEVANCE_PATH, build_relevance, evaluate, load_relevance
-
-
-def pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -62,6 +62,15 @@ def pct(values: list[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
+def pct_nearest(values: list[float], q: float) -> float:
+    """Nearest-rank percentile, NaNs ignored (nan when nothing is left): the convention of
+    the planner, assistant and retrieval benchmarks (``pct`` above interpolates)."""
+    xs = sorted(x for x in values if x == x)
+    if not xs:
+        return float("nan")
+    return xs[min(len(xs) - 1, max(0, round(q * (len(xs) - 1))))]
+
+
 def summarize(stats: list[RequestStats], wall: float) -> dict[str, float]:
     ok = [s for s in stats if not s.error]
     ttfts = [s.ttft for s in ok]

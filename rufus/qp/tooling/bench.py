@@ -35,10 +35,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from rufus.harness.loadgen import pct_nearest as pct
 from rufus.harness.server import ROOT, TritonServer, free_port
 from rufus.qp.client import PlanResponse, plan
 from rufus.qp.plan import load_eval
-from rufus.qp.tooling.evaluate import Prediction, pct, score
+from rufus.qp.tooling.evaluate import Prediction, score
 from rufus.qp.tooling.lossless import LOGPROBS_K, NEAR_TIE_NATS, compare
 
 MODEL = "rufus_qp_medusa"

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rufus.harness.loadgen import pct_nearest as pct
 from rufus.qp.grounding import brand_grounded, context_text, ground_plan, price_grounded
 from rufus.qp.plan import parse_plan, plan_schema, render_prompt_ids
 
@@ -157,7 +158,8 @@ class TorchPlanner:
 
             info = xgr.TokenizerInfo.from_huggingface(self.tok, vocab_size=model.vocab_size)
             self.compiled = compile_grammar(xgr.GrammarCompiler(info), json.dumps(plan_schema()))
-            self.token_text = TokenText.of(self.compiled)
+            if self.copy_fields:
+                self.token_text = TokenText.of(self.compiled)
 
     def plan(self, question: str, history: list[dict[str, str]] | None = None,
              max_tokens: int = 96) -> Prediction:
@@ -189,12 +191,6 @@ def run(planner: TorchPlanner, rows: list[dict[str, Any]], say: Any = None) -> l
         if say is not None and (i + 1) % 50 == 0:
             say(f"{i + 1}/{len(rows)} planned")
     return preds
-
-
-def pct(xs: list[float], q: float) -> float:
-    """Nearest-rank percentile (the planner benchmarks' convention)."""
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, max(0, round(q * (len(xs) - 1))))]
 
 
 def speed_compare(planners: dict[str, TorchPlanner], rows: list[dict[str, Any]],
