@@ -39,6 +39,9 @@ def main() -> None:
     ap.add_argument("--solo", action="store_true",
                     help="one server only, the configured planner (make serve's set): its "
                          "own latency, with no other server sharing the cores")
+    ap.add_argument("--medusa-args", type=json.loads, default={},
+                    help='JSON merged into the configured planner\'s model.json for this run, '
+                         'e.g. \'{"torch_max_batch": 1}\'')
     ap.add_argument("--json", default="")
     ap.add_argument("--log-dir", default=str(ROOT / "build" / "qp"))
     a = ap.parse_args()

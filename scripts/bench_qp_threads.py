@@ -3,7 +3,7 @@
 What runs: rufus/qp/tooling/threads_bench.py's docstring. Figures: docs/benchmarks.md
 ("Planner threads").
 
-    .venv/bin/python scripts/bench_qp_threads.py [--threads 2 1] [--neighbours idle same apart]
+    .venv/bin/python scripts/bench_qp_threads.py [--threads auto 2 1] [--neighbours idle same apart]
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from rufus.qp.tooling.threads_bench import measure
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--threads", type=int, nargs="+", default=[2, 1])
+    ap.add_argument("--threads", type=lambda v: v if v == "auto" else int(v), nargs="+",
+                    default=["auto", 2, 1], help='fixed team sizes and/or "auto"')
     ap.add_argument("--neighbours", nargs="+", default=["idle", "same", "apart"],
                     choices=["idle", "same", "apart"])
     ap.add_argument("--plans", type=int, default=20, help="timed plans per setting")

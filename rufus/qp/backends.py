@@ -40,14 +40,16 @@ log = logging.getLogger("rufus.qp")
 QP_KEYS = ("qp_backend", "num_medusa_heads", "medusa_speculation_length", "medusa_tree",
            "medusa_model", "vllm_num_speculative_tokens", "structured_output", "torch_threads",
            "nxdi_compiled_path", "nxdi_max_new_tokens", "ground_filters", "grammar_drafts",
-           "lookup_drafts", "max_draft_nodes", "copy_fields")
+           "lookup_drafts", "max_draft_nodes", "copy_fields", "torch_max_batch",
+           "batch_draft_nodes")
 BACKENDS = ("torch_medusa", "torch_autoregressive", "vllm_medusa", "autoregressive", "nxdi")
 # what the torch decoder reads from model.json; the other vLLM engine arguments do not apply
 # (``copy_fields`` changes what is decoded, so the plain reference has it too)
-TORCH_ARGS = ("model", "dtype", "max_model_len", "torch_threads", "copy_fields")
+TORCH_ARGS = ("model", "dtype", "max_model_len", "torch_threads", "copy_fields",
+              "torch_max_batch")
 # the speculative torch path's extra drafts (rufus/qp/decoder/medusa_decode.py): verified in
 # the same pass as the Medusa tree; ``torch_autoregressive``, the plain reference, has none
-DRAFT_ARGS = ("grammar_drafts", "lookup_drafts", "max_draft_nodes")
+DRAFT_ARGS = ("grammar_drafts", "lookup_drafts", "max_draft_nodes", "batch_draft_nodes")
 
 
 @dataclass
@@ -121,6 +123,12 @@ class TorchBackend(PlannerBackend):
     """rufus/qp/decoder/torch_engine.py: batch-1 decoding in PyTorch, Medusa tree or plain."""
 
     def engine_args(self, args: dict[str, Any]) -> dict[str, Any]:
+        from rufus.qp.decoder.cores import parse_threads
+
+        parse_threads(args.get("torch_threads", 0))  # a bad value fails at load, named
+        mb = args.get("torch_max_batch", 1)
+        if isinstance(mb, bool) or not isinstance(mb, int) or not 1 <= mb <= 64:
+            raise ConfigError(f"torch_max_batch must be an integer in 1..64, not {str(mb)[:20]!r}")
         keys = TORCH_ARGS + (DRAFT_ARGS if self.medusa is not None else ())
         return {k: args[k] for k in keys if k in args}
 

@@ -211,12 +211,19 @@ def test_torch_planner_engine_reports_a_decoder_crash_as_death():
     from rufus.qp.decoder import torch_engine
 
     class CrashingDecoder:
-        def generate(self, *args, **kwargs):
+        def best_slot(self, prompt, free):
+            return free[0]
+
+        def start(self, *args, **kwargs):
+            return object()
+
+        def step(self, runs):
             raise RuntimeError("decoder state corrupted")
-            yield  # pragma: no cover
 
     eng = object.__new__(torch_engine.TorchPlannerEngine)
     eng.errored, eng.dead_error, eng._pending, eng.on_stats = False, None, {}, None
+    eng._max_batch, eng._cores, eng._copy_fields = 1, None, ()
+    eng._init_queue()
     eng.decoder = CrashingDecoder()
     eng._pool = concurrent.futures.ThreadPoolExecutor(1)
 

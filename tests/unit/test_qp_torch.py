@@ -274,3 +274,194 @@ def test_copy_constraint_keeps_brand_to_the_customers_words() -> None:
     fresh.text = '{"brand": "'
     allowed = {vocab[i] for i in fresh.allowed() or []}
     assert {"we", "web"} <= allowed and not allowed & {"ber", "xy", 'ber"}'}
+
+
+def test_torch_threads_setting() -> None:
+    from rufus.qp.decoder.cores import parse_threads
+    from rufus.serving.config import ConfigError
+
+    assert parse_threads("auto") is None
+    assert parse_threads(1) == 1 and parse_threads("2") == 2
+    assert parse_threads(0) >= 1  # unset: every core this process may run on
+    for bad in ("two", -1, True, 1.5, ["auto"]):
+        with pytest.raises(ConfigError, match="torch_threads"):
+            parse_threads(bad)
+    with pytest.raises(ConfigError, match="torch_threads"):
+        create_backend({"model": "m", "torch_threads": "many"}).engine_args(
+            {"model": "m", "torch_threads": "many"})
+
+
+class Ticks:
+    """A fake /proc: the clock, the host's busy ticks and this process's own, set by hand."""
+
+    def __init__(self) -> None:
+        self.t, self.busy, self.own = 0.0, 0, 0
+
+
+def test_core_watch_counts_only_other_processes() -> None:
+    from rufus.qp.decoder.cores import CoreWatch
+
+    f = Ticks()
+    w = CoreWatch(2, {0, 1}, busy=lambda: f.busy, own=lambda: f.own, clock=lambda: f.t,
+                  hz=100, start=False)
+    assert w.threads() == 2  # nothing known yet: both cores
+    for _ in range(4):  # this process alone keeps both cores busy: still both
+        f.t += 0.05
+        f.busy += 10
+        f.own += 10
+        w.sample()
+    assert w.others() == 0 and w.threads() == 2
+    for _ in range(4):  # another process takes a core (vLLM's worker serving): one thread
+        f.t += 0.05
+        f.busy += 10
+        f.own += 5
+        w.sample()
+    assert abs(w.others() - 1.0) < 1e-9 and w.threads() == 1
+    for _ in range(4):  # a light neighbour (under a quarter core) leaves the core to us
+        f.t += 0.05
+        f.busy += 1
+        w.sample()
+    assert w.threads() == 2
+    assert CoreWatch(4, {0, 1}, busy=lambda: 0, start=False).max_threads == 2
+
+
+def test_core_watch_falls_back_to_one_thread_when_proc_is_unreadable() -> None:
+    from rufus.qp.decoder.cores import CoreWatch
+
+    def unreadable() -> int:
+        raise OSError("no /proc/stat")
+
+    w = CoreWatch(2, {0, 1}, busy=unreadable)
+    assert w.broken and w.threads() == 1
+    w.close()
+
+
+def test_core_watch_reads_this_hosts_proc() -> None:
+    import os
+
+    from rufus.qp.decoder.cores import read_busy, read_own
+
+    if not os.path.exists("/proc/stat"):
+        pytest.skip("Linux /proc only")
+    cpus = os.sched_getaffinity(0)
+    assert read_busy(cpus) > 0 and read_own() >= 0
+
+
+def test_torch_engine_auto_threads_follow_idle_cores(tiny: tuple[Path, Path]) -> None:
+    """torch_threads "auto": the team is re-sized before passes, and the output does not
+    depend on it (the same greedy tokens as a fixed single thread)."""
+    import asyncio
+
+    from vllm.sampling_params import RequestOutputKind, SamplingParams
+
+    from rufus.qp.decoder.torch_engine import TorchPlannerEngine
+
+    model_dir, heads_dir = tiny
+    with_tokenizer(model_dir)
+    base = {"model": str(model_dir), "dtype": "float32", "max_model_len": 128}
+    prompt = {"prompt_token_ids": [5, 9, 2, 7, 11, 3]}
+
+    async def run(eng: TorchPlannerEngine) -> list[int]:
+        sp = SamplingParams(max_tokens=24, temperature=0,
+                            output_kind=RequestOutputKind.FINAL_ONLY)
+        out = [o async for o in eng.generate(prompt, sp, "r1")]
+        return list(out[-1].outputs[0].token_ids)
+
+    fixed = TorchPlannerEngine({**base, "torch_threads": 1}, tree_paths=[[0], [0, 0]],
+                               medusa_dir=str(heads_dir), num_heads=3)
+    auto = TorchPlannerEngine({**base, "torch_threads": "auto"}, tree_paths=[[0], [0, 0]],
+                              medusa_dir=str(heads_dir), num_heads=3)
+    try:
+        assert fixed._cores is None and auto._cores is not None
+        sizes: list[int] = []
+        auto._set_threads = sizes.append
+        wanted = iter([2, 2, 1] * 20)
+        auto._cores.threads = lambda: next(wanted)
+        auto._threads = 1
+        assert asyncio.run(run(auto)) == asyncio.run(run(fixed))
+        assert sizes[:2] == [2, 1]  # changed only when the idle-core count did
+    finally:
+        fixed.shutdown()
+        auto.shutdown()
+
+
+def with_tokenizer(model_dir: Path) -> None:
+    """The engine loads a tokenizer from the model directory; any will do for token ids."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    if not (model_dir / "tokenizer.json").exists():
+        tk = Tokenizer(models.WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t0"))
+        PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="t1").save_pretrained(model_dir)
+
+
+def test_step_packs_several_sequences_into_one_pass(tiny: tuple[Path, Path]) -> None:
+    """Decoder.step with several runs (own cache regions, Medusa drafts, joining at different
+    passes) emits exactly what each sequence decodes alone (float32)."""
+    model_dir, heads_dir = tiny
+    heads = MedusaHeads(heads_dir, torch.float32, 3)
+    tree = Tree.from_paths([[0], [1], [0, 0], [0, 0, 0]])
+    prompts = [[5, 9, 2, 7, 11, 3], [4, 4, 8], [5, 9, 2, 6, 6, 6, 6, 1, 30], [17]]
+    alone = Decoder(TinyLlama(model_dir, "float32", 128), heads, tree, {1}, lookup_drafts=3)
+    want = [[t for s in alone.generate(p, 30) for t in s.tokens] for p in prompts]
+    d = Decoder(TinyLlama(model_dir, "float32", 128, slots=3), heads, tree, {1},
+                lookup_drafts=3)
+    got: dict[int, list[int]] = {}
+    runs = {i: d.start(prompts[i], 30, slot=i) for i in range(3)}
+    out = {i: [] for i in range(len(prompts))}
+    waiting = [3]
+    while runs:
+        ids = list(runs)
+        for i, st in zip(ids, d.step([runs[i] for i in ids]), strict=True):
+            out[i] += st.tokens
+            if st.finish_reason is not None:
+                slot = runs.pop(i).slot
+                got[i] = out[i]
+                if waiting:  # the queued sequence takes the freed region at the next pass
+                    j = waiting.pop()
+                    runs[j] = d.start(prompts[j], 30, slot=d.best_slot(prompts[j], [slot]))
+    assert [got[i] for i in range(len(prompts))] == want
+    # a region keeps its last sequence's KV: the same prompt again is sent back to it
+    for slot in range(3):
+        p = next(p for p in prompts if d.slot_cached[slot][:len(p)] == p)
+        assert d.best_slot(p + [1], [0, 1, 2]) == slot
+
+
+def test_torch_engine_batches_queued_plans(tiny: tuple[Path, Path]) -> None:
+    """torch_max_batch 3: five concurrent requests (one aborted early) come back exactly as
+    when sent one at a time."""
+    import asyncio
+
+    from vllm.sampling_params import RequestOutputKind, SamplingParams
+
+    from rufus.qp.decoder.torch_engine import TorchPlannerEngine
+
+    model_dir, heads_dir = tiny
+    with_tokenizer(model_dir)
+    eng = TorchPlannerEngine({"model": str(model_dir), "dtype": "float32",
+                              "max_model_len": 128, "torch_threads": 1, "torch_max_batch": 3},
+                             tree_paths=[[0], [0, 0]], medusa_dir=str(heads_dir), num_heads=3)
+    prompts = [[5, 9, 2, 7, 11, 3], [4, 4, 8], [5, 9, 2, 6, 6, 6, 6, 1, 30], [17], [3, 3, 3]]
+
+    async def one(i: int, abort_after: int = 0) -> list[int]:
+        sp = SamplingParams(max_tokens=24, temperature=0, output_kind=RequestOutputKind.DELTA)
+        ids: list[int] = []
+        async for o in eng.generate({"prompt_token_ids": prompts[i]}, sp, f"r{i}"):
+            ids += o.outputs[0].token_ids
+            if abort_after and len(ids) >= abort_after:
+                await eng.abort(f"r{i}")
+        return ids
+
+    async def together() -> list[list[int]]:
+        return list(await asyncio.gather(*(one(i, 2 if i == 1 else 0)
+                                           for i in range(len(prompts)))))
+
+    try:
+        alone = [asyncio.run(one(i)) for i in range(len(prompts))]
+        both = asyncio.run(together())
+        assert [b for i, b in enumerate(both) if i != 1] == [a for i, a in enumerate(alone)
+                                                             if i != 1]
+        assert both[1] == alone[1][:len(both[1])]  # aborted: a prefix, then it stopped
+        assert not eng.errored and not eng._pending
+    finally:
+        eng.shutdown()

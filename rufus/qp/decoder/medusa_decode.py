@@ -10,9 +10,10 @@ the output is the autoregressive output (lossless), up to kernels rounding diffe
 different number of query rows (see rufus/qp/tooling/lossless.py).
 The accepted nodes' KV entries are then compacted into consecutive cache slots.
 
-Batch size 1, one sequence at a time: what the planner's latency SLA is about. The KV of the
-previous request is kept and its longest common token prefix reused (the system prompt is
-identical for every plan), like vLLM's prefix cache.
+Batch size 1 is what the planner's latency SLA is about; :meth:`Decoder.step` also verifies
+several sequences in one pass (each in its own cache region) when plans queue. Each region
+keeps the KV of its previous request and reuses its longest common token prefix (the system
+prompt is identical for every plan), like vLLM's prefix cache.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 
 import torch
 
-from rufus.qp.decoder.torch_llama import MedusaHeads, TinyLlama
+from rufus.qp.decoder.torch_llama import MedusaHeads, Segment, TinyLlama
 
 
 @dataclass
@@ -280,7 +281,8 @@ class Decoder:
 
     def __init__(self, model: TinyLlama, heads: MedusaHeads | None, tree: Tree | None,
                  eos_ids: set[int], grammar_drafts: int = 0, lookup_drafts: int = 0,
-                 max_draft_nodes: int = MAX_DRAFT_NODES) -> None:
+                 max_draft_nodes: int = MAX_DRAFT_NODES,
+                 batch_draft_nodes: int = MAX_DRAFT_NODES) -> None:
         if (heads is None) != (tree is None):
             raise ValueError("Medusa needs both heads and a tree")
         if tree is not None and heads is not None and tree.max_depth > heads.num_heads:
@@ -289,12 +291,16 @@ class Decoder:
         self.heads = heads
         self.tree = tree
         self.eos_ids = eos_ids
-        self.cached: list[int] = []  # token ids whose KV is in cache slots 0..len-1
+        # per cache region (model.slots): token ids whose KV is in its slots 0..len-1
+        self.slot_cached: list[list[int]] = [[] for _ in range(model.slots)]
         # up to this many grammar-forced tokens are verified per step as drafts (0: off)
         self.grammar_drafts = grammar_drafts
         # up to this many prompt-lookup tokens are drafted per step (0: off)
         self.lookup_drafts = lookup_drafts
         self.max_draft_nodes = max_draft_nodes
+        # per sequence when several share a pass: rows cost compute once the pass is no
+        # longer bound by reading the weights, so each plan drafts less
+        self.batch_draft_nodes = batch_draft_nodes
 
     def _pick(self, logits: torch.Tensor, grammar: Grammar | None, want_lp: int
               ) -> tuple[int, dict[int, tuple[float, int]] | None]:
@@ -327,8 +333,8 @@ class Decoder:
                     return seq[j + n: j + n + limit]
         return []
 
-    def _draft(self, seq: list[int], h_last: torch.Tensor | None, grammar: Grammar | None
-               ) -> _Draft:
+    def _draft(self, seq: list[int], h_last: torch.Tensor | None, grammar: Grammar | None,
+               cap: int = 0) -> _Draft:
         """This step's candidates as a token trie under the root (the last token without
         KV): the chain the grammar forces next, then, as branches after it, the Medusa
         tree's paths and the prompt-lookup continuation."""
@@ -353,7 +359,7 @@ class Decoder:
             for t in chain:
                 nxt = next((c for c in children[node] if tok[c] == t), None)
                 if nxt is None:
-                    if len(tok) > self.max_draft_nodes:
+                    if len(tok) > (cap or self.max_draft_nodes):
                         break
                     nxt = len(tok)
                     tok.append(t)
@@ -368,6 +374,65 @@ class Decoder:
             mask[i, rows[i]] = True
         return _Draft(tok[1:], depth, children, mask)
 
+    @property
+    def cached(self) -> list[int]:
+        """Token ids whose KV is in cache region 0 (the batch-1 sequence's)."""
+        return self.slot_cached[0]
+
+    @cached.setter
+    def cached(self, value: list[int]) -> None:
+        self.slot_cached[0] = value
+
+    def best_slot(self, prompt: list[int], free: list[int]) -> int:
+        """The free cache region whose kept tokens share the longest prefix with ``prompt``."""
+        def shared(slot: int) -> int:
+            n = 0
+            for a, b in zip(self.slot_cached[slot], prompt, strict=False):
+                if a != b:
+                    break
+                n += 1
+            return n
+        return max(free, key=shared)
+
+    def start(self, prompt: list[int], max_tokens: int, grammar: Grammar | None = None,
+              logprobs: int = 0, slot: int = 0) -> Run:
+        """A sequence ready for its first pass, in cache region ``slot`` (its kept prefix
+        reused); drive it with :meth:`step`."""
+        if len(prompt) + max_tokens > self.model.max_len:
+            raise ValueError(f"prompt ({len(prompt)}) + max_tokens ({max_tokens}) exceeds "
+                             f"the context ({self.model.max_len})")
+        # prefix reuse: keep at least one prompt token to compute the first logits from
+        kept = self.slot_cached[slot]
+        p = 0
+        for a, b in zip(kept, prompt[:-1], strict=False):
+            if a != b:
+                break
+            p += 1
+        self.slot_cached[slot] = kept[:p]
+        return Run(self, slot, prompt, max_tokens, grammar, logprobs, p)
+
+    def step(self, runs: list[Run]) -> list[Step]:
+        """One forward pass for every run (each its own draft and cache region): the
+        linear layers' weights are read once for all of them. Hot path."""
+        cap = min(self.max_draft_nodes, self.batch_draft_nodes) if len(runs) > 1 else 0
+        segs = [r.prepare(cap) for r in runs]
+        hs = self.model.forward_many(segs)
+        # the rows whose logits are needed: from each run's last pending token on
+        picks, row = [], 0
+        for r, sg in zip(runs, segs, strict=True):
+            picks.append((row + r.n_pend - 1, row + sg.ids.shape[0]))
+            row += sg.ids.shape[0]
+        if len(runs) == 1:
+            logits = self.model.logits(hs[picks[0][0]:])
+            return [runs[0].finish(hs[picks[0][0]:], logits)]
+        rows = torch.cat([hs[a:b] for a, b in picks])
+        logits = self.model.logits(rows)
+        out, at = [], 0
+        for r, (a, b) in zip(runs, picks, strict=True):
+            out.append(r.finish(rows[at:at + b - a], logits[at:at + b - a]))
+            at += b - a
+        return out
+
     def generate(self, prompt: list[int], max_tokens: int, grammar: Grammar | None = None,
                  logprobs: int = 0, should_stop: Callable[[], bool] = lambda: False,
                  ) -> Iterator[Step]:
@@ -377,64 +442,11 @@ class Decoder:
         first pass, then the last emitted token) followed by the step's draft trie
         (:meth:`_draft`); the longest branch the model's own greedy choices confirm is kept.
         """
-        m = self.model
-        if len(prompt) + max_tokens > m.max_len:
-            raise ValueError(f"prompt ({len(prompt)}) + max_tokens ({max_tokens}) exceeds "
-                             f"the context ({m.max_len})")
-        # prefix reuse: keep at least one prompt token to compute the first logits from
-        p = 0
-        for a, b in zip(self.cached, prompt[:-1], strict=False):
-            if a != b:
-                break
-            p += 1
-        self.cached = self.cached[:p]
-        cache_len = p
-        pend = prompt[p:]  # accepted tokens without KV yet
-        seq = list(prompt)  # the prompt and every emitted token (prompt-lookup source)
-        h_last: torch.Tensor | None = None  # hidden state that predicted pend[-1]
-        emitted = 0
+        run = self.start(prompt, max_tokens, grammar, logprobs)
         while True:
-            draft = self._draft(seq, h_last, grammar)
-            n_pend = len(pend)
-            if cache_len + n_pend + len(draft.tokens) > m.max_len:  # near the end: no drafts
-                draft = _Draft([], [0], [[]], torch.ones(1, 1, dtype=torch.bool))
-            node_tok = draft.tokens
-            ids = pend + node_tok
-            n = len(ids)
-            pos = list(range(cache_len, cache_len + n_pend)) + [
-                cache_len + n_pend - 1 + dep for dep in draft.depth[1:]]
-            mask = None
-            if n > 1:
-                # pending rows: causal; draft rows: every pending token plus ancestors
-                mask = torch.ones(n, cache_len + n, dtype=torch.bool)
-                mask[:n_pend, cache_len:] = torch.ones(n_pend, n, dtype=torch.bool).tril()
-                mask[n_pend:, cache_len + n_pend:] = draft.mask[1:, 1:]
-            hs = m.forward(torch.tensor(ids), torch.tensor(pos), cache_len, mask)
-            logits = m.logits(hs[n_pend - 1:])  # row i: draft node i (0: the last pending)
-            node, path, toks, lps = 0, [0], [], []
-            while True:
-                tok, lp = self._pick(logits[node], grammar, logprobs)
-                toks.append(tok)
-                if lp is not None:
-                    lps.append(lp)
-                emitted += 1
-                finish = self._finished(tok, grammar, emitted, max_tokens)
-                if finish is not None:
-                    break
-                nxt = next((c for c in draft.children[node] if node_tok[c - 1] == tok), None)
-                if nxt is None:
-                    break
-                node = nxt
-                path.append(node)
-            base = cache_len + n_pend - 1  # slot of the last pending token
-            m.compact([base + i for i in path], base)
-            self.cached += pend + [node_tok[i - 1] for i in path[1:]]
-            cache_len = base + len(path)
-            seq += toks
-            h_last = hs[n_pend - 1 + node]
-            pend = [toks[-1]]
-            yield Step(toks, lps if logprobs else None, len(node_tok), len(path) - 1, finish)
-            if finish is not None or should_stop():
+            st = self.step([run])[0]
+            yield st
+            if st.finish_reason is not None or should_stop():
                 return
 
     def _finished(self, tok: int, grammar: Grammar | None, emitted: int, max_tokens: int
@@ -446,6 +458,75 @@ class Decoder:
         if emitted >= max_tokens:
             return "length"
         return None
+
+
+class Run:
+    """One sequence between forward passes: its cache region, the tokens still without KV,
+    what it emitted. Made by :meth:`Decoder.start`, advanced by :meth:`Decoder.step`."""
+
+    def __init__(self, dec: Decoder, slot: int, prompt: list[int], max_tokens: int,
+                 grammar: Grammar | None, logprobs: int, kept: int) -> None:
+        self.dec, self.slot = dec, slot
+        self.max_tokens, self.grammar, self.logprobs = max_tokens, grammar, logprobs
+        self.cache_len = kept
+        self.pend = prompt[kept:]  # accepted tokens without KV yet
+        self.seq = list(prompt)  # the prompt and every emitted token (prompt-lookup source)
+        self.h_last: torch.Tensor | None = None  # hidden state that predicted pend[-1]
+        self.emitted = 0
+        self.n_pend = len(self.pend)
+        self.draft: _Draft | None = None
+
+    def prepare(self, cap: int = 0) -> Segment:
+        """This pass's input: the pending tokens, then the draft trie (at most ``cap`` nodes
+        if set) under the last one."""
+        m = self.dec.model
+        draft = self.dec._draft(self.seq, self.h_last, self.grammar, cap)
+        n_pend, cache_len = len(self.pend), self.cache_len
+        if cache_len + n_pend + len(draft.tokens) > m.max_len:  # near the end: no drafts
+            draft = _Draft([], [0], [[]], torch.ones(1, 1, dtype=torch.bool))
+        self.draft, self.n_pend = draft, n_pend
+        ids = self.pend + draft.tokens
+        n = len(ids)
+        pos = list(range(cache_len, cache_len + n_pend)) + [
+            cache_len + n_pend - 1 + dep for dep in draft.depth[1:]]
+        mask = None
+        if n > 1:
+            # pending rows: causal; draft rows: every pending token plus ancestors
+            mask = torch.ones(n, cache_len + n, dtype=torch.bool)
+            mask[:n_pend, cache_len:] = torch.ones(n_pend, n, dtype=torch.bool).tril()
+            mask[n_pend:, cache_len + n_pend:] = draft.mask[1:, 1:]
+        return Segment(torch.tensor(ids), torch.tensor(pos), cache_len, mask, self.slot)
+
+    def finish(self, hs: torch.Tensor, logits: torch.Tensor) -> Step:
+        """Walk the trie with the model's greedy choices (row i: draft node i, 0 the last
+        pending token), keep the accepted path's KV, and report the step."""
+        dec, draft, grammar = self.dec, self.draft, self.grammar
+        assert draft is not None
+        node_tok = draft.tokens
+        node, path, toks, lps = 0, [0], [], []
+        finish = None
+        while True:
+            tok, lp = dec._pick(logits[node], grammar, self.logprobs)
+            toks.append(tok)
+            if lp is not None:
+                lps.append(lp)
+            self.emitted += 1
+            finish = dec._finished(tok, grammar, self.emitted, self.max_tokens)
+            if finish is not None:
+                break
+            nxt = next((c for c in draft.children[node] if node_tok[c - 1] == tok), None)
+            if nxt is None:
+                break
+            node = nxt
+            path.append(node)
+        base = self.cache_len + self.n_pend - 1  # slot of the last pending token
+        dec.model.compact([base + i for i in path], base, self.slot)
+        dec.slot_cached[self.slot] += self.pend + [node_tok[i - 1] for i in path[1:]]
+        self.cache_len = base + len(path)
+        self.seq += toks
+        self.h_last = hs[node]
+        self.pend = [toks[-1]]
+        return Step(toks, lps if self.logprobs else None, len(node_tok), len(path) - 1, finish)
 
 
 def time_forward(model: TinyLlama, n: int, context: int, reps: int = 20) -> float:

@@ -128,8 +128,16 @@ class NxdiRuntime:
         return [int(t) for t in seq[0, len(prompt):].tolist()]
 
 
+@dataclass
+class _NxdiRun:
+    prompt: list[int]
+    max_tokens: int
+    slot: int = 0
+
+
 class NxdiDecoder:
-    """The torch decoder's ``generate`` contract over one NxDI Medusa generation."""
+    """The torch decoder's contract (``best_slot``, ``start``, ``step``, ``generate``) over
+    one NxDI Medusa generation per request: batch 1, so a step is always one run."""
 
     def __init__(self, runtime: NxdiRuntime, tree: Any, eos_ids: set[int], pad_id: int) -> None:
         self.runtime = runtime
@@ -138,22 +146,35 @@ class NxdiDecoder:
         self.pad_id = pad_id
         self.cached: list[int] = []
 
-    def generate(self, prompt: list[int], max_tokens: int, grammar: Any = None,
-                 logprobs: int = 0, should_stop: Callable[[], bool] = lambda: False
-                 ) -> Iterator[Any]:
-        from rufus.qp.decoder.medusa_decode import Step
+    def best_slot(self, prompt: list[int], free: list[int]) -> int:
+        return free[0]
 
+    def start(self, prompt: list[int], max_tokens: int, grammar: Any = None,
+              logprobs: int = 0, slot: int = 0) -> _NxdiRun:
         if len(prompt) + max_tokens > self.runtime.s.max_len:
             raise ValueError(f"prompt ({len(prompt)}) + max_tokens ({max_tokens}) exceeds "
                              f"the compiled sequence length ({self.runtime.s.max_len})")
-        toks = self.runtime.generate(prompt, max_tokens, self.eos_ids, self.pad_id)
+        return _NxdiRun(prompt, max_tokens, slot)
+
+    def step(self, runs: list[_NxdiRun]) -> list[Any]:
+        from rufus.qp.decoder.medusa_decode import Step
+
+        if len(runs) != 1:
+            raise ValueError("NxDI Medusa generation is batch 1 (torch_max_batch must be 1)")
+        r = runs[0]
+        toks = self.runtime.generate(r.prompt, r.max_tokens, self.eos_ids, self.pad_id)
         # NxDI's loop may run past EOS within a step and past max_new_tokens by a step
         end = next((i + 1 for i, t in enumerate(toks) if t in self.eos_ids), None)
-        finish = "stop" if end is not None and end <= max_tokens else "length"
-        toks = toks[:min(end or len(toks), max_tokens)]
+        finish = "stop" if end is not None and end <= r.max_tokens else "length"
+        toks = toks[:min(end or len(toks), r.max_tokens)]
         if not toks:
             raise RuntimeError("NxDI returned no tokens")
-        yield Step(toks, None, 0, 0, finish)
+        return [Step(toks, None, 0, 0, finish)]
+
+    def generate(self, prompt: list[int], max_tokens: int, grammar: Any = None,
+                 logprobs: int = 0, should_stop: Callable[[], bool] = lambda: False
+                 ) -> Iterator[Any]:
+        yield from self.step([self.start(prompt, max_tokens)])
 
 
 class NxdiPlannerEngine(TorchPlannerEngine):
@@ -168,7 +189,7 @@ class NxdiPlannerEngine(TorchPlannerEngine):
                          num_heads=num_heads, on_stats=on_stats)
 
     def _load(self, args: dict[str, Any], tree_paths: list[list[int]] | None,
-              medusa_dir: str | None, num_heads: int, eos: set[int]) -> tuple[Any, int]:
+              medusa_dir: str | None, num_heads: int, eos: set[int]) -> Any:
         from rufus.qp.decoder.medusa_decode import Tree
 
         assert tree_paths is not None and medusa_dir
@@ -184,7 +205,7 @@ class NxdiPlannerEngine(TorchPlannerEngine):
         runtime.load()
         pad = self.tokenizer.pad_token_id
         return NxdiDecoder(runtime, Tree.from_paths(tree_paths), eos,
-                           int(pad if pad is not None else min(eos))), 0
+                           int(pad if pad is not None else min(eos)))
 
     def _grammar(self, schema: Any) -> Any:
         if not self._warned_grammar:

@@ -7,17 +7,22 @@ through ``generate(prompt, sampling_params, request_id)`` (an async iterator of
 planner keeps rufus_llm's admission control, cancellation, metrics and error mapping while
 decoding runs on :mod:`rufus.qp.decoder.medusa_decode`.
 
-Requests are decoded one at a time (batch size 1, FIFO) on one worker thread, so the asyncio
-loop stays free; each decoding step is streamed back as a delta.
+Requests are decoded on one worker thread, so the asyncio loop stays free; each decoding
+step is streamed back as a delta. One request alone is decoded at batch size 1 (the latency
+the SLA is about). When plans queue, up to ``torch_max_batch`` of them share each forward
+pass (continuous batching: a request joins at the next pass and leaves when done), each in
+its own KV-cache region; the rest wait in FIFO order.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -52,10 +57,29 @@ class _Request:
     delta: bool
     queue: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
     aborted: bool = False
+    loop: asyncio.AbstractEventLoop | None = None
+    # decoding state, touched by the decoding thread only
+    run: Any = None
+    slot: int = 0
+    ids: list[int] = field(default_factory=list)
+    lps: list[dict[int, Logprob]] = field(default_factory=list)
+    cum: float = 0.0
+    sent_text: str = ""
+    sent_n: int = 0
+    steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    t_start: float = 0.0
+
+    def put(self, item: Any) -> None:
+        """Hand an output, an error or the end (None) to the request's asyncio side."""
+        assert self.loop is not None
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
 
 
 class TorchPlannerEngine:
-    """Batch-1 greedy planner engine: plain or Medusa-tree decoding in PyTorch."""
+    """Greedy planner engine, plain or Medusa-tree decoding in PyTorch: batch 1 alone, up
+    to ``torch_max_batch`` plans per forward pass when they queue."""
 
     def __init__(self, args: dict[str, Any], *, tree_paths: list[list[int]] | None,
                  medusa_dir: str | None, num_heads: int,
@@ -77,6 +101,11 @@ class TorchPlannerEngine:
         self._copy_fields = tuple(args.get("copy_fields") or ())
         self._token_text: Any = None
         self._pending: dict[str, _Request] = {}
+        # plans decoded together in one pass when they queue (1: strictly one at a time)
+        self._max_batch = int(args.get("torch_max_batch", 1) or 1)
+        if self._max_batch < 1:
+            raise ValueError("torch_max_batch must be >= 1")
+        self._init_queue()
         # Every torch op runs on this one thread, loading included: each thread that enters
         # an OpenMP parallel region gets its own thread team, and two teams on 2 cores made
         # each forward pass markedly slower (docs/benchmarks.md, "Query planner").
@@ -89,37 +118,65 @@ class TorchPlannerEngine:
         if gen_cfg.exists():
             e = json.loads(gen_cfg.read_text(encoding="utf-8")).get("eos_token_id")
             eos |= set(e if isinstance(e, list) else [e] if e is not None else [])
-        self.decoder, threads = self._pool.submit(
+        # torch_threads "auto": a CoreWatch re-decides the team size before every pass
+        self._cores: Any = None
+        self._threads = 1
+        self._set_threads: Callable[[int], None] = lambda n: None
+        self.decoder = self._pool.submit(
             self._load, args, tree_paths, medusa_dir, num_heads, eos).result()
-        log.info("torch planner engine: %s, %s, %s, %d threads, ready in %.1f s",
-                 model_dir, args.get("dtype"),
+        log.info("torch planner engine: %s, %s, %s, %s, up to %d plans per pass, ready in "
+                 "%.1f s", model_dir, args.get("dtype"),
                  f"Medusa tree of {self.decoder.tree.size - 1} nodes" if self.decoder.tree
-                 else "autoregressive", threads, time.monotonic() - t0)
+                 else "autoregressive",
+                 f"1-{self._cores.max_threads} threads (auto: one per idle core)"
+                 if self._cores is not None else f"{self._threads} threads",
+                 self._max_batch, time.monotonic() - t0)
 
     def _load(self, args: dict[str, Any], tree_paths: list[list[int]] | None,
-              medusa_dir: str | None, num_heads: int, eos: set[int]) -> tuple[Any, int]:
-        """On the decoding thread: thread count, weights, heads, one warm-up pass."""
+              medusa_dir: str | None, num_heads: int, eos: set[int]) -> Any:
+        """On the decoding thread: thread count, weights, heads, warm-up passes."""
         import torch
 
+        from rufus.qp.decoder.cores import CoreWatch, parse_threads
         from rufus.qp.decoder.medusa_decode import MAX_DRAFT_NODES, Decoder, Tree
         from rufus.qp.decoder.torch_llama import MedusaHeads, TinyLlama
 
-        # torch_threads unset: every core this process may run on. The shipped model.json sets 1:
-        # a 2-thread OpenMP team stalls at every barrier when a busy neighbour (the answer
-        # model's vLLM worker) holds the cores (docs/benchmarks.md, "Planner threads").
-        threads = int(args.get("torch_threads", 0) or 0) or len(os.sched_getaffinity(0))
-        torch.set_num_threads(threads)
-        model = TinyLlama(str(args["model"]), str(args.get("dtype", "bfloat16")), self.max_len)
+        # A fixed team stalls at every barrier when a busy neighbour (the answer model's vLLM
+        # worker) holds one of its cores; "auto" (shipped) sizes it to the idle cores
+        # (rufus/qp/decoder/cores.py; docs/benchmarks.md, "Planner threads").
+        fixed = parse_threads(args.get("torch_threads", 0))
+        if fixed is None:
+            self._cores = CoreWatch(len(os.sched_getaffinity(0)))
+        self._set_threads = torch.set_num_threads
+        counts = range(self._cores.max_threads, 0, -1) if self._cores else [fixed or 1]
+        model = TinyLlama(str(args["model"]), str(args.get("dtype", "bfloat16")), self.max_len,
+                          slots=self._max_batch)
         heads = tree = None
         if tree_paths is not None and medusa_dir:
             heads = MedusaHeads(medusa_dir, model.dtype, num_heads)
             tree = Tree.from_paths(tree_paths)
         decoder = Decoder(model, heads, tree, eos, int(args.get("grammar_drafts", 0) or 0),
                           int(args.get("lookup_drafts", 0) or 0),
-                          int(args.get("max_draft_nodes") or MAX_DRAFT_NODES))
-        list(decoder.generate([int(next(iter(eos)))] * 4, 2))  # warm-up: allocations, kernels
-        decoder.cached = []
-        return decoder, threads
+                          int(args.get("max_draft_nodes") or MAX_DRAFT_NODES),
+                          int(args.get("batch_draft_nodes") or MAX_DRAFT_NODES))
+        for n in counts:  # warm-up: allocations, kernels, each team size's threads
+            torch.set_num_threads(n)
+            list(decoder.generate([int(next(iter(eos)))] * 4, 2))
+            decoder.cached = []
+        if self._max_batch > 1:  # the packed pass's kernels too
+            runs = [decoder.start([int(next(iter(eos)))] * 4, 2, slot=i) for i in range(2)]
+            decoder.step(runs)
+            decoder.slot_cached = [[] for _ in range(self._max_batch)]
+        self._threads = n
+        return decoder
+
+    def _pace(self) -> None:
+        """Auto threads, on the decoding thread before each pass: one per idle core."""
+        if self._cores is not None:
+            n = self._cores.threads()
+            if n != self._threads:
+                self._set_threads(n)
+                self._threads = n
 
     # --------------------------------------------------------------- AsyncLLM surface
     async def generate(self, prompt: Any, params: Any, request_id: str) -> AsyncIterator[Output]:
@@ -138,9 +195,9 @@ class TorchPlannerEngine:
             raise ValueError("the torch planner engine decodes greedily (temperature 0)")
         if self.errored:
             raise DecoderCrashed(f"torch planner engine is dead: {self.dead_error}")
-        loop = asyncio.get_running_loop()
+        req.loop = asyncio.get_running_loop()
         self._pending[request_id] = req
-        fut = loop.run_in_executor(self._pool, self._decode, req, loop)
+        self._submit(req)
         try:
             while True:
                 item = await req.queue.get()
@@ -149,7 +206,6 @@ class TorchPlannerEngine:
                 if item is None:
                     break
                 yield item
-            await fut
         finally:
             req.aborted = True
             self._pending.pop(request_id, None)
@@ -165,6 +221,8 @@ class TorchPlannerEngine:
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._cores is not None:
+            self._cores.close()
 
     def warm_grammar(self, schema: Any) -> None:
         """Compile a JSON-schema grammar now (~0.3 s) rather than on the first request."""
@@ -198,13 +256,65 @@ class TorchPlannerEngine:
             self._encode = draft_encoder(self.tokenizer)
         return Grammar(self._grammars[key], self.decoder.model.vocab_size, self._encode)
 
-    def _decode(self, req: _Request, loop: asyncio.AbstractEventLoop) -> None:
+    # --------------------------------------------------------------- scheduling
+    def _init_queue(self) -> None:
+        self._queue: collections.deque[_Request] = collections.deque()
+        self._lock = threading.Lock()
+        self._serving = False  # a _serve loop is running or submitted
+
+    def _submit(self, req: _Request) -> None:
+        with self._lock:
+            self._queue.append(req)
+            if self._serving:
+                return
+            self._serving = True
+        self._pool.submit(self._serve)
+
+    def _serve(self) -> None:
+        """The decoding thread's loop while requests exist: admit queued requests into free
+        cache regions, one forward pass for all active ones, stream, retire the finished."""
+        active: list[_Request] = []
+        while True:
+            with self._lock:
+                room = self._max_batch - len(active)
+                new = [self._queue.popleft() for _ in range(min(room, len(self._queue)))]
+                if not active and not new:
+                    self._serving = False
+                    return
+            for i, req in enumerate(new):
+                if self._admit(req, active):
+                    active.append(req)
+                elif self.errored:
+                    return self._fail_all(active + new[i + 1:])
+            active = [r for r in active if not self._retire_if_aborted(r)]
+            if not active:
+                continue
+            self._pace()
+            try:
+                steps = self.decoder.step([r.run for r in active])
+            except BaseException as exc:
+                log.exception("a forward pass failed in the torch planner engine (%d "
+                              "requests); engine is dead", len(active))
+                self._die(exc)
+                for r in active:
+                    r.put(exc)
+                    r.put(None)
+                return self._fail_all([])
+            still = []
+            for r, st in zip(active, steps, strict=True):
+                if self._emit(r, st):
+                    still.append(r)
+            active = still
+
+    def _admit(self, req: _Request, active: list[_Request]) -> bool:
+        """Grammar, copy constraint and cache region for a queued request. False: it ended
+        here (aborted, its schema failed, or the engine is dead)."""
         global _decoded
-        put = loop.call_soon_threadsafe
         if req.aborted or self.errored:
-            put(req.queue.put_nowait, self.dead_error if self.errored else None)
-            put(req.queue.put_nowait, None)
-            return
+            if self.errored:
+                req.put(self.dead_error)
+            req.put(None)
+            return False
         try:
             grammar = self._grammar(req.schema) if req.schema is not None else None
             if grammar is not None and self._copy_fields:
@@ -215,59 +325,79 @@ class TorchPlannerEngine:
         except BaseException as exc:  # a request's schema: that request fails, nothing else
             log.exception("request %s: grammar failed in the torch planner engine",
                           req.request_id)
-            put(req.queue.put_nowait, exc)
-            put(req.queue.put_nowait, None)
-            return
+            req.put(exc)
+            req.put(None)
+            return False
         try:
             _decoded += 1
             if _FAULT_AT and _decoded == _FAULT_AT:
                 raise DecoderCrashed(f"injected decoder fault (RUFUS_QP_TORCH_FAULT_AT="
                                      f"{_FAULT_AT})")
-            all_ids: list[int] = []
-            all_lps: list[dict[int, Logprob]] = []
-            sent_text, sent_n = "", 0
-            cum = 0.0
-            steps = drafted = accepted = 0
-            t_start = time.monotonic()
-            for step in self.decoder.generate(req.prompt, req.max_tokens, grammar, req.logprobs,
-                                              should_stop=lambda: req.aborted):
-                if step.drafted:
-                    steps, drafted, accepted = (steps + 1, drafted + step.drafted,
-                                                accepted + step.accepted)
-                all_ids += step.tokens
-                if step.logprobs is not None:
-                    all_lps += [{t: Logprob(lp, rank, self.tokenizer.decode([t]))
-                                 for t, (lp, rank) in pos.items()} for pos in step.logprobs]
-                    cum += sum(pos[t][0] for pos, t in zip(step.logprobs, step.tokens,
-                                                          strict=True))
-                finished = step.finish_reason is not None
-                if not (req.delta or finished):
-                    continue  # final-only: detokenize once, at the end
-                text = self.tokenizer.decode(all_ids, skip_special_tokens=True)
-                if not finished and text.endswith("\ufffd"):
-                    continue  # half a UTF-8 character: wait for the rest
-                # a delta since the last response; final-only sends everything (sent_n == 0)
-                put(req.queue.put_nowait, Output(
-                    [Completion(text[len(sent_text):], all_ids[sent_n:], step.finish_reason,
-                                cum if req.logprobs else None,
-                                all_lps[sent_n:] if req.logprobs else None)],
-                    finished, req.request_id))
-                sent_text, sent_n = text, len(all_ids)
-            log.debug("request %s: %d tokens, %d Medusa steps, %.0f ms", req.request_id,
-                      len(all_ids), steps, (time.monotonic() - t_start) * 1e3)
-            if self.on_stats is not None and steps:
-                # once per request: each metric update is an IPC round trip to the server
-                self.on_stats(steps, drafted, accepted)
+            used = {r.slot for r in active}
+            req.slot = self.decoder.best_slot(
+                req.prompt, [i for i in range(self._max_batch) if i not in used])
+            req.run = self.decoder.start(req.prompt, req.max_tokens, grammar, req.logprobs,
+                                         slot=req.slot)
         except BaseException as exc:
             log.exception("request %s failed in the torch planner engine; engine is dead",
                           req.request_id)
-            self.dead_error = exc if isinstance(exc, DecoderCrashed) else DecoderCrashed(
-                f"{type(exc).__name__}: {exc}")
-            self.errored = True
-            for other in list(self._pending.values()):
-                if other is not req:
-                    other.aborted = True
-                    put(other.queue.put_nowait, self.dead_error)
-            put(req.queue.put_nowait, exc)
-        finally:
-            put(req.queue.put_nowait, None)
+            self._die(exc)
+            req.put(exc)
+            req.put(None)
+            return False
+        req.t_start = time.monotonic()
+        return True
+
+    def _emit(self, req: _Request, step: Any) -> bool:
+        """Stream one step of ``req``; False once it is finished (or aborted)."""
+        if step.drafted:
+            req.steps += 1
+            req.drafted += step.drafted
+            req.accepted += step.accepted
+        req.ids += step.tokens
+        if step.logprobs is not None:
+            req.lps += [{t: Logprob(lp, rank, self.tokenizer.decode([t]))
+                         for t, (lp, rank) in pos.items()} for pos in step.logprobs]
+            req.cum += sum(pos[t][0] for pos, t in zip(step.logprobs, step.tokens, strict=True))
+        finished = step.finish_reason is not None
+        if req.delta or finished:  # final-only: detokenize once, at the end
+            text = self.tokenizer.decode(req.ids, skip_special_tokens=True)
+            if finished or not text.endswith("\ufffd"):  # else half a UTF-8 character
+                # a delta since the last response; final-only sends everything (sent_n == 0)
+                req.put(Output([Completion(text[len(req.sent_text):], req.ids[req.sent_n:],
+                                           step.finish_reason,
+                                           req.cum if req.logprobs else None,
+                                           req.lps[req.sent_n:] if req.logprobs else None)],
+                               finished, req.request_id))
+                req.sent_text, req.sent_n = text, len(req.ids)
+        if not finished and not req.aborted:
+            return True
+        log.debug("request %s: %d tokens, %d Medusa steps, %.0f ms", req.request_id,
+                  len(req.ids), req.steps, (time.monotonic() - req.t_start) * 1e3)
+        if self.on_stats is not None and req.steps:
+            # once per request: each metric update is an IPC round trip to the server
+            self.on_stats(req.steps, req.drafted, req.accepted)
+        req.put(None)
+        return False
+
+    def _retire_if_aborted(self, req: _Request) -> bool:
+        if req.aborted:
+            req.put(None)
+        return req.aborted
+
+    def _die(self, exc: BaseException) -> None:
+        """Decoding itself failed: the decoder's state can no longer be trusted."""
+        self.dead_error = exc if isinstance(exc, DecoderCrashed) else DecoderCrashed(
+            f"{type(exc).__name__}: {exc}")
+        self.errored = True
+
+    def _fail_all(self, active: list[_Request]) -> None:
+        """The engine is dead: every other request (active or queued) ends with its error."""
+        with self._lock:
+            rest = [*active, *self._queue]
+            self._queue.clear()
+            self._serving = False
+        for r in rest:
+            r.aborted = True
+            r.put(self.dead_error)
+            r.put(None)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -47,10 +47,25 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-class TinyLlama:
-    """Weights plus one KV cache (``[layers, 2, kv_heads, max_len, head_dim]``)."""
+class Segment(NamedTuple):
+    """One sequence's part of a packed forward pass: ``ids`` at positions ``pos`` written to
+    cache slots ``start .. start+n-1`` of region ``slot``; ``mask`` ``[n, start+n]`` (True =
+    may attend) or None (every query sees every slot up to start+n)."""
 
-    def __init__(self, model_dir: str | Path, dtype: str = "bfloat16", max_len: int = 1024) -> None:
+    ids: torch.Tensor
+    pos: torch.Tensor
+    start: int
+    mask: torch.Tensor | None
+    slot: int = 0
+
+
+class TinyLlama:
+    """Weights plus a KV cache of ``slots`` regions of ``max_len`` tokens each
+    (``[layers, 2, kv_heads, slots * max_len, head_dim]``): one region per sequence decoded
+    in the same pass."""
+
+    def __init__(self, model_dir: str | Path, dtype: str = "bfloat16", max_len: int = 1024,
+                 slots: int = 1) -> None:
         from safetensors.torch import load_file
 
         model_dir = Path(model_dir)
@@ -102,48 +117,73 @@ class TinyLlama:
         emb = torch.cat((freqs, freqs), dim=-1)
         self.cos = emb.cos().to(self.dtype)
         self.sin = emb.sin().to(self.dtype)
-        self.cache = torch.zeros(self.n_layers, 2, self.nkv, max_len, self.hd, dtype=self.dtype)
+        self.slots = slots
+        self.cache = torch.zeros(self.n_layers, 2, self.nkv, slots * max_len, self.hd,
+                                 dtype=self.dtype)
+
+    def forward(self, ids: torch.Tensor, pos: torch.Tensor, start: int,
+                mask: torch.Tensor | None, slot: int = 0) -> torch.Tensor:
+        """Final-norm hidden states ``[n, hidden]`` of one sequence (see :class:`Segment`)."""
+        return self.forward_many([Segment(ids, pos, start, mask, slot)])
 
     @torch.inference_mode()
-    def forward(self, ids: torch.Tensor, pos: torch.Tensor, start: int,
-                mask: torch.Tensor | None) -> torch.Tensor:
-        """Final-norm hidden states ``[n, hidden]`` for ``ids`` written at cache slots
-        ``start .. start+n-1``; ``mask`` is ``[n, start+n]`` (True = may attend) or None
-        (every query sees every slot up to start+n: a single decode token)."""
-        n = ids.shape[0]
-        end = start + n
-        if end > self.max_len:
-            raise ValueError(f"sequence of {end} tokens exceeds the cache ({self.max_len})")
+    def forward_many(self, segs: list[Segment]) -> torch.Tensor:
+        """Final-norm hidden states of every segment's tokens, concatenated in order.
+
+        Hot path. The linear layers run once over all rows (on a CPU they cost the weight
+        bytes read, so rows of several sequences share that cost); attention runs per
+        segment over its own cache region.
+        """
         nq, nkv, hd = self.nq, self.nkv, self.hd
-        x = self.embed[ids]
-        cos, sin = self.cos[pos], self.sin[pos]
-        attn_mask = None if mask is None else mask[None, None]
         g = nq // nkv
         scale = hd ** -0.5
-        bias = None if mask is None else torch.zeros(mask.shape).masked_fill_(~mask, float("-inf"))
+        spans = []  # (first row, rows, region start, write start, end, bias, sdpa mask)
+        row = 0
+        for sg in segs:
+            n = sg.ids.shape[0]
+            end = sg.start + n
+            if end > self.max_len or not 0 <= sg.slot < self.slots:
+                raise ValueError(f"sequence of {end} tokens exceeds the cache ({self.max_len}) "
+                                 f"or slot {sg.slot} is not in 0..{self.slots - 1}")
+            bias = None if sg.mask is None else torch.zeros(sg.mask.shape).masked_fill_(
+                ~sg.mask, float("-inf"))
+            spans.append((row, n, sg.slot * self.max_len, sg.start, end, bias,
+                          None if sg.mask is None else sg.mask[None, None]))
+            row += n
+        if len(segs) == 1:
+            ids, pos = segs[0].ids, segs[0].pos
+        else:
+            ids, pos = torch.cat([sg.ids for sg in segs]), torch.cat([sg.pos for sg in segs])
+        rows = row
+        x = self.embed[ids]
+        cos, sin = self.cos[pos], self.sin[pos]
         for i, lw in enumerate(self.layers):
             h = F.rms_norm(x, (self.hidden,), lw["ln1"], self.eps)
             qkv = lw["qkv"](h)
-            q = qkv[:, : nq * hd].view(n, nq, hd).transpose(0, 1)
-            k = qkv[:, nq * hd: (nq + nkv) * hd].view(n, nkv, hd).transpose(0, 1)
-            v = qkv[:, (nq + nkv) * hd:].view(n, nkv, hd).transpose(0, 1)
+            q = qkv[:, : nq * hd].view(rows, nq, hd).transpose(0, 1)
+            k = qkv[:, nq * hd: (nq + nkv) * hd].view(rows, nkv, hd).transpose(0, 1)
+            v = qkv[:, (nq + nkv) * hd:].view(rows, nkv, hd).transpose(0, 1)
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
             kv = self.cache[i]
-            kv[0, :, start:end] = k
-            kv[1, :, start:end] = v
-            if n <= 64:  # decode / tree verification: two small batched matmuls
-                s_ = torch.matmul(q.reshape(nkv, g * n, hd), kv[0, :, :end].transpose(1, 2))
-                s_ = s_.float().mul_(scale)
-                if bias is not None:
-                    s_ = s_.view(nkv, g, n, end).add_(bias).view(nkv, g * n, end)
-                a = torch.matmul(s_.softmax(-1).to(self.dtype), kv[1, :, :end])
-                a = a.view(nq, n, hd)
-            else:  # prefill: the fused kernel
-                a = F.scaled_dot_product_attention(q[None], kv[0, :, :end][None],
-                                                   kv[1, :, :end][None], attn_mask=attn_mask,
-                                                   enable_gqa=True)[0]
-            x = x + lw["o"](a.transpose(0, 1).reshape(n, nq * hd))
+            outs = []
+            for r0, n, base, start, end, bias, attn_mask in spans:
+                kv[0, :, base + start:base + end] = k[:, r0:r0 + n]
+                kv[1, :, base + start:base + end] = v[:, r0:r0 + n]
+                ks, vs = kv[0, :, base:base + end], kv[1, :, base:base + end]
+                qs = q[:, r0:r0 + n]
+                if n <= 64:  # decode / tree verification: two small batched matmuls
+                    s_ = torch.matmul(qs.reshape(nkv, g * n, hd), ks.transpose(1, 2))
+                    s_ = s_.float().mul_(scale)
+                    if bias is not None:
+                        s_ = s_.view(nkv, g, n, end).add_(bias).view(nkv, g * n, end)
+                    a = torch.matmul(s_.softmax(-1).to(self.dtype), vs)
+                    outs.append(a.view(nq, n, hd))
+                else:  # prefill: the fused kernel
+                    outs.append(F.scaled_dot_product_attention(
+                        qs[None], ks[None], vs[None], attn_mask=attn_mask, enable_gqa=True)[0])
+            a = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+            x = x + lw["o"](a.transpose(0, 1).reshape(rows, nq * hd))
             h = F.rms_norm(x, (self.hidden,), lw["ln2"], self.eps)
             gate, up = lw["gate_up"](h).chunk(2, dim=-1)
             x = x + lw["down"](F.silu(gate) * up)
@@ -154,12 +194,15 @@ class TinyLlama:
         """float32 logits for ``hidden`` rows (computed in the model dtype)."""
         return self.lm_head(hidden).float()
 
-    def compact(self, src: list[int], dst_start: int) -> None:
-        """Move KV of cache slots ``src`` to ``dst_start, dst_start+1, ...`` (accepted path)."""
+    def compact(self, src: list[int], dst_start: int, slot: int = 0) -> None:
+        """Move KV of cache slots ``src`` to ``dst_start, dst_start+1, ...`` (accepted path)
+        within region ``slot``."""
         if src == list(range(dst_start, dst_start + len(src))):
             return
-        idx = torch.tensor(src)
-        self.cache[:, :, :, dst_start: dst_start + len(src)] = self.cache[:, :, :, idx]
+        base = slot * self.max_len
+        idx = torch.tensor(src) + base
+        self.cache[:, :, :, base + dst_start: base + dst_start + len(src)] = \
+            self.cache[:, :, :, idx]
 
 
 class MedusaHeads:

@@ -177,13 +177,15 @@ def run(a: Any) -> dict[str, Any]:
     # Phase 1: the configured Medusa path and its own engine without heads, interleaved.
     # Phase 2: vLLM's paths, with a pause before each request: a vLLM CPU worker busy-polls a
     # core for 1 s after each request, which slowed whichever server ran next.
-    phases: list[dict[str, dict[str, Any]]] = [{"medusa": {}, "ar": {"qp_backend": same_engine_ar}}]
+    mine = dict(getattr(a, "medusa_args", None) or {})
+    phases: list[dict[str, dict[str, Any]]] = [{"medusa": mine,
+                                                "ar": {"qp_backend": same_engine_ar}}]
     if a.solo:
-        phases = [{"medusa": {}}]
+        phases = [{"medusa": mine}]
     elif configured == "torch_medusa":
         # the served decoder verifies grammar-forced and prompt-lookup drafts with the Medusa
         # tree; this server has the heads alone, so Medusa's own share stays measurable
-        phases[0]["medusa_heads"] = {"grammar_drafts": 0, "lookup_drafts": 0}
+        phases[0]["medusa_heads"] = {**mine, "grammar_drafts": 0, "lookup_drafts": 0}
     extra = {b: BASELINES[b] for b in a.baselines
              if BASELINES[b]["qp_backend"] not in (configured, same_engine_ar)}
     if extra and not a.solo:
@@ -206,7 +208,7 @@ def run(a: Any) -> dict[str, Any]:
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}",
         "load_average_at_end": os.getloadavg(),
-        "dtype": a.dtype, "rounds": a.rounds, "questions": len(rows),
+        "dtype": a.dtype, "rounds": a.rounds, "questions": len(rows), "medusa_args": mine,
         "rufus_llm_loaded": not a.qp_only,
         "backends": {"medusa": configured, "ar": same_engine_ar,
                      **{k: v["qp_backend"] for k, v in extra.items()}},

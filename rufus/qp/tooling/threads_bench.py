@@ -62,7 +62,7 @@ def _server(models: list[str], env: dict[str, str], log: Path) -> TritonServer:
     return srv
 
 
-def measure(threads: int, neighbour: str, plans: int, log_dir: Path) -> dict[str, Any]:
+def measure(threads: int | str, neighbour: str, plans: int, log_dir: Path) -> dict[str, Any]:
     """One setting: start its servers, run its neighbours, time ``plans`` plans, stop all."""
     env = {"RUFUS_RUFUS_QP_MEDUSA_ENGINE_ARGS": json.dumps({"torch_threads": threads}),
            "RUFUS_RUFUS_LLM_ENGINE_ARGS": LLM_ARGS}
