@@ -289,6 +289,9 @@ def test_torch_threads_setting() -> None:
     with pytest.raises(ConfigError, match="torch_threads"):
         create_backend({"model": "m", "torch_threads": "many"}).engine_args(
             {"model": "m", "torch_threads": "many"})
+    for bad in (0, "4", True, 65):
+        with pytest.raises(ConfigError, match="torch_max_batch"):
+            create_backend({"model": "m"}).engine_args({"model": "m", "torch_max_batch": bad})
 
 
 class Ticks:
@@ -424,7 +427,7 @@ def test_step_packs_several_sequences_into_one_pass(tiny: tuple[Path, Path]) -> 
     # a region keeps its last sequence's KV: the same prompt again is sent back to it
     for slot in range(3):
         p = next(p for p in prompts if d.slot_cached[slot][:len(p)] == p)
-        assert d.best_slot(p + [1], [0, 1, 2]) == slot
+        assert d.best_slot([*p, 1], [0, 1, 2]) == slot
 
 
 def test_torch_engine_batches_queued_plans(tiny: tuple[Path, Path]) -> None:

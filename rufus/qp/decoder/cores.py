@@ -3,7 +3,7 @@
 Why: on a small host the planner shares its cores with the answer model's vLLM worker, which
 busy-polls a core while it serves. An OpenMP team that counts on that core stalls at every
 barrier; a single thread leaves the second core idle whenever the answer model is. Both were
-measured (docs/benchmarks.md, "Planner threads"). ``torch_threads: "auto"`` therefore runs as
+measured (docs/benchmarks.md, "Planner threads" and "Round 4"). ``torch_threads: "auto"`` therefore runs as
 many threads as there are cores that other processes left idle over the last ~0.2 s, decided
 again before every decoding step.
 

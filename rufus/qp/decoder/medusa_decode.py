@@ -385,14 +385,7 @@ class Decoder:
 
     def best_slot(self, prompt: list[int], free: list[int]) -> int:
         """The free cache region whose kept tokens share the longest prefix with ``prompt``."""
-        def shared(slot: int) -> int:
-            n = 0
-            for a, b in zip(self.slot_cached[slot], prompt, strict=False):
-                if a != b:
-                    break
-                n += 1
-            return n
-        return max(free, key=shared)
+        return max(free, key=lambda slot: _shared_prefix(self.slot_cached[slot], prompt))
 
     def start(self, prompt: list[int], max_tokens: int, grammar: Grammar | None = None,
               logprobs: int = 0, slot: int = 0) -> Run:
@@ -402,13 +395,8 @@ class Decoder:
             raise ValueError(f"prompt ({len(prompt)}) + max_tokens ({max_tokens}) exceeds "
                              f"the context ({self.model.max_len})")
         # prefix reuse: keep at least one prompt token to compute the first logits from
-        kept = self.slot_cached[slot]
-        p = 0
-        for a, b in zip(kept, prompt[:-1], strict=False):
-            if a != b:
-                break
-            p += 1
-        self.slot_cached[slot] = kept[:p]
+        p = _shared_prefix(self.slot_cached[slot], prompt[:-1])
+        self.slot_cached[slot] = self.slot_cached[slot][:p]
         return Run(self, slot, prompt, max_tokens, grammar, logprobs, p)
 
     def step(self, runs: list[Run]) -> list[Step]:
@@ -458,6 +446,16 @@ class Decoder:
         if emitted >= max_tokens:
             return "length"
         return None
+
+
+def _shared_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of two token lists."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 class Run:

@@ -101,10 +101,9 @@ class TorchPlannerEngine:
         self._copy_fields = tuple(args.get("copy_fields") or ())
         self._token_text: Any = None
         self._pending: dict[str, _Request] = {}
-        # plans decoded together in one pass when they queue (1: strictly one at a time)
+        # plans decoded together in one pass when they queue (1: strictly one at a time;
+        # validated with the other planner settings, rufus/qp/backends.py)
         self._max_batch = int(args.get("torch_max_batch", 1) or 1)
-        if self._max_batch < 1:
-            raise ValueError("torch_max_batch must be >= 1")
         self._init_queue()
         # Every torch op runs on this one thread, loading included: each thread that enters
         # an OpenMP parallel region gets its own thread team, and two teams on 2 cores made
@@ -143,7 +142,7 @@ class TorchPlannerEngine:
 
         # A fixed team stalls at every barrier when a busy neighbour (the answer model's vLLM
         # worker) holds one of its cores; "auto" (shipped) sizes it to the idle cores
-        # (rufus/qp/decoder/cores.py; docs/benchmarks.md, "Planner threads").
+        # (rufus/qp/decoder/cores.py; docs/benchmarks.md, "Round 4").
         fixed = parse_threads(args.get("torch_threads", 0))
         if fixed is None:
             self._cores = CoreWatch(len(os.sched_getaffinity(0)))
