@@ -37,16 +37,15 @@ def parse_threads(value: Any) -> int | None:
     unset or 0 means every core this process may run on."""
     if value == "auto":
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, str)):
+    n = -1
+    if isinstance(value, int | str) and not isinstance(value, bool):
+        try:
+            n = int(value)
+        except ValueError:
+            pass
+    if n < 0:
         raise ConfigError(f"torch_threads must be a positive integer or \"auto\", "
                           f"not {str(value)[:20]!r}")
-    try:
-        n = int(value)
-    except ValueError:
-        raise ConfigError(f"torch_threads must be a positive integer or \"auto\", "
-                          f"not {value[:20]!r}") from None
-    if n < 0:
-        raise ConfigError(f"torch_threads must be a positive integer or \"auto\", not {n}")
     return n or len(os.sched_getaffinity(0))
 
 

@@ -410,10 +410,7 @@ class Decoder:
         for r, sg in zip(runs, segs, strict=True):
             picks.append((row + r.n_pend - 1, row + sg.ids.shape[0]))
             row += sg.ids.shape[0]
-        if len(runs) == 1:
-            logits = self.model.logits(hs[picks[0][0]:])
-            return [runs[0].finish(hs[picks[0][0]:], logits)]
-        rows = torch.cat([hs[a:b] for a, b in picks])
+        rows = hs[picks[0][0]:] if len(runs) == 1 else torch.cat([hs[a:b] for a, b in picks])
         logits = self.model.logits(rows)
         out, at = [], 0
         for r, (a, b) in zip(runs, picks, strict=True):

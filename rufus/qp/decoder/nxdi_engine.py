@@ -17,7 +17,7 @@ violation), and per-step Medusa counters and logprobs are not reported.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -136,7 +136,7 @@ class _NxdiRun:
 
 
 class NxdiDecoder:
-    """The torch decoder's contract (``best_slot``, ``start``, ``step``, ``generate``) over
+    """The torch decoder's contract (``best_slot``, ``start``, ``step``) over
     one NxDI Medusa generation per request: batch 1, so a step is always one run."""
 
     def __init__(self, runtime: NxdiRuntime, tree: Any, eos_ids: set[int], pad_id: int) -> None:
@@ -170,11 +170,6 @@ class NxdiDecoder:
         if not toks:
             raise RuntimeError("NxDI returned no tokens")
         return [Step(toks, None, 0, 0, finish)]
-
-    def generate(self, prompt: list[int], max_tokens: int, grammar: Any = None,
-                 logprobs: int = 0, should_stop: Callable[[], bool] = lambda: False
-                 ) -> Iterator[Any]:
-        yield from self.step([self.start(prompt, max_tokens)])
 
 
 class NxdiPlannerEngine(TorchPlannerEngine):

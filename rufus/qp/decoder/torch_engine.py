@@ -76,6 +76,12 @@ class _Request:
         assert self.loop is not None
         self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
 
+    def end(self, error: BaseException | None = None) -> None:
+        """The request is over (with ``error``, if given)."""
+        if error is not None:
+            self.put(error)
+        self.put(None)
+
 
 class TorchPlannerEngine:
     """Greedy planner engine, plain or Medusa-tree decoding in PyTorch: batch 1 alone, up
@@ -296,8 +302,7 @@ class TorchPlannerEngine:
                               "requests); engine is dead", len(active))
                 self._die(exc)
                 for r in active:
-                    r.put(exc)
-                    r.put(None)
+                    r.end(exc)
                 return self._fail_all([])
             still = []
             for r, st in zip(active, steps, strict=True):
@@ -310,9 +315,7 @@ class TorchPlannerEngine:
         here (aborted, its schema failed, or the engine is dead)."""
         global _decoded
         if req.aborted or self.errored:
-            if self.errored:
-                req.put(self.dead_error)
-            req.put(None)
+            req.end(self.dead_error if self.errored else None)
             return False
         try:
             grammar = self._grammar(req.schema) if req.schema is not None else None
@@ -324,8 +327,7 @@ class TorchPlannerEngine:
         except BaseException as exc:  # a request's schema: that request fails, nothing else
             log.exception("request %s: grammar failed in the torch planner engine",
                           req.request_id)
-            req.put(exc)
-            req.put(None)
+            req.end(exc)
             return False
         try:
             _decoded += 1
@@ -341,8 +343,7 @@ class TorchPlannerEngine:
             log.exception("request %s failed in the torch planner engine; engine is dead",
                           req.request_id)
             self._die(exc)
-            req.put(exc)
-            req.put(None)
+            req.end(exc)
             return False
         req.t_start = time.monotonic()
         return True
@@ -376,12 +377,12 @@ class TorchPlannerEngine:
         if self.on_stats is not None and req.steps:
             # once per request: each metric update is an IPC round trip to the server
             self.on_stats(req.steps, req.drafted, req.accepted)
-        req.put(None)
+        req.end()
         return False
 
     def _retire_if_aborted(self, req: _Request) -> bool:
         if req.aborted:
-            req.put(None)
+            req.end()
         return req.aborted
 
     def _die(self, exc: BaseException) -> None:
@@ -398,5 +399,4 @@ class TorchPlannerEngine:
             self._serving = False
         for r in rest:
             r.aborted = True
-            r.put(self.dead_error)
-            r.put(None)
+            r.end(self.dead_error)
