@@ -111,8 +111,6 @@ ENV: dict[str, Var] = {
                                           "first restart backoff, doubled per failure"),
     "RUFUS_ENGINE_RESTART_BACKOFF_MAX_S": Var(("rufus/serving/engine.py",),
                                               "cap of the restart backoff, seconds"),
-    "RUFUS_QP_TORCH_FAULT_AT": Var(("rufus/qp/decoder/torch_engine.py",),
-                                   "TEST ONLY: the N-th planner decode crashes (death test)"),
     "RUFUS_ENGINE_ARGS": Var(("rufus/serving/config.py",), "JSON engine-argument overrides, all models"),
     "RUFUS_RUFUS_LLM_ENGINE_ARGS": Var(("rufus/serving/config.py",),
                                        "JSON engine-argument overrides for rufus_llm"),
@@ -142,7 +140,7 @@ ENV: dict[str, Var] = {
     "RUFUS_UNIT_MODELS": Var(("proxy/",), "unit agent: models that must be ready (default rufus_llm; "
                                  "deployments: LEADER_MODELS)"),
     "RUFUS_AGENT_CHECK_PORT": Var(("proxy/",), "unit agent: HAProxy agent-check TCP port"),
-    "RUFUS_FLEET_NNODES": Var(("proxy/fleet.py",), "local fleet (make fleet): nodes per unit"),
+    "RUFUS_FLEET_NNODES": Var(("rufus/harness/fleet.py",), "local fleet (make fleet): nodes per unit"),
     **{f"RUFUS_UNIT{i}_{kind}": Var((HAPROXY_CONFIG,),
                                     f"ingress: unit {i}'s {kind.lower()} address (host:port)")
        for i in (0, 1) for kind in ("GRPC", "HTTP", "AGENT")},

@@ -1,2 +1,3 @@
-"""Proxy layer: the per-unit agent (health + load), the HAProxy configuration for the data
-path, and the fleet-scale routing simulation's shared pieces. See proxy/README.md."""
+"""Proxy layer, what runs in production: the per-unit agent (health + load) and the HAProxy
+configuration for the data path. The local fleet, its benchmark and the routing simulation
+are harness code in rufus/harness/. See proxy/README.md."""

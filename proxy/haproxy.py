@@ -95,15 +95,16 @@ class Limits:
 BALANCE = "leastconn"
 
 # What a public client may call; everything else is refused at the ingress (SECURITY.md).
-# gRPC: Triton's inference, health and metadata RPCs.
+# gRPC: Triton's inference, health and metadata RPCs; metadata includes the read-only model
+# config (clients such as perf_analyzer read it first, to learn that a model is decoupled).
 GRPC_SERVICE = "/inference.GRPCInferenceService/"
 PUBLIC_RPCS = ("ModelInfer", "ModelStreamInfer", "ServerLive", "ServerReady", "ModelReady",
-               "ServerMetadata", "ModelMetadata")
-# Triton HTTP: GET health/metadata/readiness, POST infer/generate(_stream). Model names are
+               "ServerMetadata", "ModelMetadata", "ModelConfig")
+# Triton HTTP: GET health/metadata/config/readiness, POST infer/generate(_stream). Model names are
 # plain (no '%', no '/'), so an encoded path cannot reach another API behind an allowed one;
 # /v2/models/stats is Triton's statistics API, not a model called "stats".
 _MODEL = r"/v2/models/[A-Za-z0-9_.-]+(/versions/[0-9]+)?"
-HTTP_READ_RE = rf"^/v2(/health/(live|ready))?$|^{_MODEL}(/ready)?$"
+HTTP_READ_RE = rf"^/v2(/health/(live|ready))?$|^{_MODEL}(/ready|/config)?$"
 HTTP_POST_RE = rf"^{_MODEL}/(infer|generate|generate_stream)$"
 REFUSAL = "not served at this ingress: inference, health and metadata only (SECURITY.md)"
 

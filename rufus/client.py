@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import queue
 import sys
 import time
@@ -27,16 +26,20 @@ from typing import Any
 import numpy as np
 
 from rufus.env import env_port, exits_on_env_error, help_text
-
-DEFAULT_URL = f"localhost:{os.environ.get('GRPC_PORT', '8001')}"
+from rufus.errors import RufusError, from_wire
 
 
 class RequestFailed(RuntimeError):
-    """The server answered with an error; ``status`` is Triton's status name when known."""
+    """The server answered with an error, or the stream broke.
+
+    ``error`` is the typed error of the vocabulary (:mod:`rufus.errors`), parsed once from
+    the wire form; ``status`` is its code's name (``INVALID_ARG``, ``UNAVAILABLE``, ...).
+    """
 
     def __init__(self, message: str, status: str = "") -> None:
         super().__init__(message)
-        self.status = status
+        self.error: RufusError = from_wire(message, status)
+        self.status = str(self.error.code)
 
 
 def infer_inputs(grpcclient: Any, tensors: dict[str, np.ndarray]) -> list[Any]:
@@ -58,6 +61,20 @@ def bytes_tensor(value: str | Any) -> np.ndarray:
     """One BYTES element: a string as UTF-8, anything else as JSON."""
     text = value if isinstance(value, str) else json.dumps(value)
     return np.array([text.encode("utf-8")], dtype=np.object_)
+
+
+def value_tensors(values: dict[str, Any]) -> dict[str, np.ndarray]:
+    """Python values as one-element tensors: bool -> BOOL, an array as it is, anything else
+    -> BYTES (a string as UTF-8, a dict or list as JSON)."""
+    out: dict[str, np.ndarray] = {}
+    for name, value in values.items():
+        if isinstance(value, bool):
+            out[name] = np.array([value], dtype=bool)
+        elif isinstance(value, np.ndarray):
+            out[name] = value
+        else:
+            out[name] = bytes_tensor(value)
+    return out
 
 
 def build_inputs(
@@ -87,26 +104,11 @@ def build_inputs(
     return infer_inputs(grpcclient, tensors)
 
 
-def status_of(err: Any) -> str:
-    """Triton's status, or the ``[CODE]`` our models put in front of streamed errors."""
+def _failed(err: Any, prefix: str = "") -> RequestFailed:
+    """A tritonclient error as :class:`RequestFailed`."""
     status = getattr(err, "status", None)
     s = status() if callable(status) else status
-    if s:
-        return str(s)
-    msg = getattr(err, "message", None)
-    text = (msg() if callable(msg) else msg) or str(err)
-    if "[" in text and "]" in text:
-        code = text[text.index("[") + 1:text.index("]")]
-        if code.isupper():
-            return code
-    if "Request for unknown model" in text:
-        # Triton's own message for a model that is not loaded (typo, or unloaded after its
-        # engine died); unary gRPC calls carry NOT_FOUND for it, the stream drops the code
-        return "NOT_FOUND"
-    return ""
-
-
-_status = status_of  # older name, still imported by rufus.assistant.triton_io and tests
+    return RequestFailed(f"{prefix}{err}", str(s or ""))
 
 
 @dataclass
@@ -128,7 +130,7 @@ def output_str(outputs: dict[str, Any], name: str = "text_output") -> str:
 def _response(result: Any, error: Any, prefix: str = "") -> tuple[dict[str, Any] | None, bool]:
     """One streamed response -> (its outputs or None, is it the final one); raises on error."""
     if error is not None:
-        raise RequestFailed(f"{prefix}{error}", status_of(error))
+        raise _failed(error, prefix)
     resp = result.get_response()
     outputs = {o.name: result.as_numpy(o.name) for o in resp.outputs} if resp.outputs else None
     final = resp.parameters.get("triton_final_response")
@@ -207,12 +209,39 @@ async def astream_outputs(url: str, model: str, inputs: list[Any], *, timeout: f
                 responses.cancel()  # no-op once the stream ended; RST_STREAM otherwise
 
 
+class AsyncStreams:
+    """Streams to any model of this project on one long-lived ``tritonclient.grpc.aio``
+    client (one HTTP/2 connection); each call is its own bidirectional stream, so a load
+    balancer still routes per call. Create it inside the event loop that uses it (an aio
+    channel belongs to its loop). Used by the assistant pipeline, its tests and scripts.
+    """
+
+    def __init__(self, url: str) -> None:
+        import tritonclient.grpc.aio as aioclient
+
+        self.url = url
+        self.client = aioclient.InferenceServerClient(url)
+
+    async def close(self) -> None:
+        await self.client.close()
+
+    def stream(self, model: str, values: dict[str, Any], timeout: float = 600.0
+               ) -> AsyncIterator[dict[str, Any]]:
+        """Each response's outputs (:func:`astream_outputs`); ``values`` are Python values
+        (:func:`value_tensors`). Errors name the model."""
+        import tritonclient.grpc as grpcclient
+
+        return astream_outputs(self.url, model, infer_inputs(grpcclient, value_tensors(values)),
+                               timeout=timeout, client=self.client, prefix=f"{model}: ")
+
+
 def retryable(exc: RequestFailed) -> bool:
-    """Statuses that say "this server cannot take it, another might": UNAVAILABLE (unit down,
-    engine dead, at capacity, no healthy backend) and NOT_FOUND (behind a load balancer every
-    unit serves the same models, so a unit without the model has just unloaded it; a
-    misspelt model name costs ``retries`` quick round trips before the same error)."""
-    return "UNAVAILABLE" in exc.status or "NOT_FOUND" in exc.status
+    """Errors that say "this server cannot take it, another might" (``error.retryable``):
+    UNAVAILABLE (unit down, engine dead, at capacity, no healthy backend) and NOT_FOUND
+    (behind a load balancer every unit serves the same models, so a unit without the model
+    has just unloaded it; a misspelt model name costs ``retries`` quick round trips before
+    the same error)."""
+    return exc.error.retryable
 
 
 def retry_delay(attempt: int) -> float:

@@ -19,8 +19,9 @@ import sys
 import time
 from typing import Any
 
-from rufus.client import DEFAULT_URL, RequestFailed
-from rufus.serving.requests import InvalidInput
+from rufus.client import RequestFailed, default_url
+from rufus.env import exits_on_env_error
+from rufus.errors import InvalidInput
 
 
 def print_cards(cards: list[dict[str, Any]], plan: dict[str, Any], fallback: bool) -> None:
@@ -35,9 +36,9 @@ def print_cards(cards: list[dict[str, Any]], plan: dict[str, Any], fallback: boo
 
 
 async def via_triton(url: str, question: str, history: list[dict[str, str]] | None) -> dict:
-    from rufus.assistant.triton_io import TritonStreams, output_str
+    from rufus.client import AsyncStreams, output_str
 
-    io = TritonStreams(url)
+    io = AsyncStreams(url)
     timings: dict = {}
     try:
         tensors: dict[str, Any] = {"question": question}
@@ -83,17 +84,19 @@ async def local(url: str, question: str, history: list[dict[str, str]] | None) -
     return timings
 
 
+@exits_on_env_error
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Ask the shopping assistant (cards, then the answer)")
     ap.add_argument("question")
     ap.add_argument("--history", help="previous turns as JSON: [{role, content}, ...]")
-    ap.add_argument("--url", default=DEFAULT_URL, help="Triton gRPC address (default %(default)s)")
+    ap.add_argument("--url", default=None, help="Triton gRPC address (default localhost:$GRPC_PORT)")
     ap.add_argument("--local", action="store_true", help="run the pipeline in this process")
     a = ap.parse_args(argv)
     history = json.loads(a.history) if a.history else None
     t0 = time.monotonic()
     try:
-        timings = asyncio.run((local if a.local else via_triton)(a.url, a.question, history))
+        timings = asyncio.run((local if a.local else via_triton)(a.url or default_url(), a.question,
+                                                                 history))
     except RequestFailed as exc:
         print(f"\nerror: {exc}", file=sys.stderr)
         return 1

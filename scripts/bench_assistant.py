@@ -58,8 +58,7 @@ class Turn:
 
 
 async def assistant_turn(io: Any, question: str, history: list[dict[str, str]]) -> Turn:
-    from rufus.assistant.triton_io import output_str
-    from rufus.client import RequestFailed
+    from rufus.client import RequestFailed, output_str
 
     t = Turn()
     t0 = time.monotonic()
@@ -86,7 +85,7 @@ async def assistant_turn(io: Any, question: str, history: list[dict[str, str]]) 
 
 
 async def baseline_turn(io: Any, messages: list[dict[str, str]], max_tokens: int) -> Turn:
-    from rufus.assistant.triton_io import output_str
+    from rufus.client import output_str
 
     t = Turn(answered=True)
     t0 = time.monotonic()
@@ -102,9 +101,9 @@ async def baseline_turn(io: Any, messages: list[dict[str, str]], max_tokens: int
 
 async def run_level(url: str, concurrency: int, n_conv: int, mode: str,
                     prompts: list[list[dict[str, str]]], max_tokens: int) -> tuple[list[Turn], float]:
-    from rufus.assistant.triton_io import TritonStreams
+    from rufus.client import AsyncStreams
 
-    io = TritonStreams(url)
+    io = AsyncStreams(url)
     turns: list[Turn] = []
     next_conv = 0
 

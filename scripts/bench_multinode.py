@@ -18,12 +18,9 @@ from __future__ import annotations
 import json
 import os
 import platform
-import sys
 import tempfile
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rufus.harness.bench import failure_drill, greedy, parser, say, single_node, unit_table, workload
 from rufus.harness.rig import LocalUnit, Supervisor

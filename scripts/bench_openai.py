@@ -6,11 +6,6 @@ vLLM's own OpenAI server, same engine arguments, same run. Logic: rufus/harness/
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from rufus.harness.bench_openai import main
 
 if __name__ == "__main__":  # vLLM starts engine processes with spawn: keep the guard

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from rufus.qp.tooling.bench import BASELINES, run  # noqa: E402
 

@@ -15,8 +15,6 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from rufus.qp.tooling.threads_bench import measure
 
 

@@ -31,8 +31,6 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from rufus.harness import loadgen
 from rufus.harness.server import TritonServer, free_port
 

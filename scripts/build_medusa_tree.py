@@ -14,12 +14,10 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from rufus.qp.plan import load_eval  # noqa: E402
 from rufus.qp.tooling.build import HEADS_PATH, qp_model_dir  # noqa: E402
@@ -57,8 +55,8 @@ def main() -> None:
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rufus.qp.decoder.medusa_decode import time_forward
-    from rufus.qp.decoder.torch_llama import TinyLlama
+    from rufus.qp.decoder.torch_llama import TorchLlama
+    from rufus.qp.tooling.tree import time_forward
 
     torch.manual_seed(0)
     torch.set_num_threads(a.threads)
@@ -83,7 +81,7 @@ def main() -> None:
         cost = {int(n): float(ms) / 1e3 for n, ms in measured.items()}
         say(f"verify cost reused from {a.cost_from}")
     else:
-        served = TinyLlama(mdir, a.dtype, 512)
+        served = TorchLlama(mdir, a.dtype, 512)
         for n in (1, 2, 4, 6, 8, 12, 16, 24, 32, 64):
             if n <= a.max_nodes + 1:
                 cost[n] = min(time_forward(served, n, 100, 10) for _ in range(3))

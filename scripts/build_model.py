@@ -6,10 +6,8 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rufus.harness.default_model import build
 from rufus.serving.config import default_model_dir
 

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from rufus.qp.plan import load_eval, parse_plan, prompt_ids, structured_outputs  # noqa: E402
 from rufus.qp.tooling.build import medusa_dir, qp_model_dir  # noqa: E402

@@ -5,14 +5,11 @@
     python scripts/fleet.py --nnodes 1           # single-node units (less CPU)
     python scripts/fleet.py bench                # least-outstanding vs round robin, same run
 
-The same as ``python -m proxy.fleet`` (proxy/fleet.py; the benchmark: proxy/fleet_bench.py).
+The same as ``python -m rufus.harness.fleet`` (rufus/harness/fleet.py; the benchmark:
+rufus/harness/fleet_bench.py).
 """
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from proxy.fleet import main
+from rufus.harness.fleet import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -3,10 +3,11 @@
     python scripts/fleet_sim.py                   # markdown table, about 30-60 s
     python scripts/fleet_sim.py --json out.json --seed 2 --units 150
 
-Service times come from proxy/sim_calibration.json, measured on the real engine by
-``python scripts/fleet.py bench --calibrate`` (proxy/fleet_bench.py; see proxy/sim.py for the unit model). For
-each policy: p99/p50 TTFT with ``--units`` units, and the fewest units that keep p99 TTFT
-under ``--target`` seconds for the same traffic.
+Service times come from rufus/harness/fleet_sim_calibration.json, measured on the real engine
+by ``python scripts/fleet.py bench --calibrate`` (rufus/harness/fleet_bench.py; see
+rufus/harness/fleet_sim.py for the unit model). For each policy: p99/p50 TTFT with
+``--units`` units, and the fewest units that keep p99 TTFT under ``--target`` seconds for
+the same traffic.
 """
 
 from __future__ import annotations
@@ -18,9 +19,7 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from proxy.sim import (
+from rufus.harness.fleet_sim import (
     CALIBRATION,
     POLICIES,
     ServiceModel,

@@ -10,10 +10,7 @@ sets are disjoint and that the committed files equal this script's output).
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rufus.qp.tooling.questions import CALIB_SIZE, DATA, TRAIN_SIZE, render_sets
 

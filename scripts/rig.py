@@ -20,8 +20,6 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from rufus.env import env_port, exits_on_env_error, help_text
 from rufus.harness.rig import DEFAULT_ENGINE_ARGS, LocalUnit, Supervisor
 

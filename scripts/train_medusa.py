@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import argparse
 import random
-import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from rufus.qp.plan import load_eval  # noqa: E402
 from rufus.qp.tooling.build import HEADS_PATH, qp_model_dir  # noqa: E402

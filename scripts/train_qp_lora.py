@@ -9,12 +9,10 @@ The training loop and why a LoRA: rufus/qp/tooling/lora.py. Data: data/qp/train.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from rufus.qp.plan import load_eval  # noqa: E402
 from rufus.qp.tooling.build import LORA_PATH  # noqa: E402

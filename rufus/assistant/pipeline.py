@@ -8,7 +8,7 @@
 Events, always in this order: one ``plan`` (the planner's plan and its ``fallback`` flag),
 one ``products`` (product cards; empty for intents that need no search), any number of
 ``text`` (answer deltas, links already rendered), one ``done`` (``finish_reason``,
-``timings`` in seconds). Bad input raises :class:`InvalidInput` naming the field before
+``timings`` in seconds). Bad input raises :class:`rufus.errors.InvalidInput` naming the field before
 any model is called. Stopping early (closing the generator, or cancelling the task that
 iterates it) cancels the planner / answer gRPC streams at once; Triton then marks those
 requests cancelled and the models abort them in their engines (polled every 0.25 s).
@@ -45,20 +45,15 @@ from rufus.assistant.prompt import (
     diversify,
     price_cap,
 )
-from rufus.assistant.triton_io import TritonStreams, output_str
-from rufus.client import RequestFailed
+from rufus.client import AsyncStreams, RequestFailed, output_str
 from rufus.retrieval.base import Filters, Retriever, query_terms
 from rufus.retrieval.catalog import Product
-from rufus.serving.requests import InvalidInput, parse_messages
+from rufus.serving.validation import check_history, check_question
 
 log = logging.getLogger("rufus.assistant")
 
 PRODUCT_INTENTS = frozenset({"product_search", "product_comparison", "product_question",
                              "recommendation"})
-# Same bounds as the planner's own inputs (rufus_qp_medusa), so a valid assistant request
-# is a valid planner request.
-MAX_QUESTION_CHARS = 1000
-MAX_HISTORY_TURNS = 8
 # What of each earlier turn the planner sees. Its training turns are short (data/qp/
 # train.jsonl): a whole answer is out of distribution (its product names leak into the
 # search queries) and every character of prompt costs plan time on the critical path
@@ -95,29 +90,10 @@ class NullMetrics:
 
 
 def validate_request(question: Any, history: Any) -> list[dict[str, str]]:
-    """Check question and history; returns the history as clean {role, content} turns."""
-    if not isinstance(question, str):
-        raise InvalidInput("question", f"must be a string, got {type(question).__name__}")
-    if not question.strip():
-        raise InvalidInput("question", "is empty")
-    if len(question) > MAX_QUESTION_CHARS:
-        raise InvalidInput("question", f"is {len(question)} characters; at most {MAX_QUESTION_CHARS}")
-    if history is None:
-        return []
-    if not isinstance(history, list):
-        raise InvalidInput("history", f"must be a list of {{role, content}}, got {type(history).__name__}")
-    if len(history) > MAX_HISTORY_TURNS:
-        raise InvalidInput("history", f"{len(history)} turns; at most {MAX_HISTORY_TURNS}")
-    if not history:
-        return []
-    try:
-        text = json.dumps([*history, {"role": "user", "content": question}])
-    except (TypeError, ValueError) as exc:
-        raise InvalidInput("history", f"must be JSON-serializable ({exc})") from None
-    try:
-        return parse_messages(text)[:-1]
-    except InvalidInput as exc:
-        raise InvalidInput(exc.field.replace("messages", "history", 1), exc.reason) from None
+    """Check question and history with the planner's own bounds (a valid assistant request
+    is a valid planner request); returns the history as clean {role, content} turns."""
+    check_question(question)
+    return check_history(history)
 
 
 def fallback_plan(question: str) -> dict[str, Any]:
@@ -170,14 +146,14 @@ class Assistant:
         # follow-ups: prefill the answer prompt's known prefix while the planner runs
         self.prewarm = prewarm if prewarm is not None else \
             os.environ.get("RUFUS_ASSISTANT_PREWARM", "1") != "0"
-        self._io: TritonStreams | None = None
+        self._io: AsyncStreams | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    def streams(self) -> TritonStreams:
+    def streams(self) -> AsyncStreams:
         """One gRPC client per event loop (an aio channel belongs to the loop it was made on)."""
         loop = asyncio.get_running_loop()
         if self._io is None or self._loop is not loop:
-            self._io, self._loop = TritonStreams(self.url), loop
+            self._io, self._loop = AsyncStreams(self.url), loop
         return self._io
 
     async def aclose(self) -> None:

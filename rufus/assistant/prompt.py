@@ -88,7 +88,6 @@ def answer_messages(question: str, products: Sequence[Product],
 
 _UNDER = re.compile(r"\b(?:under|below|less than|cheaper than|up to|max|at most|within)\s*"
                     r"\$?\s*(\d+(?:\.\d+)?)", re.I)
-_DOLLARS = re.compile(r"\$\s*(\d+(?:\.\d+)?)")
 
 
 def price_cap(text: str) -> float | None:

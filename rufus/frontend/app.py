@@ -1,6 +1,6 @@
 """The OpenAI-compatible HTTP app: FastAPI routes over rufus_llm's gRPC stream.
 
-Request path: body -> pydantic schema -> :class:`Plan` (validated with rufus_llm's own rules)
+Request path: body -> pydantic schema -> :class:`ParsedRequest` (validated with rufus_llm's own rules)
 -> one gRPC stream per Triton call (rufus.client.agenerate on a shared channel) -> OpenAI
 JSON or server-sent events. A streamed response starts only once the first Triton response
 (or error) is in, so errors before the first token keep their HTTP status. A client that goes
@@ -32,19 +32,19 @@ from prometheus_client import (
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rufus.client import RequestFailed
-from rufus.frontend import backends, render
-from rufus.frontend.backends import ChatHook, TritonBackend
+from rufus.frontend import render, targets
 from rufus.frontend.protocol import (
     APIError,
     ChatCompletionRequest,
     CompletionRequest,
-    Plan,
-    map_triton_error,
+    ParsedRequest,
+    openai_error,
     parse_body,
-    plan_chat,
-    plan_completion,
+    parse_chat,
+    parse_completion,
 )
 from rufus.frontend.render import ChunkWriter, Delta
+from rufus.frontend.targets import ChatHook, TritonModelClient
 
 log = logging.getLogger("rufus.frontend")
 
@@ -88,13 +88,13 @@ def error_response(exc: APIError) -> JSONResponse:
 
 
 class Frontend:
-    """State of one app: settings, the shared gRPC client, backends, metrics."""
+    """State of one app: settings, the shared gRPC client, the Triton models it serves, metrics."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.metrics = FrontendMetrics()
         self.client: Any = None
-        self.backends: dict[str, TritonBackend] = {}
+        self.triton_models: dict[str, TritonModelClient] = {}
         self.hooks: dict[str, ChatHook] = {}
         self.created = int(time.time())
         self._health: tuple[float, int, dict[str, Any]] = (0.0, 503, {})
@@ -111,16 +111,16 @@ class Frontend:
             ("grpc.keepalive_timeout_ms", 5_000),
             ("grpc.http2.max_pings_without_data", 0),
         ])
-        self.backends = {m: TritonBackend(s.triton_url, m, self.client, s.retries, s.timeout)
+        self.triton_models = {m: TritonModelClient(s.triton_url, m, self.client, s.retries, s.timeout)
                          for m in s.models}
         if s.hooks:
-            backends.load_builtin_hooks()
-            for model_id, factory in backends.HOOKS.items():
+            targets.load_builtin_hooks()
+            for model_id, factory in targets.HOOKS.items():
                 try:
                     self.hooks[model_id] = factory(self.settings)
                 except Exception as exc:  # noqa: BLE001 - a broken hook must not stop serving
                     log.warning("model %s not offered: %s", model_id, exc)
-        log.info("serving %s from Triton at %s", sorted([*self.backends, *self.hooks]),
+        log.info("serving %s from Triton at %s", sorted([*self.triton_models, *self.hooks]),
                  s.triton_url)
 
     async def stop(self) -> None:
@@ -129,14 +129,14 @@ class Frontend:
 
     # ----------------------------------------------------------------- models, health
     def model_ids(self) -> list[str]:
-        return [*self.backends, *self.hooks]
+        return [*self.triton_models, *self.hooks]
 
     def model_card(self, model_id: str) -> dict[str, Any]:
         owner = self.hooks[model_id].owned_by if model_id in self.hooks else "rufus"
         return {"id": model_id, "object": "model", "created": self.created, "owned_by": owner}
 
     def check_model(self, model_id: str, chat: bool) -> None:
-        if model_id in self.backends or (chat and model_id in self.hooks):
+        if model_id in self.triton_models or (chat and model_id in self.hooks):
             return
         if model_id in self.hooks:
             raise APIError(400, f"model `{model_id[:64]}` serves chat completions only",
@@ -152,7 +152,7 @@ class Frontend:
         body = {"triton": self.settings.triton_url, "models": {}}
         try:
             ok = await asyncio.wait_for(self.client.is_server_ready(), 3)
-            for m in self.backends:
+            for m in self.triton_models:
                 ready = await asyncio.wait_for(self.client.is_model_ready(m), 3)
                 body["models"][m] = "ready" if ready else "not ready"
                 ok = ok and ready
@@ -165,18 +165,18 @@ class Frontend:
         return status, body
 
     # ----------------------------------------------------------------- generation
-    async def _call_deltas(self, plan: Plan, index: int) -> AsyncIterator[tuple[int, Delta]]:
-        backend = self.backends[plan.model]
+    async def _call_deltas(self, parsed: ParsedRequest, index: int) -> AsyncIterator[tuple[int, Delta]]:
+        target = self.triton_models[parsed.model]
         try:
-            async for d in backend.generate(plan, plan.calls[index]):
+            async for d in target.generate(parsed, parsed.calls[index]):
                 yield index, d
         except RequestFailed as exc:
-            raise map_triton_error(exc.status, str(exc), plan.kind) from None
+            raise openai_error(exc.error) from None
 
-    async def deltas(self, plan: Plan) -> AsyncIterator[tuple[int, Delta]]:
+    async def deltas(self, parsed: ParsedRequest) -> AsyncIterator[tuple[int, Delta]]:
         """(call index, delta) of every call, merged as they arrive."""
-        if len(plan.calls) == 1:
-            async for item in self._call_deltas(plan, 0):
+        if len(parsed.calls) == 1:
+            async for item in self._call_deltas(parsed, 0):
                 yield item
             return
         queue: asyncio.Queue[Any] = asyncio.Queue()
@@ -184,13 +184,13 @@ class Frontend:
 
         async def pump(i: int) -> None:
             try:
-                async for item in self._call_deltas(plan, i):
+                async for item in self._call_deltas(parsed, i):
                     await queue.put(item)
                 await queue.put(done)
             except BaseException as exc:  # noqa: BLE001 - handed to the consumer
                 await queue.put(exc)
 
-        tasks = [asyncio.create_task(pump(i)) for i in range(len(plan.calls))]
+        tasks = [asyncio.create_task(pump(i)) for i in range(len(parsed.calls))]
         try:
             remaining = len(tasks)
             while remaining:
@@ -205,78 +205,78 @@ class Frontend:
             for t in tasks:
                 t.cancel()
 
-    async def complete(self, plan: Plan, endpoint: str, arrival: float) -> dict[str, Any]:
+    async def complete(self, parsed: ParsedRequest, endpoint: str, arrival: float) -> dict[str, Any]:
         """A whole (non-streaming) response."""
-        n_calls = len(plan.calls)
-        texts = [[""] * plan.n for _ in range(n_calls)]
-        finish: list[list[str | None]] = [[None] * plan.n for _ in range(n_calls)]
-        lps: list[list[list[Any]]] = [[[] for _ in range(plan.n)] for _ in range(n_calls)]
+        n_calls = len(parsed.calls)
+        texts = [[""] * parsed.n for _ in range(n_calls)]
+        finish: list[list[str | None]] = [[None] * parsed.n for _ in range(n_calls)]
+        lps: list[list[list[Any]]] = [[[] for _ in range(parsed.n)] for _ in range(n_calls)]
         n_in = [0] * n_calls
         n_out = 0
         first = True
-        async for i, d in self.deltas(plan):
+        async for i, d in self.deltas(parsed):
             if first:
                 first = False
-                self.metrics.ttft.labels(endpoint, plan.model).observe(time.monotonic() - arrival)
+                self.metrics.ttft.labels(endpoint, parsed.model).observe(time.monotonic() - arrival)
             n_in[i] = d.n_in if d.n_in is not None else n_in[i]
             n_out += sum(d.n_out)
-            for j, text in enumerate(d.texts[:plan.n]):
+            for j, text in enumerate(d.texts[:parsed.n]):
                 texts[i][j] += text
                 finish[i][j] = d.finish[j] or finish[i][j]
                 if j < len(d.logprobs) and d.logprobs[j]:
                     lps[i][j].extend(d.logprobs[j])
-        top = plan.calls[0].sampling.get("logprobs", 0)
+        top = parsed.calls[0].sampling.get("logprobs", 0)
         choices = []
         for i in range(n_calls):
-            for j in range(plan.n):
-                index = i * plan.n + j
-                if plan.kind == "chat":
-                    lp = render.chat_logprobs(lps[i][j], top) if plan.logprobs else None
+            for j in range(parsed.n):
+                index = i * parsed.n + j
+                if parsed.kind == "chat":
+                    lp = render.chat_logprobs(lps[i][j], top) if parsed.logprobs else None
                     choices.append(render.chat_choice(index, texts[i][j], finish[i][j], lp))
                 else:
-                    prefix = plan.calls[i].prompt if plan.echo else ""
-                    lp = render.completion_logprobs(lps[i][j], top, 0) if plan.logprobs else None
+                    prefix = parsed.calls[i].prompt if parsed.echo else ""
+                    lp = render.completion_logprobs(lps[i][j], top, 0) if parsed.logprobs else None
                     choices.append(render.text_choice(index, (prefix or "") + texts[i][j],
                                                       finish[i][j], lp))
-        self.metrics.tokens.labels(plan.model).inc(n_out)
+        self.metrics.tokens.labels(parsed.model).inc(n_out)
         use = render.usage(sum(n_in), n_out)
-        build = render.chat_completion if plan.kind == "chat" else render.text_completion
-        return build(render.new_id("chatcmpl" if plan.kind == "chat" else "cmpl"), plan.model,
+        build = render.chat_completion if parsed.kind == "chat" else render.text_completion
+        return build(render.new_id("chatcmpl" if parsed.kind == "chat" else "cmpl"), parsed.model,
                      choices, use)
 
-    async def stream(self, plan: Plan, endpoint: str, arrival: float) -> AsyncIterator[bytes]:
+    async def stream(self, parsed: ParsedRequest, endpoint: str, arrival: float) -> AsyncIterator[bytes]:
         """Server-sent events; the first item is produced only after Triton's first response."""
-        w = ChunkWriter(plan.kind, plan.model, plan.include_usage)
-        top = plan.calls[0].sampling.get("logprobs", 0)
-        n_in = [0] * len(plan.calls)
+        w = ChunkWriter(parsed.kind, parsed.model, parsed.include_usage)
+        top = parsed.calls[0].sampling.get("logprobs", 0)
+        n_in = [0] * len(parsed.calls)
         n_out = 0
         started: set[int] = set()
-        offsets = [0] * len(plan.calls)
+        offsets = [0] * len(parsed.calls)
         first = True
         try:
-            async for i, d in self.deltas(plan):
+            async for i, d in self.deltas(parsed):
                 if first:
                     first = False
-                    self.metrics.ttft.labels(endpoint, plan.model).observe(
+                    self.metrics.ttft.labels(endpoint, parsed.model).observe(
                         time.monotonic() - arrival)
                 if d.n_in is not None:
                     n_in[i] = d.n_in
                 n_out += sum(d.n_out)
                 text, fin = d.texts[0], d.finish[0]
                 entries = d.logprobs[0] if d.logprobs else None
-                if plan.kind == "chat":
+                if parsed.kind == "chat":
                     if i not in started:
                         started.add(i)
                         yield w.role(i)
-                    lp = render.chat_logprobs(entries, top) if plan.logprobs else None
+                    lp = render.chat_logprobs(entries, top) if parsed.logprobs else None
                 else:
                     if i not in started:
                         started.add(i)
-                        if plan.echo and plan.calls[i].prompt:
-                            yield w.delta(i, plan.calls[i].prompt, None)
-                            offsets[i] = len(plan.calls[i].prompt)
+                        if parsed.echo and parsed.calls[i].prompt:
+                            yield w.delta(i, parsed.calls[i].prompt, None)
+                            offsets[i] = len(parsed.calls[i].prompt)
                     lp = render.completion_logprobs(entries, top, offsets[i]) \
-                        if plan.logprobs else None
+                        if parsed.logprobs else None
                     offsets[i] += len(text)
                 if text or fin or lp:
                     yield w.delta(i, text, fin, lp)
@@ -287,30 +287,30 @@ class Frontend:
             yield w.error(exc.body())
             yield w.done()
             return
-        self.metrics.tokens.labels(plan.model).inc(n_out)
-        if plan.include_usage:
+        self.metrics.tokens.labels(parsed.model).inc(n_out)
+        if parsed.include_usage:
             yield w.usage(sum(n_in), n_out)
         yield w.done()
 
-    async def stream_hook(self, plan: Plan, hook: ChatHook) -> AsyncIterator[bytes]:
-        w = ChunkWriter("chat", plan.model, plan.include_usage)
+    async def stream_hook(self, parsed: ParsedRequest, hook: ChatHook) -> AsyncIterator[bytes]:
+        w = ChunkWriter("chat", parsed.model, parsed.include_usage)
         first = True
-        async for ev in hook.chat(plan.messages or [], plan):
+        async for ev in hook.chat(parsed.messages or [], parsed):
             if first:
                 first = False
                 yield w.role(0, ev.extra)
             if ev.text or ev.finish:
                 yield w.delta(0, ev.text, ev.finish)
-        if plan.include_usage:
+        if parsed.include_usage:
             yield w.usage(0, 0)
         yield w.done()
 
-    async def complete_hook(self, plan: Plan, hook: ChatHook) -> dict[str, Any]:
+    async def complete_hook(self, parsed: ParsedRequest, hook: ChatHook) -> dict[str, Any]:
         text, extra = "", {}
-        async for ev in hook.chat(plan.messages or [], plan):
+        async for ev in hook.chat(parsed.messages or [], parsed):
             text += ev.text
             extra.update(ev.extra or {})
-        body = render.chat_completion(render.new_id("chatcmpl"), plan.model,
+        body = render.chat_completion(render.new_id("chatcmpl"), parsed.model,
                                       [render.chat_choice(0, text, "stop", None)],
                                       render.usage(0, 0))
         body.update(extra)
@@ -381,7 +381,7 @@ def create_app(settings: Settings) -> FastAPI:
         return error_response(APIError(exc.status_code, str(exc.detail)))
 
     async def handle(request: Request, endpoint: str,
-                     build: Callable[[bytes], tuple[Plan, bool]]) -> Response:
+                     build: Callable[[bytes], tuple[ParsedRequest, bool]]) -> Response:
         arrival = time.monotonic()
         model = "-"
         status = 500
@@ -391,23 +391,23 @@ def create_app(settings: Settings) -> FastAPI:
             body = await request.body()
             if len(body) > MAX_BODY_BYTES:
                 raise APIError(413, f"request body over {MAX_BODY_BYTES} bytes")
-            plan, chat = build(body)
-            model = plan.model
-            hook = fe.hooks.get(plan.model) if chat else None
+            parsed, chat = build(body)
+            model = parsed.model
+            hook = fe.hooks.get(parsed.model) if chat else None
             if hook is not None:
-                if plan.n > 1:
-                    raise APIError(400, f"n: model {plan.model} answers once (n must be 1)",
+                if parsed.n > 1:
+                    raise APIError(400, f"n: model {parsed.model} answers once (n must be 1)",
                                    param="n")
-                if plan.stream:
-                    agen = await _prime(fe.stream_hook(plan, hook))
+                if parsed.stream:
+                    agen = await _prime(fe.stream_hook(parsed, hook))
                 else:
-                    result = await _race_disconnect(request, fe.complete_hook(plan, hook))
+                    result = await _race_disconnect(request, fe.complete_hook(parsed, hook))
                     status = 200
                     return JSONResponse(result)
-            elif plan.stream:
-                agen = await _prime(fe.stream(plan, endpoint, arrival))
+            elif parsed.stream:
+                agen = await _prime(fe.stream(parsed, endpoint, arrival))
             else:
-                result = await _race_disconnect(request, fe.complete(plan, endpoint, arrival))
+                result = await _race_disconnect(request, fe.complete(parsed, endpoint, arrival))
                 status = 200
                 return JSONResponse(result)
             streaming = True
@@ -431,15 +431,15 @@ def create_app(settings: Settings) -> FastAPI:
                 fe.metrics.requests.labels(endpoint, model, str(status)).inc()
                 fe.metrics.latency.labels(endpoint, model).observe(time.monotonic() - arrival)
 
-    def build_chat(body: bytes) -> tuple[Plan, bool]:
+    def build_chat(body: bytes) -> tuple[ParsedRequest, bool]:
         req = parse_body(ChatCompletionRequest, body)
         fe.check_model(req.model, chat=True)
-        return plan_chat(req), True
+        return parse_chat(req), True
 
-    def build_completion(body: bytes) -> tuple[Plan, bool]:
+    def build_completion(body: bytes) -> tuple[ParsedRequest, bool]:
         req = parse_body(CompletionRequest, body)
         fe.check_model(req.model, chat=False)
-        return plan_completion(req), False
+        return parse_completion(req), False
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:

@@ -17,12 +17,12 @@ from typing import Any
 
 from rufus.assistant import Assistant
 from rufus.client import RequestFailed
-from rufus.frontend.backends import HookEvent, register
-from rufus.frontend.protocol import Plan, bad_request, map_triton_error
-from rufus.serving.requests import InvalidInput
+from rufus.errors import InvalidInput
+from rufus.frontend.protocol import ParsedRequest, bad_request, openai_error
+from rufus.frontend.targets import HookEvent, register
+from rufus.serving.validation import MAX_HISTORY_TURNS
 
 MODEL_ID = "rufus-assistant"
-MAX_HISTORY_TURNS = 8
 
 
 def card_markdown(cards: list[dict[str, Any]]) -> str:
@@ -65,7 +65,7 @@ class AssistantHook:
                 self._assistant = Assistant(self.triton_url, retriever)
             return self._assistant
 
-    async def chat(self, messages: list[dict[str, str]], plan: Plan) -> AsyncIterator[HookEvent]:
+    async def chat(self, messages: list[dict[str, str]], parsed: ParsedRequest) -> AsyncIterator[HookEvent]:
         question, history = split_messages(messages)
         assistant = await self.assistant()
         try:
@@ -88,7 +88,7 @@ class AssistantHook:
             name = exc.field.replace("question", "messages").replace("history", "messages")
             raise bad_request(name, exc.reason) from None
         except RequestFailed as exc:
-            raise map_triton_error(exc.status, str(exc), "chat") from None
+            raise openai_error(exc.error) from None
 
 
 def register_default() -> None:

@@ -3,19 +3,20 @@
 The request schema is a small pydantic model of OpenAI's (plus vLLM's sampling extensions),
 not vLLM's own protocol classes: those import torch (7 s and ~570 MB measured here) for a
 process that never runs a model. Sampling values are then checked by the very rules
-rufus_llm applies (:func:`rufus.serving.requests.validate_sampling`), so a bad value gets its
+rufus_llm applies (:func:`rufus.serving.sampling.validate_sampling`), so a bad value gets its
 400 here without a round trip and the two can never disagree.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from rufus.serving.requests import MAX_LOGPROBS, InvalidInput, parse_messages, validate_sampling
+from rufus.errors import InvalidInput, RufusError
+from rufus.serving.sampling import validate_sampling
+from rufus.serving.validation import MAX_LOGPROBS, check_messages
 
 # No max_tokens in a chat request means "until the context is full" (OpenAI); rufus_llm caps
 # max_tokens at what the context leaves (max_model_len - prompt), so any larger value says so.
@@ -182,7 +183,7 @@ class TritonCall:
 
 
 @dataclass
-class Plan:
+class ParsedRequest:
     """What an endpoint does for one OpenAI request."""
 
     kind: Literal["chat", "completion"]
@@ -193,7 +194,7 @@ class Plan:
     include_usage: bool = False
     logprobs: bool = False
     echo: bool = False
-    # the raw request (chat), for backends that are not rufus_llm (rufus-assistant)
+    # the raw request (chat), for targets that are not rufus_llm (rufus-assistant)
     messages: list[dict[str, str]] | None = None
 
 
@@ -287,12 +288,12 @@ def chat_messages(req: ChatCompletionRequest) -> list[dict[str, str]]:
                               f"got {msg.role[:20]!r}")
         out.append({"role": role, "content": _text_content(i, msg)})
     try:
-        return parse_messages(json.dumps(out))
+        return check_messages(out)
     except InvalidInput as exc:
         raise bad_request(exc.field, exc.reason) from None
 
 
-def plan_chat(req: ChatCompletionRequest) -> Plan:
+def parse_chat(req: ChatCompletionRequest) -> ParsedRequest:
     for name in _UNSUPPORTED_CHAT:
         if getattr(req, name) is not None:
             raise bad_request(name, "not supported by this server")
@@ -313,12 +314,12 @@ def plan_chat(req: ChatCompletionRequest) -> Plan:
     if req.logprobs:
         sampling["logprobs"] = req.top_logprobs or 0
     messages = chat_messages(req)
-    return Plan("chat", req.model, [TritonCall(messages=messages, sampling=sampling)],
+    return ParsedRequest("chat", req.model, [TritonCall(messages=messages, sampling=sampling)],
                 n=req.n or 1, stream=stream, include_usage=include_usage,
                 logprobs=bool(req.logprobs), messages=messages)
 
 
-def plan_completion(req: CompletionRequest) -> Plan:
+def parse_completion(req: CompletionRequest) -> ParsedRequest:
     if req.suffix:
         raise bad_request("suffix", "not supported by this server")
     prompts = req.prompt
@@ -343,28 +344,27 @@ def plan_completion(req: CompletionRequest) -> Plan:
         if req.echo:
             raise bad_request("echo", "echo with logprobs (prompt logprobs) is not supported")
         sampling["logprobs"] = req.logprobs
-    return Plan("completion", req.model,
+    return ParsedRequest("completion", req.model,
                 [TritonCall(prompt=p, sampling=dict(sampling)) for p in prompts],
                 n=req.n or 1, stream=stream, include_usage=include_usage,
                 logprobs=req.logprobs is not None, echo=bool(req.echo))
 
 
-def map_triton_error(status: str, message: str, kind: str) -> APIError:
-    """A rufus_llm error (``[CODE] field: reason``) -> the OpenAI error and HTTP status."""
-    text = message
-    if text.startswith("[") and "]" in text:
-        text = text[text.index("]") + 1:].strip()
-    if "INVALID_ARG" in status:
-        field_name, _, reason = text.partition(": ")
-        name = _param(field_name) if reason else None
+def openai_error(err: RufusError) -> APIError:
+    """An error of the vocabulary (:mod:`rufus.errors`) -> OpenAI's error body, with the
+    HTTP status the error's type derives. An INVALID_ARG names its OpenAI ``param``
+    (rufus_llm's ``sampling_parameters.top_k`` is ``top_k``, ``text_input`` is ``prompt``)."""
+    if isinstance(err, InvalidInput):
+        name = _param(err.field) if err.field else None
         if name == "text_input":
             name = "prompt"
-        return APIError(400, text, param=name)
-    if "UNAVAILABLE" in status or "NOT_FOUND" in status or "RESOURCE_EXHAUSTED" in status:
-        return APIError(503, f"service unavailable, retry later: {text}", type_="server_error",
-                        code="service_unavailable", retry_after=1)
-    if "DEADLINE_EXCEEDED" in status:
-        return APIError(504, f"timed out: {text}", type_="server_error", code="timeout")
-    if "CANCELLED" in status:
+        return APIError(err.http_status, err.message, param=name)
+    if err.retryable:
+        return APIError(err.http_status, f"service unavailable, retry later: {err.message}",
+                        type_="server_error", code="service_unavailable", retry_after=1)
+    if err.http_status == 504:
+        return APIError(504, f"timed out: {err.message}", type_="server_error", code="timeout")
+    if err.http_status == 499:
         return APIError(499, "request cancelled", type_="server_error", code="cancelled")
-    return APIError(500, f"internal error: {text}", type_="server_error", code="internal_error")
+    return APIError(500, f"internal error: {err.message}", type_="server_error",
+                    code="internal_error")

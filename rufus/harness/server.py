@@ -7,7 +7,7 @@ all run the server the same way (paths and library settings written by scripts/s
     python -m rufus.harness.server [--models rufus_llm,...] [--grpc-port N ...]
 
 Closed by default (SECURITY.md): every Triton API a public client never needs (model
-load/unload and uploads, model config, shared memory, statistics, trace, logging) is
+load/unload and uploads, shared memory, statistics, trace, logging) is
 restricted with Triton's own ``--grpc-restricted-protocol`` / ``--http-restricted-api`` and
 keyed by ``RUFUS_ADMIN_KEY`` (a random key per start when unset, so nobody holds it). The
 key is never logged: :meth:`TritonServer.command` shows a placeholder.
@@ -35,10 +35,11 @@ from rufus.env import EnvError, env_port, exits_on_env_error, help_text
 ROOT = Path(__file__).resolve().parents[2]
 ENV_FILE = ROOT / "build" / "triton" / "env.json"
 
-# Triton API groups a public client never needs: only health, metadata and inference stay
-# open. ``shared-memory`` also closes the 2.51 CVEs in the Python backend's shm path.
-RESTRICTED_APIS = ("model-repository", "model-config", "shared-memory", "statistics",
-                   "trace", "logging")
+# Triton API groups a public client never needs: health, metadata, the read-only model
+# config and inference stay open (the official backend serves them; perf_analyzer and many
+# tritonclient users read a model's config first). ``shared-memory`` also closes the 2.51
+# CVEs in the Python backend's shm path.
+RESTRICTED_APIS = ("model-repository", "shared-memory", "statistics", "trace", "logging")
 # HTTP header carrying the admin key; Triton prefixes the gRPC metadata key itself.
 ADMIN_HEADER = "rufus-admin-key"
 GRPC_ADMIN_HEADER = "triton-grpc-protocol-" + ADMIN_HEADER

@@ -5,8 +5,9 @@ NxDI-style Medusa knobs) into what the engine needs; ``create_backend`` picks th
 
 * ``torch_medusa`` (default off Neuron): the project's own batch-1 decoder
   (rufus/qp/decoder/medusa_decode.py): the ``medusa_tree`` verified in one forward pass with a tree
-  attention mask, greedy acceptance under the plan grammar; the tokens the grammar forces
-  (``grammar_drafts``) and prompt-lookup copies (``lookup_drafts``) join the same pass. The
+  attention mask, greedy acceptance under the plan grammar (rufus/qp/decoder/constraints.py);
+  the tokens the grammar forces (``grammar_drafts``) and prompt-lookup copies
+  (``lookup_drafts``) join the same pass. The
   fastest correct path measured on the 2-core CPU, where vLLM's speculative step costs more
   than twice its plain step (figures: docs/benchmarks.md, "Query planner").
 * ``torch_autoregressive``: the same decoder without the heads or any draft (algorithmic

@@ -21,30 +21,27 @@ from typing import Any
 
 import numpy as np
 
+from rufus.errors import InvalidInput, RufusError
 from rufus.qp.backends import PlannerBackend, create_backend
 from rufus.qp.grounding import ground_plan
 from rufus.qp.plan import HISTORY_TURNS_USED, build_messages, parse_plan, structured_outputs
-from rufus.serving.generation import ServiceError, run_generate
-from rufus.serving.requests import (
-    GenerateRequest,
+from rufus.serving.generation import run_generate
+from rufus.serving.request import GenerateRequest, finish_logprobs
+from rufus.serving.sampling import merge_sampling, request_parameters
+from rufus.serving.triton_backend import EngineModel, TritonSink, pb_utils
+from rufus.serving.validation import (
+    DEFAULT_LIMITS,
+    MAX_HISTORY_TURNS,
     InputSpec,
-    InvalidInput,
     Limits,
     OutputSpec,
     decode_inputs,
-    finish_logprobs,
-    merge_sampling,
-    parse_messages,
-    request_parameters,
+    read_conversation,
 )
-from rufus.serving.triton_backend import EngineModel, TritonSink, add_io, config_param, pb_utils
 
 log = logging.getLogger("rufus.qp")
 
-MAX_QUESTION_CHARS = 1000
-# Accepted history turns (what rufus/assistant sends); the prompt keeps the last
-# HISTORY_TURNS_USED of them (rufus/qp/plan.py), older ones are dropped.
-MAX_HISTORY_TURNS = 8
+# The prompt keeps the last HISTORY_TURNS_USED of the accepted turns (rufus/qp/plan.py).
 assert HISTORY_TURNS_USED <= MAX_HISTORY_TURNS
 # Greedy only: the planner's output must be reproducible (and Medusa's lossless guarantee is
 # for greedy decoding). logprobs are for diagnostics (the losslessness test's near-tie check).
@@ -67,8 +64,6 @@ QP_OUTPUT_SPECS: tuple[OutputSpec, ...] = (
     OutputSpec("output_token_ids", "TYPE_INT32"),
     OutputSpec("logprobs", "TYPE_STRING"),
 )
-QP_INPUTS = [spec.config() for spec in QP_INPUT_SPECS]
-QP_OUTPUTS = [spec.config() for spec in QP_OUTPUT_SPECS]
 
 
 @dataclass
@@ -79,25 +74,11 @@ class PlanRequest:
 
 
 def parse_plan_request(inputs: dict[str, np.ndarray | None], parameters: str | None,
-                       default_max_tokens: int, limits: Limits | None = None) -> PlanRequest:
+                       default_max_tokens: int, limits: Limits = DEFAULT_LIMITS) -> PlanRequest:
     """Validate one planner request; every error names the offending input field."""
-    limits = limits or Limits()
     values = decode_inputs(QP_INPUT_SPECS, inputs, limits)
-    question = values.get("question")
-    if question is None:
-        raise InvalidInput("question", "missing: send the customer's question")
-    if not question.strip():
-        raise InvalidInput("question", "is empty")
-    if len(question) > MAX_QUESTION_CHARS:
-        raise InvalidInput("question", f"is {len(question)} characters; at most "
-                           f"{MAX_QUESTION_CHARS}")
-    history = None
-    if values.get("history") is not None:
-        # rufus_llm's message checks; previous turns may end with the assistant's reply
-        history = parse_messages(values["history"], "history", limits,
-                                 last_may_be_assistant=True, allow_empty=True)
-        if len(history) > MAX_HISTORY_TURNS:
-            raise InvalidInput("history", f"{len(history)} turns; at most {MAX_HISTORY_TURNS}")
+    question, turns = read_conversation(values, limits)
+    history = turns or None
     try:
         sampling = merge_sampling(values.get("sampling_parameters"),
                                   request_parameters(parameters, limits), limits=limits,
@@ -137,7 +118,7 @@ class PlanSink:
         self.history = history
         self.ground = ground
 
-    def send(self, outputs: dict[str, np.ndarray] | None, error: ServiceError | None,
+    def send(self, outputs: dict[str, np.ndarray] | None, error: RufusError | None,
              final: bool) -> None:
         if outputs is not None and "text_output" in outputs:
             text = bytes(outputs["text_output"][0]).decode("utf-8", "replace")
@@ -194,12 +175,9 @@ def _step_counter(counters: dict[str, Any]) -> Any:
 
 
 class QueryPlannerModel(EngineModel):
-    INPUTS = {spec.name for spec in QP_INPUT_SPECS}
+    INPUT_SPECS = QP_INPUT_SPECS
+    OUTPUT_SPECS = QP_OUTPUT_SPECS
     backend: PlannerBackend
-
-    @classmethod
-    def auto_complete_config(cls, auto_complete_model_config: Any) -> Any:
-        return add_io(auto_complete_model_config, QP_INPUTS, QP_OUTPUTS)
 
     def setup(self) -> None:
         """Split model.json into engine args and the planner's Medusa settings."""
@@ -218,7 +196,7 @@ class QueryPlannerModel(EngineModel):
         super().setup()
 
     def _spec_counters(self) -> dict[str, Any]:
-        labels = {"model": self.name, "version": str(self.args["model_version"])}
+        labels = {"model": self.name, "version": self.version}
         out = {}
         for key, desc in (("num_drafts", "Medusa verification steps with drafts"),
                           ("num_draft_tokens", "Medusa draft tokens proposed"),
@@ -234,14 +212,6 @@ class QueryPlannerModel(EngineModel):
         warm = getattr(self.host.engine, "warm_grammar", None)
         if warm is not None and self.backend.structured_output:
             warm(structured_outputs().json)
-
-    def request_limits(self) -> Limits:
-        limits = getattr(self, "_limits", None)
-        if limits is None:
-            limits = self._limits = Limits.for_model(
-                lambda key, default: config_param(self.model_config, key, default),
-                self.host.engine)
-        return limits
 
     def parse(self, inputs: dict[str, np.ndarray | None], parameters: str | None) -> PlanRequest:
         return parse_plan_request(inputs, parameters, self.default_max_tokens,

@@ -295,8 +295,6 @@ CATEGORIES: tuple[Category, ...] = (
       ("gaming", "families", "travel")),
 )
 
-STOP_NOUN_WORDS = {"and", "with", "for", "the"}
-
 
 def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:80]

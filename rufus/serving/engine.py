@@ -3,7 +3,7 @@
 Triton calls ``execute`` on its own thread; vLLM's ``AsyncLLM`` wants one asyncio loop.
 ``EngineHost`` owns that loop, starts and stops the engine, tracks outstanding requests
 (admission control) and notices when the engine dies, so callers fail fast with
-UNAVAILABLE instead of hanging.
+UNAVAILABLE (:class:`rufus.errors.Unavailable`) instead of hanging.
 
 A dead engine is replaced inside the same Triton model instance (never by unloading the
 model: Triton 2.51 sometimes never finalized an unloaded instance, so it could not be
@@ -25,6 +25,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
+from rufus.errors import AtCapacity, Unavailable
 from rufus.serving.engine_api import Engine, unfinished_requests
 
 log = logging.getLogger("rufus.serving.engine")
@@ -32,21 +33,6 @@ log = logging.getLogger("rufus.serving.engine")
 # Host states, in the order a healthy life goes through them.
 STARTING, READY, DEAD, RESTARTING, FAILED, STOPPED = (
     "starting", "ready", "dead", "restarting", "failed", "stopped")
-
-
-class EngineUnavailable(RuntimeError):
-    """The engine is dead, restarting, shutting down or not started: retry elsewhere/later."""
-
-
-class AtCapacity(RuntimeError):
-    """Admission bound reached: the request is refused at once instead of queueing."""
-
-
-# The environment names of RestartPolicy's settings (config.pbtxt ``parameters`` use the
-# lower-case name without the prefix; the environment wins, as for every backend setting).
-SETTINGS_ENV = ("RUFUS_ENGINE_RESTART", "RUFUS_ENGINE_MAX_FAILURES",
-                "RUFUS_ENGINE_FAILURE_WINDOW_S", "RUFUS_ENGINE_RESTART_BACKOFF_S",
-                "RUFUS_ENGINE_RESTART_BACKOFF_MAX_S")
 
 
 @dataclass
@@ -218,7 +204,7 @@ class EngineHost:
             self.dead_reason = f"{type(err).__name__}: {err}"
             # Keep the message, not ``err``: its traceback would keep the frames of whichever
             # request saw the death (a Triton response sender among them) alive.
-            self._dead_error = EngineUnavailable(self.dead_reason)
+            self._dead_error = Unavailable(self.dead_reason)
             self._dead_since = time.monotonic()
             self._dead_handled = False
             self.failure_count += 1
@@ -341,7 +327,7 @@ class EngineHost:
     def admit(self) -> None:
         """Count one request in, or refuse it: unbounded queues only hide overload."""
         if not self.healthy:
-            raise EngineUnavailable(f"engine unavailable: {self.unavailable_reason()}")
+            raise Unavailable(f"engine unavailable: {self.unavailable_reason()}")
         with self._lock:
             if self.max_outstanding and self.outstanding >= self.max_outstanding:
                 raise AtCapacity(
@@ -358,7 +344,7 @@ class EngineHost:
         self, prompt: Any, sampling_params: Any, request_id: str, **kwargs: Any
     ) -> AsyncIterator[Any]:
         """The engine's generate (``kwargs``: e.g. vLLM's ``lora_request``), with engine death
-        turned into :class:`EngineUnavailable`."""
+        turned into :class:`Unavailable`."""
         engine = self.engine
         try:
             async for out in engine.generate(prompt, sampling_params, request_id, **kwargs):
@@ -368,7 +354,7 @@ class EngineHost:
                 raise
             if engine is self.engine:  # not a straggler of an engine already replaced
                 self.mark_dead(exc)
-            raise EngineUnavailable(f"engine died: {exc}") from exc
+            raise Unavailable(f"engine died: {exc}") from exc
 
     async def abort(self, request_id: str) -> None:
         if self.healthy:

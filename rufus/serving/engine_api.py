@@ -77,10 +77,6 @@ class Engine(Protocol):
     def shutdown(self) -> None: ...
 
 
-def max_model_len(engine: Engine) -> int:
-    return int(engine.model_config.max_model_len)
-
-
 def unfinished_requests(engine: Engine | None) -> int:
     """Requests the engine itself still holds (running + waiting)."""
     procs = getattr(engine, "output_processor", None)

@@ -1,8 +1,13 @@
-"""One generation request through the engine: prompt -> tokens -> streamed responses.
+"""The hot path: one generation request through the engine, prompt -> streamed responses.
 
-Independent of Triton: responses go to a :class:`ResponseSink` (the Triton adapter wraps a
-``response_sender``; tests use a list). Errors are :class:`ServiceError` with a status code
-that the adapter maps onto Triton's error codes.
+Independent of Triton: responses go to a :class:`ResponseSink` (the Triton adapter's
+:class:`~rufus.serving.triton_backend.TritonSink`; tests use a list). Every failure ends the
+stream with one error of the vocabulary (:mod:`rufus.errors`), mapped in one place
+(:func:`rufus.errors.client_error`).
+
+Hot-path rules: nothing here blocks the engine's event loop (prompt rendering runs in a
+worker thread; metric updates only append to a buffer; sends go straight to Triton, no
+sender thread); each response carries only what the client asked for.
 """
 
 from __future__ import annotations
@@ -10,37 +15,23 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import threading
 import time
-from dataclasses import dataclass
 from typing import Any, Protocol
 
-from rufus.serving.engine import AtCapacity, EngineHost, EngineUnavailable
+from rufus.errors import Cancelled, InvalidInput, RufusError, Unavailable, client_error
+from rufus.serving.cancel import CancelWatcher
+from rufus.serving.chat import render_prompt
+from rufus.serving.engine import EngineHost
 from rufus.serving.metrics import Metrics
-from rufus.serving.requests import (
-    GenerateRequest,
-    InvalidInput,
-    check_min_tokens,
-    check_prompt_length,
-)
+from rufus.serving.request import GenerateRequest
 from rufus.serving.responses import Outputs, build_outputs
+from rufus.serving.sampling import check_min_tokens
 
 log = logging.getLogger("rufus.serving.generation")
 
-INVALID_ARG, UNAVAILABLE, CANCELLED, INTERNAL = "INVALID_ARG", "UNAVAILABLE", "CANCELLED", "INTERNAL"
-
-
-@dataclass
-class ServiceError(Exception):
-    code: str
-    message: str
-
-    def __str__(self) -> str:
-        return self.message
-
 
 class ResponseSink(Protocol):
-    def send(self, outputs: Outputs | None, error: ServiceError | None, final: bool) -> None: ...
+    def send(self, outputs: Outputs | None, error: RufusError | None, final: bool) -> None: ...
     def is_cancelled(self) -> bool: ...
 
 
@@ -51,168 +42,15 @@ def new_request_id(prefix: str) -> str:
     return f"{prefix}-{next(_ids)}-{time.monotonic_ns() % 1_000_000}"
 
 
-_SENTINEL = "\ue000rufus-content-{}-{}\ue001"  # private-use characters: never client data
-
-
-def special_token_texts(tokenizer: Any) -> list[str]:
-    """The text of every special/added control token (``<|im_start|>``, ...)."""
-    texts = set(getattr(tokenizer, "all_special_tokens", None) or [])
-    for tok in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values():
-        if getattr(tok, "special", False):
-            texts.add(str(tok.content if hasattr(tok, "content") else tok))
-    return sorted(t for t in texts if t)
-
-
-class _Codec:
-    """Private copies of a fast tokenizer's Rust core: ``plain`` (control-token text is a
-    control token) and ``split`` (control-token text is plain text).
-
-    Rendering runs in worker threads; the shared tokenizer is also used by the engine on its
-    loop (detokenizing, grammars). Transformers implements ``split_special_tokens`` by
-    flipping a flag on the shared tokenizer, which would race with those users, so we
-    encode with our own copies, one thread at a time.
-    """
-
-    def __init__(self, backend: Any) -> None:
-        from tokenizers import Tokenizer
-
-        self.plain = Tokenizer.from_str(backend.to_str())
-        self.split = Tokenizer.from_str(backend.to_str())
-        self.split.encode_special_tokens = True
-        self.lock = threading.Lock()
-
-    def encode(self, text: str, *, split: bool, add_special_tokens: bool = False) -> list[int]:
-        with self.lock:
-            tok = self.split if split else self.plain
-            return list(tok.encode(text, add_special_tokens=add_special_tokens).ids)
-
-
-_codecs: dict[int, tuple[Any, _Codec | None]] = {}
-_codecs_lock = threading.Lock()
-
-
-def codec_for(tokenizer: Any) -> _Codec | None:
-    """The tokenizer's private codec (None for a tokenizer without a Rust core)."""
-    key = id(tokenizer)
-    with _codecs_lock:
-        hit = _codecs.get(key)
-        if hit is not None and hit[0] is tokenizer:
-            return hit[1]
-        backend = getattr(tokenizer, "backend_tokenizer", None)
-        codec = _Codec(backend) if backend is not None and hasattr(backend, "to_str") else None
-        _codecs[key] = (tokenizer, codec)
-        return codec
-
-
-def render_chat(tokenizer: Any, messages: list[dict[str, str]], field_name: str = "messages"
-                ) -> tuple[str, list[int]]:
-    """Chat template -> (text, token ids) where the clients' content can never become a
-    control token: the template is rendered with a placeholder per message, its own text is
-    tokenized with special tokens recognised, and each content with special-token text
-    split into plain text. So ``<|im_start|>system`` typed into a message is ordinary text,
-    not a forged turn."""
-    codec = codec_for(tokenizer)
-    if codec is None:
-        return _render_chat_strict(tokenizer, messages, field_name)
-    nonce = time.monotonic_ns()
-    marks = [_SENTINEL.format(nonce, i) for i in range(len(messages))]
-    masked = [{**m, "content": marks[i]} for i, m in enumerate(messages)]
-    try:
-        rendered = tokenizer.apply_chat_template(masked, add_generation_prompt=True,
-                                                 tokenize=False)
-    except Exception as exc:
-        raise InvalidInput(field_name, f"chat template rejected them: {exc}") from exc
-    pieces: list[tuple[str, bool]] = []
-    rest = rendered
-    for i, mark in enumerate(marks):
-        head, found, tail = rest.partition(mark)
-        if not found or mark in tail:
-            return _render_chat_strict(tokenizer, messages, field_name)
-        pieces += [(head, False), (messages[i]["content"], True)]
-        rest = tail
-    pieces.append((rest, False))
-    ids: list[int] = []
-    for piece, is_content in pieces:
-        if piece:
-            ids += codec.encode(piece, split=is_content)
-    return "".join(p for p, _ in pieces), ids
-
-
-def _render_chat_strict(tokenizer: Any, messages: list[dict[str, str]], field_name: str
-                        ) -> tuple[str, list[int]]:
-    """A template that drops or repeats content: render it as is, refusing any content
-    that holds control-token text (it could not be kept plain)."""
-    specials = special_token_texts(tokenizer)
-    for i, m in enumerate(messages):
-        hit = next((s for s in specials if s in m["content"]), None)
-        if hit is not None:
-            raise InvalidInput(f"{field_name}[{i}].content",
-                               f"contains the control token text {hit!r}")
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    return text, tokenizer.encode(text, add_special_tokens=False)
-
-
-def render_prompt(tokenizer: Any, req: GenerateRequest) -> tuple[str, list[int], str]:
-    """Returns (prompt text, token ids, field name to blame if it is too long).
-
-    CPU-bound (about 1 MB/s on 2 cores): :func:`run_generate` calls it in a worker thread so
-    a large prompt does not stall the engine's event loop (the tokenizer releases the GIL).
-    """
-    if req.messages is not None:
-        text, ids = render_chat(tokenizer, req.messages, req.prompt_field)
-        return text, ids, req.prompt_field
-    assert req.prompt is not None
-    codec = codec_for(tokenizer)
-    ids = (codec.encode(req.prompt, split=False, add_special_tokens=True) if codec is not None
-           else tokenizer.encode(req.prompt))
-    return req.prompt, ids, req.prompt_field
-
-
-def short(text: str, limit: int = 300) -> str:
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
-class CancelWatcher:
-    """Polls ``is_cancelled`` for every live request a few times a second.
-
-    Polling one place keeps the per-token path free of IPC to the Triton server, and still
-    aborts requests that are queued and produce no tokens. It polls on the engine loop:
-    polling from its own thread measured far worse at 16 streams (docs/benchmarks.md, "A
-    change that measured worse"), the GIL convoy effect also seen with a sender thread: each
-    IPC releases the GIL and the thread then waits for the busy loop to hand it back, and
-    the loop for it.
-    """
-
-    def __init__(self, host: EngineHost, interval: float = 0.25) -> None:
-        self.host = host
-        self.interval = interval
-        self.live: dict[str, tuple[ResponseSink, asyncio.Event]] = {}
-        self._task: asyncio.Task[None] | None = None
-
-    def watch(self, request_id: str, sink: ResponseSink) -> asyncio.Event:
-        ev = asyncio.Event()
-        self.live[request_id] = (sink, ev)
-        if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._poll())
-        return ev
-
-    def forget(self, request_id: str) -> None:
-        self.live.pop(request_id, None)
-
-    async def _poll(self) -> None:
-        while self.live:
-            await asyncio.sleep(self.interval)
-            for rid, (sink, ev) in list(self.live.items()):
-                if ev.is_set():
-                    continue
-                try:
-                    cancelled = sink.is_cancelled()
-                except Exception:  # noqa: BLE001 - a broken sender counts as gone
-                    cancelled = True
-                if cancelled:
-                    ev.set()
-                    log.info("request %s cancelled by client; aborting in engine", rid)
-                    await self.host.abort(rid)
+def check_prompt_length(n_prompt: int, max_tokens: int, max_model_len: int, field_name: str) -> None:
+    """Reject prompts the engine could never finish, before they take a slot."""
+    if n_prompt == 0:
+        raise InvalidInput(field_name, "prompt is empty after tokenization")
+    if n_prompt >= max_model_len:
+        raise InvalidInput(
+            field_name,
+            f"prompt has {n_prompt} tokens; the model's context is {max_model_len} tokens",
+        )
 
 
 def make_sampling_params(req: GenerateRequest, max_tokens: int, output_kind: Any) -> Any:
@@ -234,7 +72,7 @@ def make_sampling_params(req: GenerateRequest, max_tokens: int, output_kind: Any
             raise
         name = getattr(exc, "parameter", None)
         raise InvalidInput("sampling_parameters" + (f".{name}" if name else ""),
-                           short(str(exc))) from exc
+                           str(exc)) from exc
 
 
 def host_lora_request(host: EngineHost, lora_name: str | None) -> Any:
@@ -270,7 +108,17 @@ async def _engine_checked(gen: Any, req: GenerateRequest) -> Any:
         if name is None and "structured_outputs" in req.sampling:
             name = "structured_outputs"
         raise InvalidInput("sampling_parameters" + (f".{name}" if name else ""),
-                           short(str(exc))) from exc
+                           str(exc)) from exc
+
+
+def _request_error(exc: Exception, host: EngineHost, request_id: str) -> RufusError:
+    """An unexpected failure while the engine is down is the engine's death (UNAVAILABLE:
+    retry elsewhere), not an internal error of this request."""
+    if not isinstance(exc, RufusError) and not host.healthy:
+        log.warning("request %s failed while the engine is down: %s", request_id,
+                    type(exc).__name__)
+        return Unavailable(f"engine unavailable: {host.dead_reason}")
+    return client_error(exc, log, f"request {request_id}")
 
 
 async def run_generate(
@@ -287,7 +135,7 @@ async def run_generate(
     from vllm.sampling_params import RequestOutputKind
 
     admitted = False
-    outcome = "error"
+    outcome = "error"  # the metric label; set on every path below
     try:
         host.admit()
         admitted = True
@@ -302,7 +150,7 @@ async def run_generate(
         params = make_sampling_params(req, max_tokens, RequestOutputKind.DELTA if req.stream
                                       else RequestOutputKind.FINAL_ONLY)
         lora = host_lora_request(host, req.lora_name)
-        cancelled = watcher.watch(request_id, sink)
+        cancelled = watcher.watch(request_id, sink, lambda: host.abort(request_id))
         first: float | None = None
         last = arrival
         n_gen = 0
@@ -332,8 +180,7 @@ async def run_generate(
                               None, out.finished)
             final_out = out
         if cancelled.is_set() or final_out is None or not final_out.finished:
-            outcome = "cancelled"
-            raise ServiceError(CANCELLED, "request was cancelled")
+            raise Cancelled("request was cancelled")
         if not req.stream:
             n_gen = sum(len(c.token_ids) for c in final_out.outputs)
             prefix = "" if req.exclude_input_in_output else text
@@ -342,27 +189,15 @@ async def run_generate(
         metrics.add_tokens(len(ids), n_gen)
         metrics.observe_latency(time.monotonic() - arrival)
         outcome = str(final_out.outputs[0].finish_reason or "finished")
-    except InvalidInput as exc:
-        outcome = "invalid"
-        sink.send(None, ServiceError(INVALID_ARG, str(exc)), True)
-    except AtCapacity as exc:
-        outcome = "rejected"
-        sink.send(None, ServiceError(UNAVAILABLE, str(exc)), True)
-    except EngineUnavailable as exc:
-        outcome = "unavailable"
-        sink.send(None, ServiceError(UNAVAILABLE, str(exc)), True)
-    except ServiceError as exc:
-        sink.send(None, exc, True)
     except asyncio.CancelledError:
         await host.abort(request_id)
-        sink.send(None, ServiceError(UNAVAILABLE, "server is shutting down"), True)
+        outcome = "unavailable"
+        sink.send(None, Unavailable("server is shutting down"), True)
         raise
-    except Exception as exc:
-        log.exception("request %s failed", request_id)
-        if not host.healthy:
-            sink.send(None, ServiceError(UNAVAILABLE, f"engine unavailable: {host.dead_reason}"), True)
-        else:
-            sink.send(None, ServiceError(INTERNAL, short(f"{type(exc).__name__}: {exc}")), True)
+    except Exception as exc:  # noqa: BLE001 - the one place a failure becomes a client error
+        err = _request_error(exc, host, request_id)
+        outcome = err.outcome
+        sink.send(None, err, True)
     finally:
         watcher.forget(request_id)
         if admitted:

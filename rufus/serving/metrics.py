@@ -238,16 +238,16 @@ class TritonMetrics(Metrics):
         self.vllm_waiting.set(waiting)
 
 
-class BufferedMetrics(Metrics):
-    """Keeps Triton metric IPC off the token path.
+class MetricBuffer:
+    """Keeps Triton metric IPC off the serving loop, for any metrics object.
 
     Every ``pb_utils`` metric update is a round trip to the Triton process; done per token
-    on the engine's event loop it delays every stream. Here the hot path only appends to a
-    deque (atomic under the GIL) and a daemon thread replays the updates into ``inner``
-    every ``interval`` seconds; gauges keep only their latest value.
+    on an event loop it delays every stream. Here the loop only appends to a deque (atomic
+    under the GIL) and a daemon thread replays the calls on ``inner`` every ``interval``
+    seconds; a gauge keeps only its latest value.
     """
 
-    def __init__(self, inner: Metrics, interval: float = 0.5) -> None:
+    def __init__(self, inner: Any, interval: float = 0.5, name: str = "rufus-metrics") -> None:
         import collections
         import threading
 
@@ -256,38 +256,16 @@ class BufferedMetrics(Metrics):
         self._events: collections.deque[tuple[str, tuple[Any, ...]]] = collections.deque()
         self._gauges: dict[str, tuple[Any, ...]] = {}
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="rufus-metrics", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    def observe_ttft(self, seconds: float) -> None:
-        self._events.append(("observe_ttft", (seconds,)))
+    def event(self, method: str, *args: Any) -> None:
+        """Replay ``inner.<method>(*args)`` later, in order."""
+        self._events.append((method, args))
 
-    def observe_itl(self, seconds: float, tokens: int = 1) -> None:
-        self._events.append(("observe_itl", (seconds, tokens)))
-
-    def observe_latency(self, seconds: float) -> None:
-        self._events.append(("observe_latency", (seconds,)))
-
-    def add_tokens(self, prompt: int, generation: int) -> None:
-        self._events.append(("add_tokens", (prompt, generation)))
-
-    def count_request(self, outcome: str) -> None:
-        self._events.append(("count_request", (outcome,)))
-
-    def set_outstanding(self, n: int) -> None:
-        self._gauges["set_outstanding"] = (n,)
-
-    def set_scheduler(self, running: int, waiting: int, kv_usage: float) -> None:
-        self._gauges["set_scheduler"] = (running, waiting, kv_usage)
-
-    def set_engine_requests(self, n: int) -> None:
-        self._gauges["set_engine_requests"] = (n,)
-
-    def init_vllm(self, max_model_len: int) -> None:
-        self._events.append(("init_vllm", (max_model_len,)))
-
-    def record_vllm(self, it: VllmIteration) -> None:
-        self._events.append(("record_vllm", (it,)))
+    def gauge(self, method: str, *args: Any) -> None:
+        """Replay ``inner.<method>(*args)`` later; a newer call replaces an older one."""
+        self._gauges[method] = args
 
     def flush(self) -> None:
         while self._events:
@@ -309,8 +287,56 @@ class BufferedMetrics(Metrics):
     def close(self) -> None:
         self._stop.set()
         self._thread.join(5)
-        self.flush()
-        self.inner.close()
+        try:
+            self.flush()
+        finally:
+            close = getattr(self.inner, "close", None)
+            if close is not None:
+                close()
+
+
+class BufferedMetrics(Metrics):
+    """:class:`Metrics` through a :class:`MetricBuffer`: the hot path never waits on IPC."""
+
+    def __init__(self, inner: Metrics, interval: float = 0.5) -> None:
+        self.inner = inner
+        self.buffer = MetricBuffer(inner, interval)
+
+    def observe_ttft(self, seconds: float) -> None:
+        self.buffer.event("observe_ttft", seconds)
+
+    def observe_itl(self, seconds: float, tokens: int = 1) -> None:
+        self.buffer.event("observe_itl", seconds, tokens)
+
+    def observe_latency(self, seconds: float) -> None:
+        self.buffer.event("observe_latency", seconds)
+
+    def add_tokens(self, prompt: int, generation: int) -> None:
+        self.buffer.event("add_tokens", prompt, generation)
+
+    def count_request(self, outcome: str) -> None:
+        self.buffer.event("count_request", outcome)
+
+    def set_outstanding(self, n: int) -> None:
+        self.buffer.gauge("set_outstanding", n)
+
+    def set_scheduler(self, running: int, waiting: int, kv_usage: float) -> None:
+        self.buffer.gauge("set_scheduler", running, waiting, kv_usage)
+
+    def set_engine_requests(self, n: int) -> None:
+        self.buffer.gauge("set_engine_requests", n)
+
+    def init_vllm(self, max_model_len: int) -> None:
+        self.buffer.event("init_vllm", max_model_len)
+
+    def record_vllm(self, it: VllmIteration) -> None:
+        self.buffer.event("record_vllm", it)
+
+    def flush(self) -> None:
+        self.buffer.flush()
+
+    def close(self) -> None:
+        self.buffer.close()
 
 
 def scheduler_stat_logger(metrics: Metrics) -> Any:

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from rufus.serving.requests import GenerateRequest
+from rufus.serving.request import GenerateRequest
 
 Outputs = dict[str, np.ndarray]
 

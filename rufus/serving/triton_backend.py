@@ -1,12 +1,15 @@
 """The Triton Python-backend side, shared by every model in ``model_repository/``.
 
-Each ``model.py`` subclasses :class:`EngineModel` and only names its request parser and
-its request handler. Everything Triton-specific lives here: reading tensors, turning
-results and :class:`~rufus.serving.generation.ServiceError` into ``InferenceResponse`` objects,
-the response-sender thread, metrics registration, and reporting the engine's state
-(``rufus_engine_ready`` and friends) while :class:`~rufus.serving.engine.EngineHost` replaces
-a dead engine in place. The model is never unloaded for that: Triton 2.51 sometimes never
-finalized an unloaded instance, which then could not be loaded again without a restart.
+Each ``model.py`` is a thin adapter over a subclass of :class:`TritonModel`, which declares
+its inputs and outputs (an :class:`~rufus.serving.validation.InputSpec` table), its parser
+and how a parsed request is served. Everything Triton-specific lives here: reading tensors,
+turning results and :mod:`rufus.errors` errors into ``InferenceResponse`` objects, metrics
+registration, and reporting the engine's state (``rufus_engine_ready`` and friends) while
+:class:`~rufus.serving.engine.EngineHost` replaces a dead engine in place. The model is never
+unloaded for that: Triton 2.51 sometimes never finalized an unloaded instance, which then
+could not be loaded again without a restart. Only this module and the metrics publishers
+(:mod:`rufus.serving.metrics`, the assistant's and planner's metric families) touch
+``pb_utils``.
 """
 
 from __future__ import annotations
@@ -22,11 +25,13 @@ from typing import Any
 
 import numpy as np
 
+from rufus.errors import InvalidInput, RufusError, Unavailable, client_error
+from rufus.serving.cancel import CancelWatcher
 from rufus.serving.config import load_engine_config
 from rufus.serving.engine import FAILED, READY, EngineHost, RestartPolicy
-from rufus.serving.generation import CancelWatcher, ServiceError, new_request_id
+from rufus.serving.generation import new_request_id
 from rufus.serving.metrics import BufferedMetrics, Metrics, TritonMetrics, scheduler_stat_logger
-from rufus.serving.requests import InvalidInput
+from rufus.serving.validation import InputSpec, Limits, OutputSpec
 
 try:  # only importable inside the Triton Python backend stub
     import triton_python_backend_utils as pb_utils
@@ -62,45 +67,45 @@ def config_param(model_config: dict[str, Any], name: str, default: str = "") -> 
     return model_config.get("parameters", {}).get(name, {}).get("string_value", default)
 
 
-def send_now(sender: Any, outputs: dict[str, np.ndarray] | None, error: ServiceError | None,
-             final: bool) -> None:
-    flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
-    try:
-        sender.send(to_triton_response(outputs, error), flags=flags)
-    except Exception:  # a client gone mid-stream must not stop others
-        log.exception("sending a response failed")
-
-
 class TritonSink:
-    """Sends responses for one request on the thread that produced them (the engine loop).
+    """The responses of one request, sent on the thread that produced them (the serving loop).
 
     Not through a sender thread, as the official backend does: with one, streams on 2 cores
     hit the GIL convoy effect (every send releases and re-acquires the GIL against the busy
     engine loop) and responses arrived in bursts (docs/benchmarks.md, docs/architecture.md).
+    Once the final response is sent, ``is_cancelled`` answers without asking Triton: asking
+    it about a finished request crashes tritonserver 2.51 (SIGSEGV in
+    ``TRITONBACKEND_ResponseFactoryIsCancelled``, seen when a watcher raced the final send).
     """
 
     def __init__(self, sender: Any) -> None:
         self.sender = sender
+        self.done = False
 
-    def send(self, outputs: dict[str, np.ndarray] | None, error: ServiceError | None,
+    def send(self, outputs: dict[str, np.ndarray] | None, error: RufusError | None,
              final: bool) -> None:
-        send_now(self.sender, outputs, error, final)
+        if self.done:
+            return
+        self.done = final
+        flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
+        try:
+            self.sender.send(to_triton_response(outputs, error), flags=flags)
+        except Exception:  # a client gone mid-stream must not stop others
+            log.exception("sending a response failed")
 
     def is_cancelled(self) -> bool:
-        return bool(self.sender.is_cancelled())
+        return False if self.done else bool(self.sender.is_cancelled())
 
 
-def to_triton_response(outputs: dict[str, np.ndarray] | None, error: ServiceError | None) -> Any:
+def to_triton_response(outputs: dict[str, np.ndarray] | None, error: RufusError | None) -> Any:
     tensors = [pb_utils.Tensor(k, v) for k, v in (outputs or {}).items()]
     if error is None:
         return pb_utils.InferenceResponse(output_tensors=tensors)
     code = getattr(pb_utils.TritonError, error.code, pb_utils.TritonError.INTERNAL)
-    # Triton's gRPC stream carries only the message, not the code: put the code in it so
-    # streaming clients (and our retrying client) can tell INVALID_ARG from UNAVAILABLE.
+    # Triton's gRPC stream carries only the message, not the code: the wire form puts the
+    # code in it (rufus.errors.from_wire reads it back).
     return pb_utils.InferenceResponse(
-        output_tensors=tensors,
-        error=pb_utils.TritonError(f"[{error.code}] {error.message}", code=code),
-    )
+        output_tensors=tensors, error=pb_utils.TritonError(error.wire(), code=code))
 
 
 class EngineStateMetrics:
@@ -157,52 +162,112 @@ def read_inputs(request: Any, names: set[str]) -> dict[str, np.ndarray | None]:
     return out
 
 
-class EngineModel:
-    """Base ``TritonPythonModel``: an :class:`EngineHost` plus Triton plumbing.
+class TritonModel:
+    """Base ``TritonPythonModel``: the request path every model shares.
 
-    Subclasses set ``INPUTS`` and implement :meth:`handle` (a coroutine serving one parsed
-    request) and :meth:`parse` (Triton inputs -> typed request, raising InvalidInput).
+    A subclass declares ``INPUT_SPECS`` / ``OUTPUT_SPECS`` (its IO table, next to the model),
+    implements :meth:`start` (build what serves), :meth:`parse` (Triton inputs -> a typed
+    request, raising :class:`~rufus.errors.InvalidInput`), :meth:`submit` (hand a parsed
+    request to its serving loop) and :meth:`count_refused` (its metric for a request that
+    never started). Any exception on the way becomes one error of the vocabulary
+    (:func:`rufus.errors.client_error`): never a traceback or a server path.
     """
 
-    INPUTS: set[str] = set()
+    INPUT_SPECS: tuple[InputSpec, ...] = ()
+    OUTPUT_SPECS: tuple[OutputSpec, ...] = ()
     model_dir: Path
 
-    # --------------------------------------------------------------- lifecycle
+    @classmethod
+    def auto_complete_config(cls, auto_complete_model_config: Any) -> Any:
+        return add_io(auto_complete_model_config, [s.config() for s in cls.INPUT_SPECS],
+                      [s.config() for s in cls.OUTPUT_SPECS])
+
     def initialize(self, args: dict[str, Any]) -> None:
         prepare_process()
         self.args = args
         self.model_config = json.loads(args["model_config"])
         self.name = args["model_name"]
+        self.version = str(args["model_version"])
         self.model_dir = Path(args["model_repository"]) / args["model_version"]
+        self.input_names = {spec.name for spec in self.INPUT_SPECS}
         if not pb_utils.using_decoupled_model_transaction_policy(self.model_config):
             raise pb_utils.TritonModelException(
                 f"{self.name}: config.pbtxt must set model_transaction_policy.decoupled=true"
             )
+        self.start()
+
+    def param(self, name: str, default: str = "") -> str:
+        """A config.pbtxt ``parameters`` entry (``RUFUS_<NAME>`` in the environment wins)."""
+        return config_param(self.model_config, name, default)
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def parse(self, inputs: dict[str, np.ndarray | None], parameters: str | None) -> Any:
+        raise NotImplementedError
+
+    def submit(self, parsed: Any, sink: TritonSink, arrival: float) -> None:
+        raise NotImplementedError
+
+    def count_refused(self, err: RufusError) -> None:
+        """Hook: count a request answered with ``err`` before it started."""
+
+    def parameters_json(self, request: Any) -> str | None:
+        raw = request.parameters()
+        return raw if raw and raw != "{}" else None
+
+    def execute(self, requests: list[Any]) -> None:
+        arrival = time.monotonic()
+        for request in requests:
+            sink = TritonSink(request.get_response_sender())
+            try:
+                parsed = self.parse(read_inputs(request, self.input_names),
+                                    self.parameters_json(request))
+                self.submit(parsed, sink, arrival)
+            except Exception as exc:  # noqa: BLE001 - every failure gets a client error
+                err = client_error(exc, log, f"{self.name}: parsing a request")
+                if isinstance(err, InvalidInput):
+                    log.info("%s: rejected request: %s", self.name, err)
+                self.count_refused(err)
+                sink.send(None, err, True)
+        return None
+
+
+class EngineModel(TritonModel):
+    """A model served by an engine (rufus_llm, the planner): an :class:`EngineHost` on its
+    own event loop thread, admission, cancellation and the engine's health metrics.
+
+    Subclasses implement :meth:`handle` (a coroutine serving one parsed request on the
+    engine's loop) and :meth:`parse`; ``setup`` and ``ready`` are hooks around the start.
+    """
+
+    loras: dict[str, str] | None = None  # LoRA adapters (rufus_llm's multi_lora.json)
+
+    def start(self) -> None:
         self.engine_config = load_engine_config(self.model_dir / "model.json", self.name)
         log.info("%s: engine args from %s (overrides %s): %s", self.name,
                  self.engine_config.source, self.engine_config.overrides or "none",
                  self.engine_config.engine_args)
         self.metrics: Metrics = self._make_metrics()
         self.engine_metrics = self._make_engine_metrics()
-        self.default_max_tokens = int(config_param(self.model_config, "default_max_tokens", "256"))
+        self.default_max_tokens = int(self.param("default_max_tokens", "256"))
         self.host = EngineHost(
             self.engine_config.engine_args,
-            max_outstanding=int(config_param(self.model_config, "max_outstanding_requests", "0")),
+            max_outstanding=int(self.param("max_outstanding_requests", "0")),
             stat_loggers=[scheduler_stat_logger(self.metrics)],
             on_dead=self._on_engine_dead,
             on_poll=lambda host: self.metrics.set_engine_requests(host.num_running()),
             on_state=self._on_engine_state,
             on_restarted=self.ready,
             name=self.name,
-            restart=RestartPolicy.from_settings(
-                lambda key, default: config_param(self.model_config, key, default)),
+            restart=RestartPolicy.from_settings(self.param),
         )
         self.setup()
         if self.unit is not None:
             # one node cannot rejoin a broken unit alone: its supervisor recreates the unit
             self.host.restart.enabled = False
         self.host.start()
-        self.watcher = CancelWatcher(self.host)
+        self.watcher = CancelWatcher()
         self.ready()
 
     def setup(self) -> None:
@@ -218,12 +283,18 @@ class EngineModel:
     def ready(self) -> None:
         """Hook: the engine is up (e.g. warm-up, loading side artifacts)."""
 
+    def request_limits(self) -> Limits:
+        """The configured input bounds plus what the running engine knows (built once)."""
+        limits = getattr(self, "_limits", None)
+        if limits is None:
+            limits = self._limits = Limits.for_model(self.param, self.host.engine, self.loras)
+        return limits
+
     def _make_metrics(self) -> Metrics:
-        if config_param(self.model_config, "REPORT_CUSTOM_METRICS", "true").lower() != "true":
+        if self.param("REPORT_CUSTOM_METRICS", "true").lower() != "true":
             return Metrics()
         try:
-            return BufferedMetrics(
-                TritonMetrics(pb_utils, self.name, str(self.args["model_version"])))
+            return BufferedMetrics(TritonMetrics(pb_utils, self.name, self.version))
         except Exception as exc:  # noqa: BLE001 - metrics disabled on the server
             log.warning("%s: custom metrics unavailable (%s)", self.name, exc)
             return Metrics()
@@ -257,7 +328,7 @@ class EngineModel:
         if pb_utils is None or type(self.metrics) is Metrics:  # metrics disabled
             return None
         try:
-            return EngineStateMetrics(self.name, str(self.args["model_version"]))
+            return EngineStateMetrics(self.name, self.version)
         except Exception as exc:  # noqa: BLE001 - metrics disabled on the server
             log.warning("%s: engine state metrics unavailable (%s)", self.name, exc)
             return None
@@ -271,31 +342,13 @@ class EngineModel:
         log.info("%s: finalized", self.name)
 
     # --------------------------------------------------------------- requests
-    def parameters_json(self, request: Any) -> str | None:
-        raw = request.parameters()
-        return raw if raw and raw != "{}" else None
+    def submit(self, parsed: Any, sink: TritonSink, arrival: float) -> None:
+        if not self.host.healthy:
+            raise Unavailable(f"{self.name}: {self.host.unavailable_reason()}")
+        self.host.submit(self.handle(parsed, sink, arrival, new_request_id(self.name)))
 
-    def execute(self, requests: list[Any]) -> None:
-        arrival = time.monotonic()
-        for request in requests:
-            sink = TritonSink(request.get_response_sender())
-            try:
-                parsed = self.parse(read_inputs(request, self.INPUTS), self.parameters_json(request))
-            except InvalidInput as exc:
-                log.info("%s: rejected request: %s", self.name, exc)
-                self.metrics.count_request("invalid")
-                sink.send(None, ServiceError("INVALID_ARG", str(exc)), True)
-                continue
-            if not self.host.healthy:
-                sink.send(None, ServiceError(
-                    "UNAVAILABLE", f"{self.name}: {self.host.unavailable_reason()}"), True)
-                continue
-            rid = new_request_id(self.name)
-            self.host.submit(self.handle(parsed, sink, arrival, rid))
-        return None
-
-    def parse(self, inputs: dict[str, np.ndarray | None], parameters: str | None) -> Any:
-        raise NotImplementedError
+    def count_refused(self, err: RufusError) -> None:
+        self.metrics.count_request(err.outcome)
 
     async def handle(self, parsed: Any, sink: TritonSink, arrival: float, request_id: str) -> None:
         raise NotImplementedError

@@ -1,14 +1,20 @@
-"""One real tritonserver with the real default model, shared by the integration tests.
+"""Real tritonservers shared by the integration tests (one of each per session).
 
-The engine is shrunk (small KV cache, a low admission bound) so the whole suite stays well
-inside CI's limits on a 2-core machine; ports are chosen at run time and the server's whole
-process group is ended by pid at the end of the session.
+``llm_server``: rufus_llm with the real default model. ``stack``: rufus_qp_medusa,
+rufus_llm and rufus_assistant (test_assistant.py and the adversarial assistant/OpenAI tests),
+with ``assistant_frontend`` (the OpenAI-compatible frontend) in front of it. The engines are
+shrunk (small KV cache, a low admission bound) so the whole suite stays well inside CI's
+limits on a 2-core machine; ports are chosen at run time and every server's whole process
+group is ended by pid at the end of the session.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from rufus.harness.server import TritonServer, free_port
+from rufus.harness.stack import start_frontend, stop_process
 
 # Small enough to test admission quickly, large enough for the 16-stream test.
 ADMISSION_LIMIT = 24
@@ -60,6 +67,48 @@ def serving(srv: TritonServer, timeout: float = 900) -> Iterator[TritonServer]:
         srv.stop()
 
 
+ASSISTANT_MODELS = ["rufus_qp_medusa", "rufus_llm", "rufus_assistant"]
+
+
+@pytest.fixture(scope="session")
+def stack(log_dir):
+    """One tritonserver with rufus_qp_medusa, rufus_llm and rufus_assistant (which calls the
+    other two on the same server over gRPC), shared by every module that needs the assistant."""
+    srv = TritonServer(
+        models=ASSISTANT_MODELS, grpc_port=free_port(), http_port=free_port(),
+        metrics_port=free_port(), log_path=log_dir / "tritonserver-assistant.log",
+        extra_env={"RUFUS_RUFUS_LLM_ENGINE_ARGS": '{"max_num_seqs": 16, "max_model_len": 1024}',
+                   "RUFUS_ANSWER_MAX_TOKENS": "64", "VLLM_CPU_KVCACHE_SPACE": "1",
+                   # a shared CI box can make the planner slow: test its path, not the timeout
+                   "RUFUS_ASSISTANT_PLAN_TIMEOUT_S": "120"},
+    )
+    yield from serving(srv)
+
+
+def _offers(base: str, model_id: str) -> bool:
+    try:
+        with urllib.request.urlopen(base + "/v1/models", timeout=5) as r:
+            return model_id in {m["id"] for m in json.loads(r.read())["data"]}
+    except (urllib.error.URLError, OSError, ValueError, KeyError):
+        return False  # not listening yet
+
+
+@pytest.fixture(scope="session")
+def assistant_frontend(stack, log_dir) -> Iterator[str]:
+    """``python -m rufus.frontend`` (as ``make serve`` runs it) in front of ``stack``: model
+    ids ``rufus_llm`` and ``rufus-assistant``. Yields its base URL (``http://host:port``)."""
+    port = free_port()
+    log = log_dir / "frontend-assistant.log"
+    proc = start_frontend(f"127.0.0.1:{stack.grpc_port}", port, "rufus_llm", log_path=str(log))
+    base = f"http://127.0.0.1:{port}"
+    try:
+        if not wait_for(lambda: _offers(base, "rufus-assistant"), timeout=60):
+            raise RuntimeError(log.read_text(errors="replace")[-3000:])
+        yield base
+    finally:
+        stop_process(proc)
+
+
 @pytest.fixture(scope="session")
 def url(llm_server) -> str:
     return f"127.0.0.1:{llm_server.grpc_port}"
@@ -91,3 +140,23 @@ def wait_for(pred, timeout: float = 30.0, interval: float = 0.2) -> bool:
             return True
         time.sleep(interval)
     return False
+
+
+# What an error a client sees must never carry: a traceback or a path on the server.
+_LEAKS = (
+    ("a traceback", re.compile(r"Traceback")),
+    ("a traceback frame", re.compile(r'File "')),
+    ("a server path", re.compile(r"/work/|/usr/|/root/|site-packages")),
+    ("a source location", re.compile(r"\.py[(:]")),
+)
+
+
+def assert_clean_error(text: str, case: str = "", max_chars: int = 2000) -> str:
+    """Check one error text a client received (gRPC message, HTTP body): no traceback, no
+    server path or source location, and short (client data is never echoed in bulk).
+    Returns the text."""
+    for what, pattern in _LEAKS:
+        m = pattern.search(text)
+        assert m is None, f"{case}: the error shows {what} ({m.group()!r}): {text[:600]!r}"
+    assert len(text) < max_chars, f"{case}: the error is {len(text)} chars: {text[:300]!r}"
+    return text

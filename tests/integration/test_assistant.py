@@ -1,6 +1,8 @@
 """The shopping assistant on the real stack: one tritonserver with rufus_qp_medusa,
 rufus_llm and rufus_assistant (which calls the other two on the same server over gRPC),
 the generated catalog's SQLite index, and the library interface against the same server.
+The server (``stack``) and its OpenAI frontend are session fixtures (conftest.py), shared
+with test_adversarial_assistant.py and test_adversarial_openai.py.
 """
 
 from __future__ import annotations
@@ -17,32 +19,17 @@ import pytest
 from rufus.assistant import Assistant
 from rufus.assistant.pipeline import PRODUCT_INTENTS
 from rufus.assistant.prompt import SERVICE_REPLIES
-from rufus.assistant.triton_io import TritonStreams, output_str
-from rufus.client import RequestFailed
-from rufus.harness.server import TritonServer, free_port
+from rufus.client import AsyncStreams, RequestFailed, output_str
+from rufus.errors import InvalidInput
+from rufus.harness.server import TritonServer
 from rufus.retrieval import default_retriever
 from rufus.retrieval.base import norm_brand
-from rufus.serving.requests import InvalidInput
 
-from .conftest import metric_value, scrape, serving, wait_for
+from .conftest import metric_value, scrape, wait_for
 
 pytestmark = pytest.mark.integration
-MODELS = ["rufus_qp_medusa", "rufus_llm", "rufus_assistant"]
 LINK = re.compile(r"\]\((https?://[^\s)]+)\)")
 URL = re.compile(r"https?://[^\s)\]]+")
-
-
-@pytest.fixture(scope="module")
-def stack(log_dir):
-    srv = TritonServer(
-        models=MODELS, grpc_port=free_port(), http_port=free_port(), metrics_port=free_port(),
-        log_path=log_dir / "tritonserver-assistant.log",
-        extra_env={"RUFUS_RUFUS_LLM_ENGINE_ARGS": '{"max_num_seqs": 16, "max_model_len": 1024}',
-                   "RUFUS_ANSWER_MAX_TOKENS": "64", "VLLM_CPU_KVCACHE_SPACE": "1",
-                   # a shared CI box can make the planner slow: test its path, not the timeout
-                   "RUFUS_ASSISTANT_PLAN_TIMEOUT_S": "120"},
-    )
-    yield from serving(srv)
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +44,7 @@ def catalog():
 
 async def _ask(url: str, question: Any = None, history: Any = None,
                stop_after_text: bool = False) -> dict[str, Any]:
-    io = TritonStreams(url)
+    io = AsyncStreams(url)
     out: dict[str, Any] = {"text": "", "responses": 0}
     tensors: dict[str, Any] = {}
     if question is not None:
@@ -250,31 +237,13 @@ def test_library_bad_input_raises_invalid_input(url, catalog):
 
 
 @pytest.fixture(scope="module")
-def openai_client(stack, log_dir):
-    """``python -m rufus.frontend`` (as ``make serve`` runs it) in front of this stack,
-    with the official ``openai`` client; model ``rufus-assistant``."""
+def openai_client(assistant_frontend):
+    """The official ``openai`` client on ``python -m rufus.frontend`` (as ``make serve`` runs
+    it) in front of this stack (conftest ``assistant_frontend``); model ``rufus-assistant``."""
     import openai
 
-    from rufus.harness.stack import start_frontend, stop_process
-
-    port = free_port()
-    log = log_dir / "frontend-assistant.log"
-    proc = start_frontend(f"127.0.0.1:{stack.grpc_port}", port, "rufus_llm",
-                          log_path=str(log))
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused",
-                           max_retries=0, timeout=300)
-    try:
-        assert wait_for(lambda: _models(client), timeout=60), log.read_text()[-3000:]
-        yield client
-    finally:
-        stop_process(proc)
-
-
-def _models(client) -> bool:
-    try:
-        return "rufus-assistant" in {m.id for m in client.models.list()}
-    except Exception:  # noqa: BLE001 - not listening yet
-        return False
+    return openai.OpenAI(base_url=f"{assistant_frontend}/v1", api_key="unused",
+                         max_retries=0, timeout=300)
 
 
 def test_openai_streaming_cards_first_then_grounded_answer(openai_client, catalog):

@@ -1,5 +1,6 @@
 """The proxy layer with real processes: two units (leader tritonserver + follower each,
-rufus/harness/rig.py), a unit agent per unit, HAProxy in front (proxy/fleet.py = `make fleet`).
+rufus/harness/rig.py), a unit agent per unit, HAProxy in front (rufus/harness/fleet.py =
+`make fleet`).
 
 One fleet for the module (every vLLM start costs 1-3 minutes on 2 cores); tests run in
 file order and the failure test comes after the ones that need a whole fleet. Every
@@ -21,9 +22,9 @@ from dataclasses import dataclass, field
 import psutil
 import pytest
 
-from proxy.fleet import Fleet
 from proxy.haproxy import find_haproxy
 from rufus.client import RequestFailed, generate
+from rufus.harness.fleet import Fleet
 
 from .conftest import metric_value, wait_for
 

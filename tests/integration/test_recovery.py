@@ -9,9 +9,10 @@ repeats the kill/heal cycle in the same server (default 1). Then one more death 
 policy allows leaves the model down: logged, ``rufus_engine_failed`` 1, and unloaded so
 that Triton's readiness (liveness probes) turns false.
 
-rufus_qp_medusa (torch Medusa engine): a decoder fault injected through the server's
-environment (``RUFUS_QP_TORCH_FAULT_AT``) kills the engine on its 2nd request; the
-planner reports it and heals the same way.
+rufus_qp_medusa (torch Medusa engine): served from a temporary copy of its model directory
+whose ``1/model.py`` is tests/integration/faults/qp_faulty_model.py, the shipped model with
+a decoder fault injected from test code: the forward pass of its 2nd request fails and kills
+the engine; the planner reports it and heals the same way.
 """
 
 from __future__ import annotations
@@ -19,13 +20,15 @@ from __future__ import annotations
 import json
 import os
 import queue
+import shutil
 import time
+from pathlib import Path
 
 import pytest
 import tritonclient.grpc as grpcclient
 
 from rufus.client import RequestFailed, build_inputs, generate
-from rufus.harness.server import TritonServer, free_port
+from rufus.harness.server import ROOT, TritonServer, free_port
 from rufus.qp.client import plan
 
 from .conftest import metric_value, scrape, serving, wait_for
@@ -128,13 +131,23 @@ def test_too_many_deaths_leave_the_model_down(llm):
     assert "engine stays down" in log and "unloading (readiness false)" in log
 
 
+# the shipped planner with a decoder that crashes on its 2nd request (copied in as 1/model.py)
+FAULTY_PLANNER = Path(__file__).resolve().parent / "faults" / "qp_faulty_model.py"
+
+
 @pytest.fixture(scope="module")
-def planner(log_dir):
+def planner(tmp_path_factory, log_dir):
+    # the whole model directory (config.pbtxt, 1/model.json, 1/medusa_tree.json): model.json's
+    # relative medusa_tree resolves against the copy's 1/, its other paths are absolute
+    repo = tmp_path_factory.mktemp("qp-fault-repo")
+    shutil.copytree(ROOT / "model_repository" / "rufus_qp_medusa", repo / "rufus_qp_medusa",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copyfile(FAULTY_PLANNER, repo / "rufus_qp_medusa" / "1" / "model.py")
     log = log_dir / "tritonserver-recovery-qp.log"
     srv = TritonServer(
-        models=["rufus_qp_medusa"], grpc_port=free_port(), http_port=free_port(),
-        metrics_port=free_port(), log_path=log,
-        extra_env={"RUFUS_QP_TORCH_FAULT_AT": "2", "RUFUS_ENGINE_RESTART_BACKOFF_S": "0.5"})
+        models=["rufus_qp_medusa"], model_repository=repo, grpc_port=free_port(),
+        http_port=free_port(), metrics_port=free_port(), log_path=log,
+        extra_env={"RUFUS_ENGINE_RESTART_BACKOFF_S": "0.5"})
     yield from serving(srv)
 
 

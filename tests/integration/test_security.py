@@ -214,7 +214,7 @@ def test_with_the_key_an_uploaded_model_json_cannot_read_the_environment(tiny_se
 
 def test_other_admin_apis_are_restricted_public_ones_open(llm_server):
     c = grpcclient.InferenceServerClient(f"127.0.0.1:{llm_server.grpc_port}")
-    for call in (lambda: c.get_inference_statistics(), lambda: c.get_model_config(LLM),
+    for call in (lambda: c.get_inference_statistics(),
                  lambda: c.get_system_shared_memory_status(),
                  lambda: c.register_system_shared_memory("r", "/rufus-shm", 64),
                  lambda: c.get_log_settings(), lambda: c.update_log_settings({"log_info": False}),
@@ -222,7 +222,10 @@ def test_other_admin_apis_are_restricted_public_ones_open(llm_server):
         assert "restricted" in grpc_error(call).message()
     assert c.is_server_live() and c.is_server_ready() and c.is_model_ready(LLM)
     assert c.get_server_metadata().name and c.get_model_metadata(LLM).name == LLM
-    for method, path in (("GET", "/v2/models/stats"), ("GET", f"/v2/models/{LLM}/config"),
+    # read-only model config is public, as in the official backend (perf_analyzer reads it)
+    assert c.get_model_config(LLM).config.model_transaction_policy.decoupled
+    assert http(llm_server.url(f"/v2/models/{LLM}/config"), "GET")[0] == 200
+    for method, path in (("GET", "/v2/models/stats"),
                          ("GET", "/v2/systemsharedmemory/status"), ("GET", "/v2/logging"),
                          ("GET", "/v2/trace/setting")):
         assert http(llm_server.url(path), method)[0] == 403, path
@@ -264,7 +267,7 @@ def test_ingress_refuses_admin_rpcs_even_with_the_key(ingress, llm_server, tmp_p
     for call in (lambda: c.unload_model(LLM, headers=key), lambda: c.load_model(LLM),
                  lambda: c.load_model("evil", config=config, files=files, headers=key),
                  lambda: c.get_model_repository_index(headers=key),
-                 lambda: c.get_inference_statistics(), lambda: c.get_model_config(LLM),
+                 lambda: c.get_inference_statistics(),
                  lambda: c.register_system_shared_memory("r", "/rufus-shm", 64),
                  lambda: c.get_log_settings(), lambda: c.get_trace_settings()):
         err = grpc_error(call)
@@ -273,12 +276,13 @@ def test_ingress_refuses_admin_rpcs_even_with_the_key(ingress, llm_server, tmp_p
     assert not marker.exists()
     assert c.is_server_ready() and c.is_model_ready(LLM)
     assert c.get_model_metadata(LLM).name == LLM
+    assert c.get_model_config(LLM).config.name == LLM
     assert llm_server.is_ready(LLM)
 
 
 @pytest.mark.parametrize("method,path", [
     ("POST", "/v2/repository/index"), ("POST", f"/v2/repository/models/{LLM}/unload"),
-    ("POST", "/v2/repository/models/evil/load"), ("GET", f"/v2/models/{LLM}/config"),
+    ("POST", "/v2/repository/models/evil/load"),
     ("GET", "/v2/models/stats"), ("GET", f"/v2/models/{LLM}/stats"),
     ("POST", "/v2/systemsharedmemory/region/r/register"), ("POST", "/v2/logging"),
     ("GET", "/v2/trace/setting"), ("GET", "/metrics"), ("GET", f"/v2/models/{LLM}%2Fconfig"),
@@ -287,6 +291,11 @@ def test_ingress_refuses_admin_paths_with_403(ingress, llm_server, method, path)
     status, body = http(ingress["http"] + path, method, b"{}" if method == "POST" else None,
                         llm_server.admin_headers("http"))
     assert status == 403 and body.strip() == REFUSAL, (path, status, body[:200])
+
+
+def test_ingress_serves_read_only_model_config(ingress):
+    status, body = http(ingress["http"] + f"/v2/models/{LLM}/config", "GET")
+    assert status == 200 and json.loads(body)["name"] == LLM, (status, body[:200])
 
 
 def test_ingress_serves_health_metadata_and_inference_over_http(ingress):

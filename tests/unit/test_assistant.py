@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -16,9 +17,9 @@ from rufus.assistant.pipeline import Assistant, fallback_plan, search_queries, v
 from rufus.assistant.prompt import LinkRenderer, answer_messages, price_cap
 from rufus.assistant.triton_model import parse_assistant_request
 from rufus.client import RequestFailed
+from rufus.errors import InvalidInput
 from rufus.retrieval.catalog import generate_catalog
 from rufus.retrieval.sqlite_fts import SqliteFtsRetriever
-from rufus.serving.requests import InvalidInput
 
 CATALOG = generate_catalog(3000)
 
@@ -316,21 +317,28 @@ def test_stated_price_cap_added_when_planner_drops_it(retriever):
         {"max_price": 30}
 
 
-def test_config_pbtxt_matches_the_adapter():
-    import re
-    from pathlib import Path
-
-    from rufus.assistant.triton_model import ASSISTANT_INPUTS, ASSISTANT_OUTPUTS
-
-    cfg = (Path(__file__).resolve().parents[2] / "model_repository" / "rufus_assistant" /
-           "config.pbtxt").read_text()
-    names = re.findall(r'name: "(\w+)" data_type: (TYPE_\w+)', cfg)
-    want = [(i["name"], i["data_type"]) for i in ASSISTANT_INPUTS + ASSISTANT_OUTPUTS]
-    assert names == want
-    assert "decoupled: true" in cfg
-
-
 # ------------------------------------------------------------------ Triton adapter (fake sender)
+
+class FakePb:
+    """Just enough of ``triton_python_backend_utils`` for TritonSink."""
+
+    TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+
+    class TritonError:
+        INTERNAL, INVALID_ARG, UNAVAILABLE, CANCELLED = ("INTERNAL", "INVALID_ARG",
+                                                          "UNAVAILABLE", "CANCELLED")
+
+        def __init__(self, message: str, code: str = "INTERNAL") -> None:
+            self.message, self.code = message, code
+
+    @staticmethod
+    def Tensor(name: str, arr: Any) -> tuple[str, Any]:
+        return name, arr
+
+    @staticmethod
+    def InferenceResponse(output_tensors: list, error: Any = None) -> Any:
+        return SimpleNamespace(outputs=dict(output_tensors), error=error)
+
 
 class FakeSender:
     def __init__(self, cancel_after: int | None = None) -> None:
@@ -338,6 +346,9 @@ class FakeSender:
         self.polls_after_final = 0
         self.polls = 0
         self.cancel_after = cancel_after
+
+    def send(self, response: Any, flags: int = 0) -> None:
+        self.sent.append((response.outputs or None, response.error, bool(flags)))
 
     def is_cancelled(self) -> bool:
         self.polls += 1
@@ -348,15 +359,22 @@ class FakeSender:
 
 def _adapter(monkeypatch, retriever, fake_streams):
     from rufus.assistant import triton_model as tm
+    from rufus.assistant.pipeline import NullMetrics
+    from rufus.serving import triton_backend
+    from rufus.serving.cancel import CancelWatcher
 
-    monkeypatch.setattr(tm, "CANCEL_POLL_S", 0.01)
-    monkeypatch.setattr(tm, "send_now", lambda sender, outs, err, final: sender.sent.append(
-        (outs, err, final)))
+    monkeypatch.setattr(triton_backend, "pb_utils", FakePb)
     m = tm.AssistantModel.__new__(tm.AssistantModel)
     m.assistant = Assistant("x", retriever)
     m.assistant.streams = lambda: fake_streams  # type: ignore[method-assign]
-    m.live, m.poller = {}, None
+    m.watcher, m.tasks, m.metrics = CancelWatcher(interval=0.01), set(), NullMetrics()
     return m
+
+
+def _sink(sender: FakeSender) -> Any:
+    from rufus.serving.triton_backend import TritonSink
+
+    return TritonSink(sender)
 
 
 def test_adapter_never_polls_a_finished_request(monkeypatch, retriever):
@@ -369,8 +387,8 @@ def test_adapter_never_polls_a_finished_request(monkeypatch, retriever):
     async def go():
         m.loop = asyncio.get_running_loop()
         for s in senders:
-            m._start(AssistantRequest("tv", []), s)
-        while m.live:
+            m._start(AssistantRequest("tv", []), _sink(s))
+        while m.tasks:
             await asyncio.sleep(0.005)
         await asyncio.sleep(0.05)
 
@@ -390,7 +408,7 @@ def test_adapter_cancels_on_client_disconnect(monkeypatch, retriever):
 
     async def go():
         m.loop = asyncio.get_running_loop()
-        m._start(AssistantRequest("tv", []), s)
+        m._start(AssistantRequest("tv", []), _sink(s))
         for _ in range(500):
             if s.sent and s.sent[-1][2]:
                 break

@@ -212,8 +212,8 @@ def test_launcher_restricts_admin_apis_and_never_shows_the_key(monkeypatch):
     assert srv.admin_key in run and "<RUFUS_ADMIN_KEY>" in shown
     for flag in ("--grpc-restricted-protocol=", "--http-restricted-api="):
         apis = run.split(flag)[1].split(":")[0].split(",")
-        assert set(apis) == {"model-repository", "model-config", "shared-memory", "statistics",
-                             "trace", "logging"}  # health, metadata, inference stay open
+        assert set(apis) == {"model-repository", "shared-memory", "statistics",
+                             "trace", "logging"}  # health, metadata, config, inference open
     assert srv.admin_headers("http") == {"rufus-admin-key": "k" * 40}
     assert srv.admin_headers() == {"triton-grpc-protocol-rufus-admin-key": "k" * 40}
     monkeypatch.delenv(server.ADMIN_KEY_ENV)

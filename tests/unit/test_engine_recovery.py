@@ -21,8 +21,8 @@ from rufus.serving.engine import (
     READY,
     RESTARTING,
     EngineHost,
-    EngineUnavailable,
     RestartPolicy,
+    Unavailable,
     restart_policy_from_env,
 )
 from rufus.serving.engine_api import Completion, Engine, Output
@@ -96,7 +96,7 @@ def test_dead_engine_is_replaced_and_serves_again():
         first.die()
         assert wait(lambda: host.state != READY, 2), "death not noticed"
         assert not host.healthy
-        with pytest.raises(EngineUnavailable):
+        with pytest.raises(Unavailable):
             host.admit()
         assert wait(lambda: host.state == READY and host.engine is not first)
         assert first.shut, "the dead engine was not shut down"
@@ -118,7 +118,7 @@ def test_backoff_doubles_and_host_gives_up_after_max_failures_in_window():
         host.engine.die()
         assert wait(lambda: host.state == FAILED)
         assert "3 engine failures within 60 s (limit 2)" in host.unavailable_reason()
-        with pytest.raises(EngineUnavailable, match="stays down"):
+        with pytest.raises(Unavailable, match="stays down"):
             host.admit()
         time.sleep(0.3)
         assert host.state == FAILED and host.restarts == 2, "restarted after giving up"
@@ -165,7 +165,7 @@ def test_straggler_of_a_replaced_engine_does_not_kill_the_new_one():
             await gen.__anext__()
             host.engine = new
             stale.die()
-            with pytest.raises(EngineUnavailable):
+            with pytest.raises(Unavailable):
                 async for _ in gen:
                     pass
 

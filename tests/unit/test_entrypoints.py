@@ -56,7 +56,7 @@ def _run(argv: list[str], **env: str) -> subprocess.CompletedProcess[str]:
 
 def test_the_documented_entrypoints_are_found():
     for name in ("follower", "rufus.harness.server", "rufus.client", "rufus.qp.client",
-                 "proxy.agent", "proxy.haproxy", "proxy.fleet", "scripts/rig.py",
+                 "proxy.agent", "proxy.haproxy", "rufus.harness.fleet", "scripts/rig.py",
                  "scripts/bench.py", "scripts/fleet.py", "scripts/client.py"):
         assert name in ENTRYPOINTS, name
 
@@ -82,7 +82,7 @@ def test_help_lists_options_and_environment(name):
     (["-m", "rufus.harness.server"], {"GRPC_PORT": "80o1"}, "GRPC_PORT"),
     (["-m", "rufus.client", "hi"], {"GRPC_PORT": "x"}, "GRPC_PORT"),
     (["-m", "proxy.agent"], {"RUFUS_AGENT_PORT": "8o90"}, "RUFUS_AGENT_PORT"),
-    (["-m", "proxy.fleet"], {"RUFUS_FLEET_NNODES": "0"}, "RUFUS_FLEET_NNODES"),
+    (["-m", "rufus.harness.fleet"], {"RUFUS_FLEET_NNODES": "0"}, "RUFUS_FLEET_NNODES"),
     (["scripts/rig.py"], {"HTTP_PORT": "99999"}, "HTTP_PORT"),
 ])
 def test_a_wrong_setting_names_the_variable(argv, env, variable):

@@ -8,7 +8,7 @@ import asyncio
 import numpy as np
 import pytest
 
-import proxy.fleet_bench as fb
+import rufus.harness.fleet_bench as fb
 from rufus.client import Chunk
 
 

@@ -7,7 +7,15 @@ import math
 
 import pytest
 
-from proxy.sim import POLICIES, ServiceModel, Sim, WorkloadSpec, simulate, units_needed
+from rufus.harness.fleet_sim import (
+    POLICIES,
+    ServiceModel,
+    Session,
+    Sim,
+    WorkloadSpec,
+    simulate,
+    units_needed,
+)
 
 MODEL = ServiceModel(step_base_s=0.02, step_per_seq_s=0.002, prefill_per_token_s=0.0005,
                      max_num_seqs=4, cache_tokens=5000)
@@ -17,7 +25,7 @@ SMALL = WorkloadSpec(duration_s=40, warmup_s=5, base_rate=6, burst_every_s=15)
 def test_single_request_timing_matches_the_step_model():
     spec = WorkloadSpec(duration_s=1, warmup_s=0, base_rate=1e-9, chat_frac=0)
     sim = Sim(1, "least_outstanding", MODEL, spec)
-    sim.sessions[0] = __import__("proxy.sim", fromlist=["Session"]).Session(0, [10], [])
+    sim.sessions[0] = Session(0, [10], [])
     sim._push(0.0, 0, (0, 0))
     while sim.events:
         t, _, kind, payload = __import__("heapq").heappop(sim.events)
@@ -80,7 +88,7 @@ def test_calibration_fit():
 
 
 def test_offered_rate_scales_with_units_and_utilization():
-    from proxy.sim import offered_rate
+    from rufus.harness.fleet_sim import offered_rate
 
     spec = WorkloadSpec(chat_frac=0.0, long_frac=0.0, short_tokens=10)
     full = offered_rate(MODEL, spec, 1, 1.0)

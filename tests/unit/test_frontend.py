@@ -14,22 +14,22 @@ from rufus.frontend.protocol import (
     APIError,
     ChatCompletionRequest,
     CompletionRequest,
-    map_triton_error,
+    openai_error,
     parse_body,
-    plan_chat,
-    plan_completion,
+    parse_chat,
+    parse_completion,
 )
 from rufus.frontend.render import ChunkWriter, chat_logprobs, completion_logprobs, parse_outputs
 
 
 def chat(**kw):
     body = {"model": "rufus_llm", "messages": [{"role": "user", "content": "hi"}], **kw}
-    return plan_chat(parse_body(ChatCompletionRequest, json.dumps(body).encode()))
+    return parse_chat(parse_body(ChatCompletionRequest, json.dumps(body).encode()))
 
 
 def completion(**kw):
     body = {"model": "rufus_llm", "prompt": "Once upon", **kw}
-    return plan_completion(parse_body(CompletionRequest, json.dumps(body).encode()))
+    return parse_completion(parse_body(CompletionRequest, json.dumps(body).encode()))
 
 
 def error_of(fn, **kw) -> APIError:
@@ -192,6 +192,14 @@ def test_completion_errors_name_the_parameter(kw, param):
 
 
 # ------------------------------------------------------------------ Triton errors
+def map_triton_error(status: str, message: str, kind: str):
+    """A Triton error as the client receives it (one parser: rufus.errors.from_wire), then
+    the frontend's mapping of the typed error."""
+    from rufus.client import RequestFailed
+
+    return openai_error(RequestFailed(message, status).error)
+
+
 def test_triton_errors_map_to_http_statuses():
     e = map_triton_error("INVALID_ARG", "[INVALID_ARG] sampling_parameters.top_k: must be >= 1",
                          "chat")

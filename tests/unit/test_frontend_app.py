@@ -11,7 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from rufus.assistant.pipeline import AssistantEvent
-from rufus.frontend import backends
+from rufus.frontend import targets
 from rufus.frontend.app import Settings, create_app
 from rufus.frontend.assistant_hook import AssistantHook, card_markdown, split_messages
 from rufus.frontend.protocol import APIError
@@ -40,7 +40,7 @@ def fake_assistant(monkeypatch):
         return fake
 
     monkeypatch.setattr(AssistantHook, "assistant", get)
-    monkeypatch.setattr(backends, "HOOKS", dict(backends.HOOKS))
+    monkeypatch.setattr(targets, "HOOKS", dict(targets.HOOKS))
     return fake
 
 

@@ -14,11 +14,13 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from rufus.serving.engine import READY, AtCapacity, EngineHost, EngineUnavailable
+from rufus.errors import AtCapacity, Unavailable
+from rufus.serving.cancel import CancelWatcher
+from rufus.serving.engine import READY, EngineHost
 from rufus.serving.engine_api import Completion, Output
-from rufus.serving.generation import CancelWatcher, run_generate
+from rufus.serving.generation import run_generate
 from rufus.serving.metrics import Metrics
-from rufus.serving.requests import GenerateRequest
+from rufus.serving.request import GenerateRequest
 
 
 class FakeTokenizer:
@@ -72,7 +74,7 @@ class Sink:
 
 def serve(host: FakeHost, req: GenerateRequest, sink: Sink, rid: str = "r1") -> None:
     async def main() -> None:
-        await run_generate(host, CancelWatcher(host, interval=0.01), req, sink, Metrics(), 0.0, rid)
+        await run_generate(host, CancelWatcher(interval=0.01), req, sink, Metrics(), 0.0, rid)
 
     asyncio.run(main())
 
@@ -110,7 +112,7 @@ def test_prompt_too_long_is_invalid_arg_naming_the_field():
 
 
 def test_engine_death_mid_stream_is_unavailable():
-    host = FakeHost(script=stream_script(5)[:2], fail=EngineUnavailable("engine died: boom"))
+    host = FakeHost(script=stream_script(5)[:2], fail=Unavailable("engine died: boom"))
     sink = Sink()
     serve(host, req(), sink)
     assert sink.sent[-1][1].code == "UNAVAILABLE" and sink.sent[-1][2]

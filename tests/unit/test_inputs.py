@@ -6,10 +6,14 @@ import re
 
 import pytest
 
+from rufus.assistant.triton_model import (
+    ASSISTANT_INPUT_SPECS,
+    ASSISTANT_OUTPUT_SPECS,
+    AssistantModel,
+)
 from rufus.harness.server import ROOT
 from rufus.qp.model import QP_INPUT_SPECS, QP_OUTPUT_SPECS, QueryPlannerModel
-from rufus.serving.llm import LLMModel
-from rufus.serving.requests import KNOWN_INPUTS, LLM_INPUT_SPECS, LLM_OUTPUT_SPECS
+from rufus.serving.llm import LLM_INPUT_SPECS, LLM_OUTPUT_SPECS, LLMModel
 
 ENTRY = re.compile(r"\{\s*name:\s*\"(\w+)\"\s+data_type:\s*(\w+)\s+dims:\s*\[\s*([-\d,\s]+)\]"
                    r"(\s+optional:\s*true)?\s*\}")
@@ -30,6 +34,7 @@ def pbtxt_io(model: str) -> tuple[list[tuple], list[tuple]]:
 @pytest.mark.parametrize("model, inputs, outputs", [
     ("rufus_llm", LLM_INPUT_SPECS, LLM_OUTPUT_SPECS),
     ("rufus_qp_medusa", QP_INPUT_SPECS, QP_OUTPUT_SPECS),
+    ("rufus_assistant", ASSISTANT_INPUT_SPECS, ASSISTANT_OUTPUT_SPECS),
 ])
 def test_table_matches_config_pbtxt(model, inputs, outputs):
     cfg_in, cfg_out = pbtxt_io(model)
@@ -37,10 +42,10 @@ def test_table_matches_config_pbtxt(model, inputs, outputs):
     assert cfg_out == [(s.name, s.data_type, s.dims, False) for s in outputs]
 
 
-def test_known_inputs_and_model_inputs_come_from_the_tables():
-    assert KNOWN_INPUTS == {s.name for s in LLM_INPUT_SPECS}
-    assert LLMModel.INPUTS == set(KNOWN_INPUTS)
-    assert QueryPlannerModel.INPUTS == {s.name for s in QP_INPUT_SPECS}
+def test_every_model_declares_its_io_in_one_table():
+    assert LLMModel.INPUT_SPECS is LLM_INPUT_SPECS and LLMModel.OUTPUT_SPECS is LLM_OUTPUT_SPECS
+    assert QueryPlannerModel.INPUT_SPECS is QP_INPUT_SPECS
+    assert AssistantModel.INPUT_SPECS is ASSISTANT_INPUT_SPECS
 
 
 def test_auto_complete_adds_every_declared_input():
@@ -63,7 +68,8 @@ def test_auto_complete_adds_every_declared_input():
         def set_max_batch_size(self, n):
             self.mbs = n
 
-    for model, specs in ((LLMModel, LLM_INPUT_SPECS), (QueryPlannerModel, QP_INPUT_SPECS)):
+    for model, specs in ((LLMModel, LLM_INPUT_SPECS), (QueryPlannerModel, QP_INPUT_SPECS),
+                         (AssistantModel, ASSISTANT_INPUT_SPECS)):
         cfg = model.auto_complete_config(Cfg())
         assert [i["name"] for i in cfg.inputs] == [s.name for s in specs]
         assert cfg.policy == {"decoupled": True}

@@ -12,16 +12,22 @@ PACKAGES = ("rufus", "follower", "proxy")
 MAX_TOP_LEVEL = 4  # rufus/*.py: the package marker, the client, the env reader, one spare
 
 
-def layout_paths() -> list[str]:
-    """The backticked paths in the first column of the layout table."""
+def layout_rows() -> list[tuple[list[str], str]]:
+    """(paths, what-it-holds text) of each layout-table row."""
     text = DOC.read_text()
     section = text[text.index("## Layout: packages by process role"):]
     section = section[:section.index("\n## ", 1)]
-    paths = []
+    rows = []
     for line in section.splitlines():
         if line.startswith("| `"):
-            paths += re.findall(r"`([^`]+)`", line.split("|")[1])
-    return paths
+            cells = line.split("|")
+            rows.append((re.findall(r"`([^`]+)`", cells[1]), "|".join(cells[3:])))
+    return rows
+
+
+def layout_paths() -> list[str]:
+    """The backticked paths in the first column of the layout table."""
+    return [p for paths, _ in layout_rows() for p in paths]
 
 
 def test_the_table_is_found():
@@ -59,3 +65,32 @@ def test_no_script_imports_another_script():
         # the only path a script may add is the project root (parents[1]), not scripts/
         assert "Path(__file__).parent)" not in text and "Path(__file__).resolve().parent)" \
             not in text, f"{f.name} puts scripts/ on sys.path"
+
+
+def test_names_in_the_layout_table_exist_in_their_module():
+    """A class (``EngineHost``) or function (``run_generate``) the table names for a module
+    appears in that module's source: a rename or a move cannot leave the table behind."""
+    stale = []
+    for paths, what in layout_rows():
+        sources = [ROOT / p for p in paths if p.endswith(".py") and (ROOT / p).is_file()]
+        if len(sources) != 1:
+            continue
+        src = sources[0].read_text()
+        for name in re.findall(r"`([A-Za-z_][A-Za-z0-9_]*)(?:\.\w+)?(?:\(\))?`", what):
+            is_class = name[0].isupper() and any(c.islower() for c in name)
+            is_func = "_" in name and name.islower()
+            if (is_class or is_func) and not re.search(rf"\b{name}\b", src):
+                stale.append(f"{paths[0]}: {name}")
+    assert not stale, f"docs/architecture.md's layout table names what is not there: {stale}"
+
+
+def test_every_module_path_in_the_docs_exists():
+    """Any ``rufus/…``, ``proxy/…``, ``follower/…`` or ``scripts/…`` file the architecture
+    document or the README names exists."""
+    missing = []
+    for doc in (DOC, ROOT / "README.md"):
+        for path in set(re.findall(r"\b((?:rufus|proxy|follower|scripts)/[\w/]+\.(?:py|json))",
+                                   doc.read_text())):
+            if not (ROOT / path).exists():
+                missing.append(f"{doc.name}: {path}")
+    assert not missing, f"paths named in the docs that do not exist: {sorted(missing)}"

@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 
+from rufus.errors import InvalidInput
 from rufus.harness.server import ROOT
 from rufus.qp.backends import (
     AutoregressiveBackend,
@@ -26,7 +27,6 @@ from rufus.qp.plan import (
 )
 from rufus.qp.tooling.prompts import FEW_SHOT
 from rufus.serving.config import ConfigError
-from rufus.serving.requests import InvalidInput
 
 
 def s(v: str) -> np.ndarray:
@@ -110,7 +110,7 @@ def test_plan_sink_adds_plan_and_renames_prompt_errors() -> None:
         def is_cancelled(self) -> bool:
             return False
 
-    from rufus.serving.generation import ServiceError
+    from rufus.errors import InvalidInput
 
     sink = PlanSink(Inner(), "usb c cable")
     sink.send({"text_output": s(render_plan(GOOD))}, None, True)
@@ -118,7 +118,7 @@ def test_plan_sink_adds_plan_and_renames_prompt_errors() -> None:
     assert json.loads(out["plan"][0]) == GOOD and not out["fallback"][0]
     sink.send({"text_output": s("nonsense")}, None, True)
     assert sent[-1][0]["fallback"][0]
-    sink.send(None, ServiceError("INVALID_ARG", "question: prompt has 5000 tokens"), True)
+    sink.send(None, InvalidInput("question", "prompt has 5000 tokens"), True)
     assert sent[-1][1].message.startswith("question: prompt has")
     # Prompt errors name what the client sent through the request's prompt_field (typed),
     # not by rewriting the message (issue 11/12): the question alone, else the history.

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from rufus.qp.backends import TorchBackend, create_backend
-from rufus.qp.decoder.medusa_decode import Decoder, Tree
-from rufus.qp.decoder.torch_llama import MedusaHeads, TinyLlama
+from rufus.qp.decoder.medusa_decode import Decoder, Tree, prompt_lookup
+from rufus.qp.decoder.torch_llama import MedusaHeads, TorchLlama
 
 VOCAB = 96
 
@@ -56,7 +56,7 @@ def test_forward_matches_transformers(tiny: tuple[Path, Path]) -> None:
     ref = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     with torch.no_grad():
         want = ref(torch.tensor([ids])).logits[0]
-    m = TinyLlama(model_dir, "float32", 128)
+    m = TorchLlama(model_dir, "float32", 128)
     got = m.logits(m.forward(torch.tensor(ids), torch.arange(len(ids)), 0,
                              causal(0, len(ids))))
     assert torch.allclose(got, want, atol=1e-4)
@@ -80,9 +80,9 @@ def test_tree_structure(tiny: tuple[Path, Path]) -> None:
         def topk(self, hidden: torch.Tensor, k: int, heads: int = 0) -> list[list[int]]:
             return [[10 + 10 * h + r for r in range(k)] for h in range(heads)]
 
-    d = Decoder(TinyLlama(tiny[0], "float32", 64), None, None, {1})
+    d = Decoder(TorchLlama(tiny[0], "float32", 64), None, None, {1})
     d.tree, d.heads = t, Heads()  # type: ignore[assignment]
-    draft = d._draft([5, 6], torch.zeros(64), None)
+    draft = d.draft([5, 6], torch.zeros(64), None)
     assert draft.tokens == [10, 11, 20, 21, 30] and draft.depth == t.depth
     assert draft.children[1] == [3, 4]
     assert draft.mask[5].tolist() == [True, True, False, True, False, True]
@@ -90,8 +90,8 @@ def test_tree_structure(tiny: tuple[Path, Path]) -> None:
 
 def test_medusa_equals_greedy_across_requests(tiny: tuple[Path, Path]) -> None:
     model_dir, heads_dir = tiny
-    m_ar = TinyLlama(model_dir, "float32", 256)
-    m_md = TinyLlama(model_dir, "float32", 256)
+    m_ar = TorchLlama(model_dir, "float32", 256)
+    m_md = TorchLlama(model_dir, "float32", 256)
     ar = Decoder(m_ar, None, None, eos_ids={1})
     tree = Tree.from_paths([[0], [1], [0, 0], [0, 1], [0, 0, 0]])
     md = Decoder(m_md, MedusaHeads(heads_dir, torch.float32, 3), tree, eos_ids={1})
@@ -131,10 +131,10 @@ class OracleHeads:
 def test_medusa_accepts_correct_drafts(tiny: tuple[Path, Path]) -> None:
     model_dir, _ = tiny
     prompt = [5, 6, 7, 8, 9]
-    want = [t for s in Decoder(TinyLlama(model_dir, "float32", 256), None, None, {1})
+    want = [t for s in Decoder(TorchLlama(model_dir, "float32", 256), None, None, {1})
             .generate(prompt, 40) for t in s.tokens]
     tree = Tree.from_paths([[0], [1], [0, 1], [0, 0], [0, 0, 1], [0, 0, 0]])
-    md = Decoder(TinyLlama(model_dir, "float32", 256), None, None, {1})
+    md = Decoder(TorchLlama(model_dir, "float32", 256), None, None, {1})
     md.tree, md.heads = tree, OracleHeads(md, prompt, want)  # type: ignore[assignment]
     steps = list(md.generate(prompt, 40))
     assert [t for s in steps for t in s.tokens] == want
@@ -144,7 +144,7 @@ def test_medusa_accepts_correct_drafts(tiny: tuple[Path, Path]) -> None:
 
 def test_logprobs_and_length_limit(tiny: tuple[Path, Path]) -> None:
     model_dir, _ = tiny
-    d = Decoder(TinyLlama(model_dir, "float32", 64), None, None, eos_ids=set())
+    d = Decoder(TorchLlama(model_dir, "float32", 64), None, None, eos_ids=set())
     steps = list(d.generate([3, 4, 5], 7, logprobs=3))
     toks = [t for s in steps for t in s.tokens]
     assert len(toks) == 7 and steps[-1].finish_reason == "length"
@@ -164,7 +164,7 @@ def test_grammar_constrains_choice(tiny: tuple[Path, Path]) -> None:
     decoding, Medusa, and Medusa with grammar-forced and prompt-lookup drafts alike."""
     import xgrammar as xgr
 
-    from rufus.qp.decoder.medusa_decode import Grammar
+    from rufus.qp.decoder.constraints import Grammar
 
     vocab = ["<eos>"] + [chr(ord("a") + i) for i in range(26)] + [f"w{i}" for i in range(69)]
     info = xgr.TokenizerInfo(vocab, stop_token_ids=[0])
@@ -179,7 +179,7 @@ def test_grammar_constrains_choice(tiny: tuple[Path, Path]) -> None:
             (None, None, 0),
             (MedusaHeads(heads_dir, torch.float32, 3), Tree.from_paths([[0], [1], [0, 0]]), 0),
             (MedusaHeads(heads_dir, torch.float32, 3), Tree.from_paths([[0], [1], [0, 0]]), 8)):
-        d = Decoder(TinyLlama(model_dir, "float32", 64), heads, tree, eos_ids={0},
+        d = Decoder(TorchLlama(model_dir, "float32", 64), heads, tree, eos_ids={0},
                     grammar_drafts=drafts, lookup_drafts=drafts)
         steps = list(d.generate([3, 4, 5], 20, Grammar(compiled, VOCAB, encode)))
         toks = [t for s in steps for t in s.tokens]
@@ -195,11 +195,11 @@ def test_prompt_lookup_drafts(tiny: tuple[Path, Path]) -> None:
     """Prompt-lookup drafts copy what followed the last occurrence of the emitted suffix;
     with them the output is still exactly plain greedy decoding (float32)."""
     model_dir, _ = tiny
-    d = Decoder(TinyLlama(model_dir, "float32", 256), None, None, {1}, lookup_drafts=4)
-    assert d._lookup([7, 8, 9, 5, 7, 8], 4) == [9, 5, 7, 8]  # "7 8" seen before
-    assert d._lookup([7, 8, 9, 5, 6], 4) == []
-    assert d._lookup([7, 8, 9, 8], 2) == [9, 8]  # 1-token suffix, latest occurrence
-    plain = Decoder(TinyLlama(model_dir, "float32", 256), None, None, {1})
+    d = Decoder(TorchLlama(model_dir, "float32", 256), None, None, {1}, lookup_drafts=4)
+    assert prompt_lookup([7, 8, 9, 5, 7, 8], 4) == [9, 5, 7, 8]  # "7 8" seen before
+    assert prompt_lookup([7, 8, 9, 5, 6], 4) == []
+    assert prompt_lookup([7, 8, 9, 8], 2) == [9, 8]  # 1-token suffix, latest occurrence
+    plain = Decoder(TorchLlama(model_dir, "float32", 256), None, None, {1})
     for prompt in ([5, 6, 7, 8, 9, 5, 6, 7, 8, 9], [11, 12, 13, 11, 12, 13, 11]):
         want = [t for s in plain.generate(prompt, 40) for t in s.tokens]
         steps = list(d.generate(prompt, 40))
@@ -238,7 +238,7 @@ def test_copy_constraint_keeps_brand_to_the_customers_words() -> None:
     them; outside the value nothing changes."""
     import xgrammar as xgr
 
-    from rufus.qp.decoder.medusa_decode import CopyConstraint, Grammar, TokenText, copy_spans
+    from rufus.qp.decoder.constraints import CopyConstraint, Grammar, TokenText, copy_spans
     from rufus.qp.plan import build_messages, prompt_context
 
     assert copy_spans("Where's my Weber grill? Levi's.", 2) >= {
@@ -405,9 +405,9 @@ def test_step_packs_several_sequences_into_one_pass(tiny: tuple[Path, Path]) -> 
     heads = MedusaHeads(heads_dir, torch.float32, 3)
     tree = Tree.from_paths([[0], [1], [0, 0], [0, 0, 0]])
     prompts = [[5, 9, 2, 7, 11, 3], [4, 4, 8], [5, 9, 2, 6, 6, 6, 6, 1, 30], [17]]
-    alone = Decoder(TinyLlama(model_dir, "float32", 128), heads, tree, {1}, lookup_drafts=3)
+    alone = Decoder(TorchLlama(model_dir, "float32", 128), heads, tree, {1}, lookup_drafts=3)
     want = [[t for s in alone.generate(p, 30) for t in s.tokens] for p in prompts]
-    d = Decoder(TinyLlama(model_dir, "float32", 128, slots=3), heads, tree, {1},
+    d = Decoder(TorchLlama(model_dir, "float32", 128, slots=3), heads, tree, {1},
                 lookup_drafts=3)
     got: dict[int, list[int]] = {}
     runs = {i: d.start(prompts[i], 30, slot=i) for i in range(3)}

@@ -5,7 +5,9 @@ import json
 import numpy as np
 import pytest
 
-from rufus.serving.requests import InvalidInput, parse_generate_request, validate_sampling
+from rufus.errors import InvalidInput
+from rufus.serving.llm import parse_generate_request
+from rufus.serving.sampling import validate_sampling
 
 
 def t(s: str | bytes) -> np.ndarray:
@@ -98,8 +100,7 @@ def test_bad_input_names_field_and_reason(inputs, field, reason):
 
 
 def test_request_parameters_strings_are_coerced():
-    out = validate_sampling({"max_tokens": "5", "ignore_eos": "true", "top_p": "0.5"},
-                            from_parameters=True)
+    out = validate_sampling({"max_tokens": "5", "ignore_eos": "true", "top_p": "0.5"})
     assert out == {"max_tokens": 5, "ignore_eos": True, "top_p": 0.5}
 
 
@@ -146,7 +147,7 @@ def test_structured_outputs_as_the_official_json_string_or_an_object():
 
 
 def test_lora_name_checked_against_the_models_adapters():
-    from rufus.serving.requests import Limits
+    from rufus.serving.validation import Limits
 
     lim = Limits(loras=("alpaca",))
     r = parse_generate_request({"text_input": t("a"),
@@ -199,7 +200,7 @@ VLLM_RULES = [
 
 @pytest.mark.parametrize("obj, field", VLLM_RULES)
 def test_every_vllm_rule_is_checked_first_naming_the_field(obj, field):
-    from rufus.serving.requests import Limits
+    from rufus.serving.validation import Limits
 
     inputs = {"text_input": t("a"), "sampling_parameters": t(json.dumps(obj))}
     if field is None:
@@ -243,7 +244,7 @@ def test_errors_quote_only_a_short_prefix_of_client_data():
 
 
 def test_depth_prescan_is_not_fooled_by_brackets_in_strings():
-    from rufus.serving.requests import json_depth_exceeds
+    from rufus.serving.validation import json_depth_exceeds
 
     assert not json_depth_exceeds(json.dumps({"stop": ["[[[[" * 100]}), 4)
     assert json_depth_exceeds("[" * 33 + "]" * 33, 32)
@@ -264,7 +265,7 @@ def _tokenizer():
 
 
 def test_user_content_cannot_forge_a_chat_turn():
-    from rufus.serving.generation import render_chat
+    from rufus.serving.chat import render_chat
 
     tok = _tokenizer()
     im_start = tok.convert_tokens_to_ids("<|im_start|>")
@@ -286,7 +287,8 @@ def test_random_values_give_a_named_error_or_a_request_never_a_crash():
     """Seeded fuzz over every sampling field and the chat input: only InvalidInput escapes."""
     import random
 
-    from rufus.serving.requests import SAMPLING_FIELDS, Limits
+    from rufus.serving.sampling import SAMPLING_FIELDS
+    from rufus.serving.validation import Limits
 
     rnd = random.Random(0)
     atoms = [None, True, False, 0, 1, -1, 2, 0.5, -0.0, 1e308, 2**63, 2**64, -(2**70), 10**400,

@@ -14,18 +14,21 @@ Batch size 1 is what the planner's latency SLA is about; :meth:`Decoder.step` al
 several sequences in one pass (each in its own cache region) when plans queue. Each region
 keeps the KV of its previous request and reuses its longest common token prefix (the system
 prompt is identical for every plan), like vLLM's prefix cache.
+
+What may be emitted (the plan grammar, the copied brand) is decided in
+:mod:`rufus.qp.decoder.constraints`; the timing of a verification pass used to size the tree
+is offline tooling (:func:`rufus.qp.tooling.tree.time_forward`).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
-from rufus.qp.decoder.torch_llama import MedusaHeads, Segment, TinyLlama
+from rufus.qp.decoder.constraints import Grammar
+from rufus.qp.decoder.torch_llama import MedusaHeads, Segment, TorchLlama
 
 
 @dataclass
@@ -33,7 +36,7 @@ class Tree:
     """Medusa candidate tree from NxDI-style paths (each a list of top-k ranks per head).
 
     Only the paths are used to decode: each step builds its draft trie from them
-    (:meth:`Decoder._draft`); the parent index is kept for validation and ``size``."""
+    (:meth:`Decoder.draft`); the parent index is kept for validation and ``size``."""
 
     paths: list[tuple[int, ...]]
     parent: list[int] = field(default_factory=list)  # node index (0 = root) of each node
@@ -64,7 +67,7 @@ class Tree:
 
 
 @dataclass
-class _Draft:
+class Draft:
     """One step's candidates as a trie: node 0 is the last token without KV, node i > 0
     holds ``tokens[i - 1]``."""
 
@@ -72,6 +75,11 @@ class _Draft:
     depth: list[int]
     children: list[list[int]]
     mask: torch.Tensor  # [nodes, nodes]: ancestor-or-self
+
+
+def _no_draft() -> Draft:
+    """The trie of a pass near the end of the context: the root alone, no drafts."""
+    return Draft([], [0], [[]], torch.ones(1, 1, dtype=torch.bool))
 
 
 @dataclass
@@ -88,198 +96,72 @@ class Step:
 # draft trie size cap per step (model.json ``max_draft_nodes``)
 MAX_DRAFT_NODES = 24
 
-# The plan's exact layout (rufus/qp/plan.py ``render_plan``: what the planner was trained to
-# write): no free whitespace, compact separators. Pinned, most of a plan's tokens (keys,
-# punctuation, the rest of an enum value; docs/benchmarks.md) are forced by the grammar, which
-# ``Decoder(grammar_drafts=...)`` then verifies as drafts instead of decoding one by one.
-GRAMMAR_LAYOUT: dict[str, Any] = {"any_whitespace": False, "separators": (", ", ": ")}
+
+def prompt_lookup(seq: list[int], limit: int) -> list[int]:
+    """Prompt-lookup drafts: the tokens that followed the latest earlier occurrence of the
+    longest (3, 2 or 1 token) suffix of ``seq`` (the prompt, what was emitted and the forced
+    chain), at most ``limit``. Plans copy the customer's words, so this drafts them well."""
+    if limit <= 0 or len(seq) < 2:
+        return []
+    for n in (3, 2, 1):
+        if len(seq) <= n:
+            continue
+        pat = seq[-n:]
+        first = pat[0]
+        for j in range(len(seq) - n - 1, -1, -1):
+            if seq[j] == first and seq[j:j + n] == pat:
+                return seq[j + n: j + n + limit]
+    return []
 
 
-def compile_grammar(compiler: Any, schema: str) -> Any:
-    """xgrammar JSON-schema grammar in the plan layout (schema property order kept)."""
-    return compiler.compile_json_schema(schema, **GRAMMAR_LAYOUT)
+def _pick(logits: torch.Tensor, grammar: Grammar | None, want_lp: int
+          ) -> tuple[int, dict[int, tuple[float, int]] | None]:
+    """Greedy choice (grammar-masked, and accepted by the grammar) and, if asked, raw top-k
+    logprobs with ranks."""
+    tok = grammar.choose(logits) if grammar is not None else int(logits.argmax())
+    if not want_lp:
+        return tok, None
+    lp = torch.log_softmax(logits, dim=-1)
+    top = lp.topk(want_lp)
+    out = {int(t): (float(v), r + 1) for r, (v, t) in enumerate(zip(top.values, top.indices,
+                                                                      strict=True))}
+    if tok not in out:
+        out[tok] = (float(lp[tok]), int((lp > lp[tok]).sum()) + 1)
+    return tok, out
 
 
-def draft_encoder(tokenizer: Any) -> Callable[[str], list[int]]:
-    """``Grammar``'s ``encode``: a tokenizer's ids for a forced string, memoized (a plan
-    grammar has a few dozen distinct forced strings)."""
-    from functools import lru_cache
-
-    @lru_cache(maxsize=4096)
-    def encode(text: str) -> list[int]:
-        return list(tokenizer.encode(text, add_special_tokens=False))
-
-    return encode
+def _shared_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of two token lists."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
-class TokenText:
-    """Every token's text, indexed for :class:`CopyConstraint` (built once per engine)."""
+class Run:
+    """One sequence between forward passes: its cache region, the tokens still without KV,
+    what it emitted. Made by :meth:`Decoder.start`, advanced by :meth:`Decoder.step`; state
+    only, the decoding is the decoder's."""
 
-    def __init__(self, texts: list[str]) -> None:
-        self.texts = texts
-        self.by_text: dict[str, list[int]] = {}
-        self.closers: dict[str, list[int]] = {}  # text before the token's first '"' -> ids
-        for i, t in enumerate(texts):
-            if not t:
-                continue
-            self.by_text.setdefault(t, []).append(i)
-            if '"' in t:
-                self.closers.setdefault(t.split('"', 1)[0], []).append(i)
-
-    @classmethod
-    def of(cls, compiled: Any) -> TokenText:
-        """From an xgrammar compiled grammar's tokenizer info (its decoded vocabulary)."""
-        return cls([b.decode("utf-8", "replace")
-                    for b in compiled.tokenizer_info.decoded_vocab])
-
-
-_EDGE = "\"'.,!?;:()[]{}<>"
-
-
-def copy_spans(context: str, max_words: int = 4) -> set[str]:
-    """Every run of 1..``max_words`` consecutive words of ``context``, lower case, edge
-    punctuation stripped ("Levi's" -> "levi's", "pitcher?" -> "pitcher")."""
-    words = [w for w in (w.strip(_EDGE) for w in context.lower().replace("\u2019", "'").split())
-             if w]
-    return {" ".join(words[i:i + n]) for i in range(len(words))
-            for n in range(1, max_words + 1) if i + n <= len(words)}
-
-
-class CopyConstraint:
-    """String fields whose value must be copied from the customer's words (``brand``).
-
-    The planner's brand filter is, by the labelling rule, a brand the customer wrote; the
-    135M model sometimes garbles a brand it copies ("weber" -> "berber", "brita" ->
-    "britney"). While such a value is open, only tokens that keep it a prefix of a run of
-    the context's words (or close it on a whole run) are allowed; the model still picks
-    among them, greedily, so plain and Medusa decoding stay identical. Which words may be
-    copied is decided by :func:`copy_spans`; which fields, by model.json ``copy_fields``.
-    """
-
-    def __init__(self, fields: tuple[str, ...] | list[str], context: str,
-                 vocab: TokenText) -> None:
-        self.openers = tuple(f'"{f}": "' for f in fields)
-        self.spans = copy_spans(context)
-        self.vocab = vocab
-        self.text = ""  # what has been emitted
-
-    @classmethod
-    def for_prompt(cls, fields: tuple[str, ...] | list[str], tokenizer: Any,
-                   prompt: list[int], vocab: TokenText) -> CopyConstraint:
-        """For one planner request: the customer's words are its prompt's user turn."""
-        from rufus.qp.plan import prompt_context
-
-        text = tokenizer.decode(prompt, skip_special_tokens=False)
-        return cls(fields, prompt_context(text), vocab)
-
-    def advance(self, tok: int) -> None:
-        self.text += self.vocab.texts[tok]
-
-    def _open_value(self) -> str | None:
-        for op in self.openers:
-            i = self.text.rfind(op)
-            if i >= 0 and '"' not in self.text[i + len(op):]:
-                return self.text[i + len(op):]
-        return None
-
-    def allowed(self) -> list[int] | None:
-        """Token ids allowed next, or None when no copied value is open."""
-        prefix = self._open_value()
-        if prefix is None:
-            return None
-        ids: set[int] = set()
-        for span in self.spans:
-            if not span.startswith(prefix):
-                continue
-            rest = span[len(prefix):]
-            ids.update(self.vocab.closers.get(rest, ()))
-            for n in range(1, len(rest) + 1):
-                ids.update(self.vocab.by_text.get(rest[:n], ()))
-        return sorted(ids)
-
-
-class Grammar:
-    """xgrammar matcher for one request: masks logits to the schema, advances on tokens.
-
-    ``encode`` (text -> token ids, no special tokens) enables :meth:`forced_tokens`;
-    ``copy`` restricts copied string values (:class:`CopyConstraint`).
-    """
-
-    def __init__(self, compiled: Any, vocab_size: int,
-                 encode: Callable[[str], list[int]] | None = None,
-                 copy: CopyConstraint | None = None) -> None:
-        import xgrammar as xgr
-
-        self.xgr = xgr
-        self.matcher = xgr.GrammarMatcher(compiled)
-        self.bitmask = xgr.allocate_token_bitmask(1, vocab_size)
-        self.encode = encode
-        self.copy = copy
-
-    def forced_tokens(self, limit: int) -> list[int]:
-        """Tokens of the text the grammar forces next (its jump-forward string), at most
-        ``limit``. They are drafts, verified like Medusa's: the model may tokenize the same
-        text differently in context, and then its own choice is kept (lossless)."""
-        if self.encode is None:
-            return []
-        s = self.matcher.find_jump_forward_string()
-        if not s:
-            return []
-        return self.encode(s)[:limit]
-
-    def choose(self, logits: torch.Tensor) -> int:
-        """The greedy token among those the grammar allows, accepted into the matcher.
-
-        Fast path: if the unmasked argmax is allowed it is also the masked argmax (masking
-        only removes tokens), and ``accept_token`` both checks and advances; a refused token
-        leaves the matcher unchanged. Only then is the full vocabulary mask built.
-        """
-        allow = self.copy.allowed() if self.copy is not None else None
-        if allow:
-            tok = allow[int(logits[allow].argmax())]
-        else:
-            tok = int(logits.argmax())
-        if self.matcher.accept_token(tok):
-            return self._accepted(tok)
-        self.matcher.fill_next_token_bitmask(self.bitmask)
-        row = logits[None].clone()
-        if allow:
-            keep = torch.full_like(row, float("-inf"))
-            keep[0, allow] = row[0, allow]
-            self.xgr.apply_token_bitmask_inplace(keep, self.bitmask)
-            if bool(torch.isfinite(keep).any()):  # else: nothing copyable fits, grammar only
-                row = keep
-        self.xgr.apply_token_bitmask_inplace(row, self.bitmask)
-        tok = int(row.argmax())
-        if not self.matcher.accept_token(tok):
-            raise RuntimeError(f"grammar refused token {tok} that its own mask allowed")
-        return self._accepted(tok)
-
-    def _accepted(self, tok: int) -> int:
-        if self.copy is not None:
-            self.copy.advance(tok)
-        return tok
-
-    @property
-    def finished(self) -> bool:
-        """Terminated, or complete with nothing but a stop token allowed next: the stop
-        token is then certain, so decoding ends here instead of spending a forward pass on
-        it (the text is the same; the stop token is not in the output ids)."""
-        if self.matcher.is_terminated():
-            return True
-        if not self.matcher.is_completed():
-            return False
-        self.matcher.fill_next_token_bitmask(self.bitmask)
-        row = torch.zeros(1, self.bitmask.shape[1] * 32)
-        self.xgr.apply_token_bitmask_inplace(row, self.bitmask)
-        allowed = set(torch.nonzero(row[0] == 0).flatten().tolist())
-        return allowed <= set(self.matcher.stop_token_ids)
+    def __init__(self, slot: int, prompt: list[int], max_tokens: int,
+                 grammar: Grammar | None, logprobs: int, kept: int) -> None:
+        self.slot = slot
+        self.max_tokens, self.grammar, self.logprobs = max_tokens, grammar, logprobs
+        self.cache_len = kept
+        self.pend = prompt[kept:]  # accepted tokens without KV yet
+        self.seq = list(prompt)  # the prompt and every emitted token (prompt-lookup source)
+        self.h_last: torch.Tensor | None = None  # hidden state that predicted pend[-1]
+        self.emitted = 0
+        self.n_pend = len(self.pend)
+        self.draft: Draft | None = None
 
 
 class Decoder:
     """Owns the model, the heads and the cached prefix; decodes one request at a time."""
 
-    def __init__(self, model: TinyLlama, heads: MedusaHeads | None, tree: Tree | None,
+    def __init__(self, model: TorchLlama, heads: MedusaHeads | None, tree: Tree | None,
                  eos_ids: set[int], grammar_drafts: int = 0, lookup_drafts: int = 0,
                  max_draft_nodes: int = MAX_DRAFT_NODES,
                  batch_draft_nodes: int = MAX_DRAFT_NODES) -> None:
@@ -302,42 +184,12 @@ class Decoder:
         # longer bound by reading the weights, so each plan drafts less
         self.batch_draft_nodes = batch_draft_nodes
 
-    def _pick(self, logits: torch.Tensor, grammar: Grammar | None, want_lp: int
-              ) -> tuple[int, dict[int, tuple[float, int]] | None]:
-        """Greedy choice (grammar-masked, and accepted by the grammar) and, if asked, raw
-        top-k logprobs with ranks."""
-        tok = grammar.choose(logits) if grammar is not None else int(logits.argmax())
-        if not want_lp:
-            return tok, None
-        lp = torch.log_softmax(logits, dim=-1)
-        top = lp.topk(want_lp)
-        out = {int(t): (float(v), r + 1) for r, (v, t) in enumerate(zip(top.values, top.indices,
-                                                                          strict=True))}
-        if tok not in out:
-            out[tok] = (float(lp[tok]), int((lp > lp[tok]).sum()) + 1)
-        return tok, out
-
-    def _lookup(self, seq: list[int], limit: int) -> list[int]:
-        """Prompt-lookup drafts: the tokens that followed the latest earlier occurrence of
-        the longest (3, 2 or 1 token) suffix of ``seq`` (the prompt, what was emitted and
-        the forced chain). Plans copy the customer's words, so this drafts them well."""
-        if limit <= 0 or len(seq) < 2:
-            return []
-        for n in (3, 2, 1):
-            if len(seq) <= n:
-                continue
-            pat = seq[-n:]
-            first = pat[0]
-            for j in range(len(seq) - n - 1, -1, -1):
-                if seq[j] == first and seq[j:j + n] == pat:
-                    return seq[j + n: j + n + limit]
-        return []
-
-    def _draft(self, seq: list[int], h_last: torch.Tensor | None, grammar: Grammar | None,
-               cap: int = 0) -> _Draft:
+    def draft(self, seq: list[int], h_last: torch.Tensor | None, grammar: Grammar | None,
+              cap: int = 0) -> Draft:
         """This step's candidates as a token trie under the root (the last token without
         KV): the chain the grammar forces next, then, as branches after it, the Medusa
-        tree's paths and the prompt-lookup continuation."""
+        tree's paths and the prompt-lookup continuation (at most ``cap`` nodes if set, else
+        ``max_draft_nodes``)."""
         forced: list[int] = []
         if grammar is not None and self.grammar_drafts:
             forced = grammar.forced_tokens(self.grammar_drafts)
@@ -350,7 +202,7 @@ class Decoder:
                 if len(path) > k and not any(path[:k]):
                     chains.append(forced + [top[d][r] for d, r in enumerate(path)][k:])
         if self.lookup_drafts:
-            chains.append(forced + self._lookup(seq + forced, self.lookup_drafts))
+            chains.append(forced + prompt_lookup(seq + forced, self.lookup_drafts))
         tok, depth = [-1], [0]
         children: list[list[int]] = [[]]
         rows: list[list[int]] = [[0]]
@@ -372,7 +224,7 @@ class Decoder:
         mask = torch.zeros(n, n, dtype=torch.bool)
         for i in range(1, n):
             mask[i, rows[i]] = True
-        return _Draft(tok[1:], depth, children, mask)
+        return Draft(tok[1:], depth, children, mask)
 
     @property
     def cached(self) -> list[int]:
@@ -397,13 +249,13 @@ class Decoder:
         # prefix reuse: keep at least one prompt token to compute the first logits from
         p = _shared_prefix(self.slot_cached[slot], prompt[:-1])
         self.slot_cached[slot] = self.slot_cached[slot][:p]
-        return Run(self, slot, prompt, max_tokens, grammar, logprobs, p)
+        return Run(slot, prompt, max_tokens, grammar, logprobs, p)
 
     def step(self, runs: list[Run]) -> list[Step]:
         """One forward pass for every run (each its own draft and cache region): the
         linear layers' weights are read once for all of them. Hot path."""
         cap = min(self.max_draft_nodes, self.batch_draft_nodes) if len(runs) > 1 else 0
-        segs = [r.prepare(cap) for r in runs]
+        segs = [self._segment(r, cap) for r in runs]
         hs = self.model.forward_many(segs)
         # the rows whose logits are needed: from each run's last pending token on
         picks, row = [], 0
@@ -414,7 +266,7 @@ class Decoder:
         logits = self.model.logits(rows)
         out, at = [], 0
         for r, (a, b) in zip(runs, picks, strict=True):
-            out.append(r.finish(rows[at:at + b - a], logits[at:at + b - a]))
+            out.append(self._walk(r, rows[at:at + b - a], logits[at:at + b - a]))
             at += b - a
         return out
 
@@ -425,7 +277,7 @@ class Decoder:
 
         Each pass takes the tokens that still lack KV (the new part of the prompt on the
         first pass, then the last emitted token) followed by the step's draft trie
-        (:meth:`_draft`); the longest branch the model's own greedy choices confirm is kept.
+        (:meth:`draft`); the longest branch the model's own greedy choices confirm is kept.
         """
         run = self.start(prompt, max_tokens, grammar, logprobs)
         while True:
@@ -433,6 +285,58 @@ class Decoder:
             yield st
             if st.finish_reason is not None or should_stop():
                 return
+
+    def _segment(self, run: Run, cap: int = 0) -> Segment:
+        """``run``'s input to this pass: its pending tokens, then its draft trie (at most
+        ``cap`` nodes if set) under the last one."""
+        m = self.model
+        draft = self.draft(run.seq, run.h_last, run.grammar, cap)
+        n_pend, cache_len = len(run.pend), run.cache_len
+        if cache_len + n_pend + len(draft.tokens) > m.max_len:  # near the end: no drafts
+            draft = _no_draft()
+        run.draft, run.n_pend = draft, n_pend
+        ids = run.pend + draft.tokens
+        n = len(ids)
+        pos = list(range(cache_len, cache_len + n_pend)) + [
+            cache_len + n_pend - 1 + dep for dep in draft.depth[1:]]
+        mask = None
+        if n > 1:
+            # pending rows: causal; draft rows: every pending token plus ancestors
+            mask = torch.ones(n, cache_len + n, dtype=torch.bool)
+            mask[:n_pend, cache_len:] = torch.ones(n_pend, n, dtype=torch.bool).tril()
+            mask[n_pend:, cache_len + n_pend:] = draft.mask[1:, 1:]
+        return Segment(torch.tensor(ids), torch.tensor(pos), cache_len, mask, run.slot)
+
+    def _walk(self, run: Run, hs: torch.Tensor, logits: torch.Tensor) -> Step:
+        """Walk ``run``'s trie with the model's greedy choices (row i: draft node i, 0 the
+        last pending token), keep the accepted path's KV, and report the step."""
+        draft, grammar = run.draft, run.grammar
+        assert draft is not None
+        node_tok = draft.tokens
+        node, path, toks, lps = 0, [0], [], []
+        finish = None
+        while True:
+            tok, lp = _pick(logits[node], grammar, run.logprobs)
+            toks.append(tok)
+            if lp is not None:
+                lps.append(lp)
+            run.emitted += 1
+            finish = self._finished(tok, grammar, run.emitted, run.max_tokens)
+            if finish is not None:
+                break
+            nxt = next((c for c in draft.children[node] if node_tok[c - 1] == tok), None)
+            if nxt is None:
+                break
+            node = nxt
+            path.append(node)
+        base = run.cache_len + run.n_pend - 1  # slot of the last pending token
+        self.model.compact([base + i for i in path], base, run.slot)
+        self.slot_cached[run.slot] += run.pend + [node_tok[i - 1] for i in path[1:]]
+        run.cache_len = base + len(path)
+        run.seq += toks
+        run.h_last = hs[node]
+        run.pend = [toks[-1]]
+        return Step(toks, lps if run.logprobs else None, len(node_tok), len(path) - 1, finish)
 
     def _finished(self, tok: int, grammar: Grammar | None, emitted: int, max_tokens: int
                   ) -> str | None:
@@ -443,96 +347,3 @@ class Decoder:
         if emitted >= max_tokens:
             return "length"
         return None
-
-
-def _shared_prefix(a: list[int], b: list[int]) -> int:
-    """Length of the longest common prefix of two token lists."""
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
-class Run:
-    """One sequence between forward passes: its cache region, the tokens still without KV,
-    what it emitted. Made by :meth:`Decoder.start`, advanced by :meth:`Decoder.step`."""
-
-    def __init__(self, dec: Decoder, slot: int, prompt: list[int], max_tokens: int,
-                 grammar: Grammar | None, logprobs: int, kept: int) -> None:
-        self.dec, self.slot = dec, slot
-        self.max_tokens, self.grammar, self.logprobs = max_tokens, grammar, logprobs
-        self.cache_len = kept
-        self.pend = prompt[kept:]  # accepted tokens without KV yet
-        self.seq = list(prompt)  # the prompt and every emitted token (prompt-lookup source)
-        self.h_last: torch.Tensor | None = None  # hidden state that predicted pend[-1]
-        self.emitted = 0
-        self.n_pend = len(self.pend)
-        self.draft: _Draft | None = None
-
-    def prepare(self, cap: int = 0) -> Segment:
-        """This pass's input: the pending tokens, then the draft trie (at most ``cap`` nodes
-        if set) under the last one."""
-        m = self.dec.model
-        draft = self.dec._draft(self.seq, self.h_last, self.grammar, cap)
-        n_pend, cache_len = len(self.pend), self.cache_len
-        if cache_len + n_pend + len(draft.tokens) > m.max_len:  # near the end: no drafts
-            draft = _Draft([], [0], [[]], torch.ones(1, 1, dtype=torch.bool))
-        self.draft, self.n_pend = draft, n_pend
-        ids = self.pend + draft.tokens
-        n = len(ids)
-        pos = list(range(cache_len, cache_len + n_pend)) + [
-            cache_len + n_pend - 1 + dep for dep in draft.depth[1:]]
-        mask = None
-        if n > 1:
-            # pending rows: causal; draft rows: every pending token plus ancestors
-            mask = torch.ones(n, cache_len + n, dtype=torch.bool)
-            mask[:n_pend, cache_len:] = torch.ones(n_pend, n, dtype=torch.bool).tril()
-            mask[n_pend:, cache_len + n_pend:] = draft.mask[1:, 1:]
-        return Segment(torch.tensor(ids), torch.tensor(pos), cache_len, mask, self.slot)
-
-    def finish(self, hs: torch.Tensor, logits: torch.Tensor) -> Step:
-        """Walk the trie with the model's greedy choices (row i: draft node i, 0 the last
-        pending token), keep the accepted path's KV, and report the step."""
-        dec, draft, grammar = self.dec, self.draft, self.grammar
-        assert draft is not None
-        node_tok = draft.tokens
-        node, path, toks, lps = 0, [0], [], []
-        finish = None
-        while True:
-            tok, lp = dec._pick(logits[node], grammar, self.logprobs)
-            toks.append(tok)
-            if lp is not None:
-                lps.append(lp)
-            self.emitted += 1
-            finish = dec._finished(tok, grammar, self.emitted, self.max_tokens)
-            if finish is not None:
-                break
-            nxt = next((c for c in draft.children[node] if node_tok[c - 1] == tok), None)
-            if nxt is None:
-                break
-            node = nxt
-            path.append(node)
-        base = self.cache_len + self.n_pend - 1  # slot of the last pending token
-        dec.model.compact([base + i for i in path], base, self.slot)
-        dec.slot_cached[self.slot] += self.pend + [node_tok[i - 1] for i in path[1:]]
-        self.cache_len = base + len(path)
-        self.seq += toks
-        self.h_last = hs[node]
-        self.pend = [toks[-1]]
-        return Step(toks, lps if self.logprobs else None, len(node_tok), len(path) - 1, finish)
-
-
-def time_forward(model: TinyLlama, n: int, context: int, reps: int = 20) -> float:
-    """Mean seconds of one forward pass verifying ``n`` tokens after ``context`` cached ones
-    (the cost model for choosing the tree size)."""
-    ids = torch.zeros(n, dtype=torch.long)
-    pos = torch.arange(context, context + n)
-    mask = None if n == 1 else torch.ones(n, context + n, dtype=torch.bool)
-    for _ in range(3):
-        model.logits(model.forward(ids, pos, context, mask))
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        model.logits(model.forward(ids, pos, context, mask))
-    return (time.perf_counter() - t0) / reps

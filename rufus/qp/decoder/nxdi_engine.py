@@ -144,7 +144,6 @@ class NxdiDecoder:
         self.tree = tree
         self.eos_ids = eos_ids
         self.pad_id = pad_id
-        self.cached: list[int] = []
 
     def best_slot(self, prompt: list[int], free: list[int]) -> int:
         return free[0]

@@ -5,7 +5,8 @@ through ``generate(prompt, sampling_params, request_id)`` (an async iterator of
 ``RequestOutput``-shaped objects), ``abort``, ``tokenizer``, ``model_config.max_model_len``,
 ``errored`` and ``shutdown``. :class:`TorchPlannerEngine` provides exactly that, so the
 planner keeps rufus_llm's admission control, cancellation, metrics and error mapping while
-decoding runs on :mod:`rufus.qp.decoder.medusa_decode`.
+decoding runs on :mod:`rufus.qp.decoder.medusa_decode` under the constraints of
+:mod:`rufus.qp.decoder.constraints`.
 
 Requests are decoded on one worker thread, so the asyncio loop stays free; each decoding
 step is streamed back as a delta. One request alone is decoded at batch size 1 (the latency
@@ -35,13 +36,6 @@ from rufus.serving.engine_api import Completion, Logprob, Output
 log = logging.getLogger("rufus.qp.torch")
 
 __all__ = ["Completion", "Logprob", "Output", "TorchPlannerEngine"]
-
-# Test-only fault injection (environment of the server, never a request): the N-th request
-# decoded in this process fails as if the decoder had crashed, once. Used by the planner
-# engine-death test; unset in every shipped configuration.
-_FAULT_AT = int(os.environ.get("RUFUS_QP_TORCH_FAULT_AT", "0") or 0)
-_decoded = 0
-
 
 class DecoderCrashed(RuntimeError):
     """The decoding thread failed outside any one request's input: the engine is dead."""
@@ -103,7 +97,7 @@ class TorchPlannerEngine:
         self._grammars: dict[str, Any] = {}
         self._xgr_compiler: Any = None
         self._encode: Callable[[str], list[int]] | None = None
-        # string fields copied from the customer's words (medusa_decode.CopyConstraint)
+        # string fields copied from the customer's words (constraints.CopyConstraint)
         self._copy_fields = tuple(args.get("copy_fields") or ())
         self._token_text: Any = None
         self._pending: dict[str, _Request] = {}
@@ -144,7 +138,7 @@ class TorchPlannerEngine:
 
         from rufus.qp.decoder.cores import CoreWatch, parse_threads
         from rufus.qp.decoder.medusa_decode import MAX_DRAFT_NODES, Decoder, Tree
-        from rufus.qp.decoder.torch_llama import MedusaHeads, TinyLlama
+        from rufus.qp.decoder.torch_llama import MedusaHeads, TorchLlama
 
         # A fixed team stalls at every barrier when a busy neighbour (the answer model's vLLM
         # worker) holds one of its cores; "auto" (shipped) sizes it to the idle cores
@@ -154,8 +148,8 @@ class TorchPlannerEngine:
             self._cores = CoreWatch(len(os.sched_getaffinity(0)))
         self._set_threads = torch.set_num_threads
         counts = range(self._cores.max_threads, 0, -1) if self._cores else [fixed or 1]
-        model = TinyLlama(str(args["model"]), str(args.get("dtype", "bfloat16")), self.max_len,
-                          slots=self._max_batch)
+        model = TorchLlama(str(args["model"]), str(args.get("dtype", "bfloat16")), self.max_len,
+                           slots=self._max_batch)
         heads = tree = None
         if tree_paths is not None and medusa_dir:
             heads = MedusaHeads(medusa_dir, model.dtype, num_heads)
@@ -237,7 +231,7 @@ class TorchPlannerEngine:
     def _grammar(self, schema: Any) -> Any:
         import xgrammar as xgr
 
-        from rufus.qp.decoder.medusa_decode import (
+        from rufus.qp.decoder.constraints import (
             Grammar,
             TokenText,
             compile_grammar,
@@ -313,14 +307,13 @@ class TorchPlannerEngine:
     def _admit(self, req: _Request, active: list[_Request]) -> bool:
         """Grammar, copy constraint and cache region for a queued request. False: it ended
         here (aborted, its schema failed, or the engine is dead)."""
-        global _decoded
         if req.aborted or self.errored:
             req.end(self.dead_error if self.errored else None)
             return False
         try:
             grammar = self._grammar(req.schema) if req.schema is not None else None
             if grammar is not None and self._copy_fields:
-                from rufus.qp.decoder.medusa_decode import CopyConstraint
+                from rufus.qp.decoder.constraints import CopyConstraint
 
                 grammar.copy = CopyConstraint.for_prompt(self._copy_fields, self.tokenizer,
                                                          req.prompt, self._token_text)
@@ -330,10 +323,6 @@ class TorchPlannerEngine:
             req.end(exc)
             return False
         try:
-            _decoded += 1
-            if _FAULT_AT and _decoded == _FAULT_AT:
-                raise DecoderCrashed(f"injected decoder fault (RUFUS_QP_TORCH_FAULT_AT="
-                                     f"{_FAULT_AT})")
             used = {r.slot for r in active}
             req.slot = self.decoder.best_slot(
                 req.prompt, [i for i in range(self._max_batch) if i not in used])

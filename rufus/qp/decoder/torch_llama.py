@@ -59,7 +59,7 @@ class Segment(NamedTuple):
     slot: int = 0
 
 
-class TinyLlama:
+class TorchLlama:
     """Weights plus a KV cache of ``slots`` regions of ``max_len`` tokens each
     (``[layers, 2, kv_heads, slots * max_len, head_dim]``): one region per sequence decoded
     in the same pass."""

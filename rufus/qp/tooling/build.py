@@ -1,7 +1,8 @@
 """Artifacts of the query planner that are too big for git, rebuilt from small ones.
 
 Committed (small): the planner's LoRA adapter (``data/qp/lora.safetensors``) and the Medusa
-heads' residual blocks (``data/qp/medusa_heads.safetensors``) plus ``medusa_tree.json``.
+heads' residual blocks (``data/qp/medusa_heads.safetensors``); the tree is committed where
+it is served (``model_repository/rufus_qp_medusa/1/medusa_tree.json``), not read here.
 Rebuilt here (seconds, ``scripts/setup.sh qp``): the planner model (default model + merged
 LoRA, 270 MB) and vLLM's Medusa checkpoint directory (the blocks, the draft vocabulary
 ``token_map`` and one vocabulary projection copied from the planner's tied embedding).
@@ -22,7 +23,6 @@ ROOT = Path(__file__).resolve().parents[3]
 DATA = ROOT / "data" / "qp"
 LORA_PATH = DATA / "lora.safetensors"
 HEADS_PATH = DATA / "medusa_heads.safetensors"
-TREE_PATH = DATA / "medusa_tree.json"
 # LoRA targets: every linear layer of every decoder block (attention and MLP).
 # Draft vocabulary of the heads (vLLM's Medusa ``token_map``): the lowest ids of the BPE
 # vocabulary (merged first, i.e. the most frequent pieces) plus every token of the planner's

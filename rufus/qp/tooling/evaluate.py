@@ -17,7 +17,7 @@ contain); ``history`` when it is a follow-up. Scores:
 * ``ungrounded_filters``: predicted brand/max_price values not written in the question or
   history (rufus/qp/grounding.py): the issue's "never emitted" rule, counted.
 
-:class:`TorchPlanner` runs the served decoder in-process (the same TinyLlama + Medusa tree
+:class:`TorchPlanner` runs the served decoder in-process (the same TorchLlama + Medusa tree
 + xgrammar path as the Triton model, batch 1) so the eval takes about a minute.
 """
 
@@ -119,7 +119,7 @@ def summary_line(s: dict[str, Any]) -> str:
 
 
 class TorchPlanner:
-    """The served decoding path in-process: TinyLlama, optional Medusa tree, plan grammar."""
+    """The served decoding path in-process: TorchLlama, optional Medusa tree, plan grammar."""
 
     def __init__(self, model_dir: str | Path, dtype: str = "bfloat16",
                  medusa_dir: str | Path | None = None, tree: list[list[int]] | None = None,
@@ -129,19 +129,14 @@ class TorchPlanner:
         import torch
         from transformers import AutoTokenizer
 
-        from rufus.qp.decoder.medusa_decode import (
-            Decoder,
-            TokenText,
-            Tree,
-            compile_grammar,
-            draft_encoder,
-        )
-        from rufus.qp.decoder.torch_llama import MedusaHeads, TinyLlama
+        from rufus.qp.decoder.constraints import TokenText, compile_grammar, draft_encoder
+        from rufus.qp.decoder.medusa_decode import Decoder, Tree
+        from rufus.qp.decoder.torch_llama import MedusaHeads, TorchLlama
 
         if threads:
             torch.set_num_threads(threads)
         self.tok = AutoTokenizer.from_pretrained(str(model_dir))
-        model = TinyLlama(str(model_dir), dtype, 1024)
+        model = TorchLlama(str(model_dir), dtype, 1024)
         heads = t = None
         if medusa_dir and tree:
             heads = MedusaHeads(str(medusa_dir), model.dtype, num_heads or max(map(len, tree)))
@@ -163,7 +158,7 @@ class TorchPlanner:
 
     def plan(self, question: str, history: list[dict[str, str]] | None = None,
              max_tokens: int = 96) -> Prediction:
-        from rufus.qp.decoder.medusa_decode import CopyConstraint, Grammar
+        from rufus.qp.decoder.constraints import CopyConstraint, Grammar
 
         grammar = None
         ids = render_prompt_ids(self.tok, question, history)

@@ -25,7 +25,6 @@ Labelling conventions (the eval set is labelled by the same rules):
 from __future__ import annotations
 
 import random
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -787,7 +786,6 @@ MONTHS = [
     "yesterday",
     "the 12th",
 ]
-COLORS = ["blue", "black", "red", "white", "green", "pink", "grey"]
 
 K, C = "keyword", "conversational"
 PRICE_VALUES = [
@@ -1560,13 +1558,6 @@ def build(n: int, seed: int, exclude: set[str] = frozenset()) -> list[dict[str, 
         seen.add(key)
         out.append(ex.row())
     return out
-
-
-_WS = re.compile(r"\s+")
-
-
-def normalise(text: str) -> str:
-    return _WS.sub(" ", text.lower()).strip()
 
 
 DATA = Path(__file__).resolve().parents[3] / "data" / "qp"

@@ -7,14 +7,20 @@ with probability ~ ``prod acc[i][r_i]``. Adding nodes in order of that probabili
 tree prefix-closed and maximises expected accepted tokens for its size. The size is chosen
 with the *measured* time of one forward pass verifying n tokens on the engine that serves
 the tree, so on a CPU (where width is not free) the tree stays small, and on a device where
-extra nodes are nearly free it grows. Pure functions; scripts/build_medusa_tree.py measures.
+extra nodes are nearly free it grows. The measurements (:func:`head_accuracy`,
+:func:`time_forward`) take a model; the search itself is pure functions.
+scripts/build_medusa_tree.py runs them.
 """
 
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rufus.qp.decoder.torch_llama import TorchLlama
 
 TOPK = 8
 
@@ -68,6 +74,23 @@ def chain_speeds(acc: list[list[float]], step_cost: Callable[[int], float]
     expected = {k: 1 + sum(chain[:k]) for k in range(1, len(acc) + 1)}
     speed = {k: e / step_cost(k + 1) * step_cost(1) for k, e in expected.items()}
     return expected, speed
+
+
+def time_forward(model: TorchLlama, n: int, context: int, reps: int = 20) -> float:
+    """Mean seconds of one forward pass of the served engine (:class:`TorchLlama`)
+    verifying ``n`` tokens after ``context`` cached ones (the cost model for choosing the
+    tree size)."""
+    import torch
+
+    ids = torch.zeros(n, dtype=torch.long)
+    pos = torch.arange(context, context + n)
+    mask = None if n == 1 else torch.ones(n, context + n, dtype=torch.bool)
+    for _ in range(3):
+        model.logits(model.forward(ids, pos, context, mask))
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        model.logits(model.forward(ids, pos, context, mask))
+    return (time.perf_counter() - t0) / reps
 
 
 def head_accuracy(model: Any, emb: Any, blocks: list[Any], seqs: list[tuple[list[int], int]],

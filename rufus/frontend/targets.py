@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from rufus.client import RequestFailed, agenerate
-from rufus.frontend.protocol import Plan, TritonCall
+from rufus.frontend.protocol import ParsedRequest, TritonCall
 from rufus.frontend.render import Delta, parse_outputs
 
 log = logging.getLogger("rufus.frontend")
@@ -23,17 +23,17 @@ FLAGS = {"exclude_input_in_output": True, "return_finish_reason": True,
          "return_num_input_tokens": True, "return_num_output_tokens": True}
 
 
-class Backend(Protocol):
+class Target(Protocol):
     """Serves one OpenAI model id."""
 
     owned_by: str
 
-    def generate(self, plan: Plan, call: TritonCall) -> AsyncIterator[Delta]:
+    def generate(self, parsed: ParsedRequest, call: TritonCall) -> AsyncIterator[Delta]:
         """Deltas of one call; raises :class:`RequestFailed` (Triton status) on errors."""
         ...
 
 
-class TritonBackend:
+class TritonModelClient:
     """A Triton model with rufus_llm's interface, one gRPC stream per call.
 
     ``client`` is a shared ``tritonclient.grpc.aio`` client (one HTTP/2 connection; the
@@ -51,10 +51,10 @@ class TritonBackend:
         self.retries = retries
         self.timeout = timeout
 
-    async def generate(self, plan: Plan, call: TritonCall) -> AsyncIterator[Delta]:
-        flags = dict(FLAGS, return_logprobs=plan.logprobs)
+    async def generate(self, parsed: ParsedRequest, call: TritonCall) -> AsyncIterator[Delta]:
+        flags = dict(FLAGS, return_logprobs=parsed.logprobs)
         async for chunk in agenerate(self.url, self.model, call.prompt, call.messages,
-                                     stream=plan.stream, sampling=call.sampling, flags=flags,
+                                     stream=parsed.stream, sampling=call.sampling, flags=flags,
                                      timeout=self.timeout, retries=self.retries,
                                      client=self.client):
             yield parse_outputs(chunk.outputs)
@@ -74,7 +74,7 @@ class ChatHook(Protocol):
 
     owned_by: str
 
-    def chat(self, messages: list[dict[str, str]], plan: Plan) -> AsyncIterator[HookEvent]: ...
+    def chat(self, messages: list[dict[str, str]], parsed: ParsedRequest) -> AsyncIterator[HookEvent]: ...
 
 
 # model id -> factory(frontend settings) -> ChatHook; filled by register()
@@ -96,5 +96,14 @@ def load_builtin_hooks() -> None:
     assistant_hook.register_default()
 
 
-__all__ = ["FLAGS", "HOOKS", "Backend", "ChatHook", "HookEvent", "RequestFailed",
-           "TritonBackend", "load_builtin_hooks", "register"]
+__all__ = [
+    "FLAGS",
+    "HOOKS",
+    "ChatHook",
+    "HookEvent",
+    "RequestFailed",
+    "Target",
+    "TritonModelClient",
+    "load_builtin_hooks",
+    "register",
+]

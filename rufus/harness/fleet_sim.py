@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-CALIBRATION = Path(__file__).with_name("sim_calibration.json")
+CALIBRATION = Path(__file__).with_name("fleet_sim_calibration.json")
 
 
 # ----------------------------------------------------------------------- service model

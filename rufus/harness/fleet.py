@@ -6,8 +6,8 @@ node lost -> the whole unit is recreated, like LeaderWorkerSet). ``nnodes=1`` gi
 single-node units (one tritonserver), useful when CPU is scarce. Every process is ended by
 pid / process group in :meth:`Fleet.stop`.
 
-Used by ``make fleet`` (``python -m proxy.fleet``, or scripts/fleet.py), the proxy
-integration tests and the benchmark (proxy/fleet_bench.py).
+Used by ``make fleet`` (``python -m rufus.harness.fleet``, or scripts/fleet.py), the proxy
+integration tests and the benchmark (rufus/harness/fleet_bench.py).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from rufus.env import EnvError, env_int
 from rufus.harness.rig import LocalUnit, Supervisor
 from rufus.harness.server import ROOT, free_port
 
-log = logging.getLogger("proxy.fleet")
+log = logging.getLogger("rufus.harness.fleet")
 
 # Small engines: two units (four vLLM processes with followers) share this machine's cores.
 FLEET_ENGINE_ARGS: dict[str, Any] = {"max_num_seqs": 8, "max_model_len": 1024}
@@ -301,7 +301,7 @@ class Fleet:
 # ---------------------------------------------------------------------------- CLI
 FLEET_HELP = """commands:
   up      start the fleet, print where everything listens; Ctrl-C stops all (make fleet)
-  bench   least outstanding vs round robin in one run (make fleet-bench; proxy/fleet_bench.py)
+  bench   least outstanding vs round robin in one run (make fleet-bench; rufus/harness/fleet_bench.py)
 
 Every process started here is ended by process group on exit (Ctrl-C, SIGTERM, or an error).
 
@@ -355,7 +355,7 @@ def cmd_up(a: argparse.Namespace) -> int:
 
 
 def cmd_bench(a: argparse.Namespace) -> int:
-    from proxy.fleet_bench import run_bench  # needs the client and load generator
+    from rufus.harness.fleet_bench import run_bench  # needs the client and load generator
 
     fleet = build_fleet(a, rr=True)
 
@@ -386,7 +386,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m proxy.fleet", epilog=FLEET_HELP,
+        prog="python -m rufus.harness.fleet", epilog=FLEET_HELP,
         description="A local fleet: N inference units + unit agents + HAProxy on this machine.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("command", nargs="?", default="up", choices=["up", "bench"])

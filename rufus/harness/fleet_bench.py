@@ -3,8 +3,9 @@
 Least outstanding requests vs round robin through the same HAProxy (two frontends over the
 same units), in one run, on a mixed workload where a share of the requests asks for long
 answers: the policies differ only when some units are busier than others. ``calibrate``
-measures the service times that proxy/sim.py's unit model needs (the fleet simulator's
-``proxy/sim_calibration.json``). Results and the command: docs/benchmarks.md.
+measures the service times that rufus/harness/fleet_sim.py's unit model needs (the fleet
+simulator's ``rufus/harness/fleet_sim_calibration.json``). Results and the command:
+docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from proxy.fleet import Fleet
 from rufus.client import agenerate
+from rufus.harness.fleet import Fleet
 from rufus.harness.loadgen import SHOPPING_PROMPTS, Stream, closed_loop, triton_stream
 
 MODEL = "rufus_llm"

@@ -1,0 +1,205 @@
+"""What the planner may emit: the plan grammar and the copied-field constraint.
+
+:class:`Grammar` is one request's xgrammar matcher over the plan's JSON schema (the same
+JSON-schema grammar vLLM's structured outputs compile): it masks the greedy choice to what
+the schema allows, advances token by token, says which text it forces next (drafted by
+:meth:`rufus.qp.decoder.medusa_decode.Decoder.draft`) and when nothing but the stop token
+can follow. :class:`CopyConstraint` keeps a copied string value (``copy_fields``: the
+brand) to a run of the customer's words. Both act on the choice itself, identically in
+plain and Medusa decoding, so decoding stays lossless.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+# The plan's exact layout (rufus/qp/plan.py ``render_plan``: what the planner was trained to
+# write): no free whitespace, compact separators. Pinned, most of a plan's tokens (keys,
+# punctuation, the rest of an enum value; docs/benchmarks.md) are forced by the grammar, which
+# the tree decoder (medusa_decode.Decoder, ``grammar_drafts``) then verifies as drafts instead
+# of decoding one by one.
+GRAMMAR_LAYOUT: dict[str, Any] = {"any_whitespace": False, "separators": (", ", ": ")}
+
+
+def compile_grammar(compiler: Any, schema: str) -> Any:
+    """xgrammar JSON-schema grammar in the plan layout (schema property order kept)."""
+    return compiler.compile_json_schema(schema, **GRAMMAR_LAYOUT)
+
+
+def draft_encoder(tokenizer: Any) -> Callable[[str], list[int]]:
+    """``Grammar``'s ``encode``: a tokenizer's ids for a forced string, memoized (a plan
+    grammar has a few dozen distinct forced strings)."""
+    from functools import lru_cache
+
+    @lru_cache(maxsize=4096)
+    def encode(text: str) -> list[int]:
+        return list(tokenizer.encode(text, add_special_tokens=False))
+
+    return encode
+
+
+class TokenText:
+    """Every token's text, indexed for :class:`CopyConstraint` (built once per engine)."""
+
+    def __init__(self, texts: list[str]) -> None:
+        self.texts = texts
+        self.by_text: dict[str, list[int]] = {}
+        self.closers: dict[str, list[int]] = {}  # text before the token's first '"' -> ids
+        for i, t in enumerate(texts):
+            if not t:
+                continue
+            self.by_text.setdefault(t, []).append(i)
+            if '"' in t:
+                self.closers.setdefault(t.split('"', 1)[0], []).append(i)
+
+    @classmethod
+    def of(cls, compiled: Any) -> TokenText:
+        """From an xgrammar compiled grammar's tokenizer info (its decoded vocabulary)."""
+        return cls([b.decode("utf-8", "replace")
+                    for b in compiled.tokenizer_info.decoded_vocab])
+
+
+_EDGE = "\"'.,!?;:()[]{}<>"
+
+
+def copy_spans(context: str, max_words: int = 4) -> set[str]:
+    """Every run of 1..``max_words`` consecutive words of ``context``, lower case, edge
+    punctuation stripped ("Levi's" -> "levi's", "pitcher?" -> "pitcher")."""
+    words = [w for w in (w.strip(_EDGE) for w in context.lower().replace("\u2019", "'").split())
+             if w]
+    return {" ".join(words[i:i + n]) for i in range(len(words))
+            for n in range(1, max_words + 1) if i + n <= len(words)}
+
+
+class CopyConstraint:
+    """String fields whose value must be copied from the customer's words (``brand``).
+
+    The planner's brand filter is, by the labelling rule, a brand the customer wrote; the
+    135M model sometimes garbles a brand it copies ("weber" -> "berber", "brita" ->
+    "britney"). While such a value is open, only tokens that keep it a prefix of a run of
+    the context's words (or close it on a whole run) are allowed; the model still picks
+    among them, greedily, so plain and Medusa decoding stay identical. Which words may be
+    copied is decided by :func:`copy_spans`; which fields, by model.json ``copy_fields``.
+    """
+
+    def __init__(self, fields: tuple[str, ...] | list[str], context: str,
+                 vocab: TokenText) -> None:
+        self.openers = tuple(f'"{f}": "' for f in fields)
+        self.spans = copy_spans(context)
+        self.vocab = vocab
+        self.text = ""  # what has been emitted
+
+    @classmethod
+    def for_prompt(cls, fields: tuple[str, ...] | list[str], tokenizer: Any,
+                   prompt: list[int], vocab: TokenText) -> CopyConstraint:
+        """For one planner request: the customer's words are its prompt's user turn."""
+        from rufus.qp.plan import prompt_context
+
+        text = tokenizer.decode(prompt, skip_special_tokens=False)
+        return cls(fields, prompt_context(text), vocab)
+
+    def advance(self, tok: int) -> None:
+        self.text += self.vocab.texts[tok]
+
+    def _open_value(self) -> str | None:
+        for op in self.openers:
+            i = self.text.rfind(op)
+            if i >= 0 and '"' not in self.text[i + len(op):]:
+                return self.text[i + len(op):]
+        return None
+
+    def allowed(self) -> list[int] | None:
+        """Token ids allowed next, or None when no copied value is open."""
+        prefix = self._open_value()
+        if prefix is None:
+            return None
+        ids: set[int] = set()
+        for span in self.spans:
+            if not span.startswith(prefix):
+                continue
+            rest = span[len(prefix):]
+            ids.update(self.vocab.closers.get(rest, ()))
+            for n in range(1, len(rest) + 1):
+                ids.update(self.vocab.by_text.get(rest[:n], ()))
+        return sorted(ids)
+
+
+class Grammar:
+    """xgrammar matcher for one request: masks logits to the schema, advances on tokens.
+
+    ``encode`` (text -> token ids, no special tokens) enables :meth:`forced_tokens`;
+    ``copy`` restricts copied string values (:class:`CopyConstraint`).
+    """
+
+    def __init__(self, compiled: Any, vocab_size: int,
+                 encode: Callable[[str], list[int]] | None = None,
+                 copy: CopyConstraint | None = None) -> None:
+        import xgrammar as xgr
+
+        self.xgr = xgr
+        self.matcher = xgr.GrammarMatcher(compiled)
+        self.bitmask = xgr.allocate_token_bitmask(1, vocab_size)
+        self.encode = encode
+        self.copy = copy
+
+    def forced_tokens(self, limit: int) -> list[int]:
+        """Tokens of the text the grammar forces next (its jump-forward string), at most
+        ``limit``. They are drafts, verified like Medusa's: the model may tokenize the same
+        text differently in context, and then its own choice is kept (lossless)."""
+        if self.encode is None:
+            return []
+        s = self.matcher.find_jump_forward_string()
+        if not s:
+            return []
+        return self.encode(s)[:limit]
+
+    def choose(self, logits: torch.Tensor) -> int:
+        """The greedy token among those the grammar allows, accepted into the matcher.
+
+        Fast path: if the unmasked argmax is allowed it is also the masked argmax (masking
+        only removes tokens), and ``accept_token`` both checks and advances; a refused token
+        leaves the matcher unchanged. Only then is the full vocabulary mask built.
+        """
+        allow = self.copy.allowed() if self.copy is not None else None
+        if allow:
+            tok = allow[int(logits[allow].argmax())]
+        else:
+            tok = int(logits.argmax())
+        if self.matcher.accept_token(tok):
+            return self._accepted(tok)
+        self.matcher.fill_next_token_bitmask(self.bitmask)
+        row = logits[None].clone()
+        if allow:
+            keep = torch.full_like(row, float("-inf"))
+            keep[0, allow] = row[0, allow]
+            self.xgr.apply_token_bitmask_inplace(keep, self.bitmask)
+            if bool(torch.isfinite(keep).any()):  # else: nothing copyable fits, grammar only
+                row = keep
+        self.xgr.apply_token_bitmask_inplace(row, self.bitmask)
+        tok = int(row.argmax())
+        if not self.matcher.accept_token(tok):
+            raise RuntimeError(f"grammar refused token {tok} that its own mask allowed")
+        return self._accepted(tok)
+
+    def _accepted(self, tok: int) -> int:
+        if self.copy is not None:
+            self.copy.advance(tok)
+        return tok
+
+    @property
+    def finished(self) -> bool:
+        """Terminated, or complete with nothing but a stop token allowed next: the stop
+        token is then certain, so decoding ends here instead of spending a forward pass on
+        it (the text is the same; the stop token is not in the output ids)."""
+        if self.matcher.is_terminated():
+            return True
+        if not self.matcher.is_completed():
+            return False
+        self.matcher.fill_next_token_bitmask(self.bitmask)
+        row = torch.zeros(1, self.bitmask.shape[1] * 32)
+        self.xgr.apply_token_bitmask_inplace(row, self.bitmask)
+        allowed = set(torch.nonzero(row[0] == 0).flatten().tolist())
+        return allowed <= set(self.matcher.stop_token_ids)
