@@ -31,9 +31,10 @@ import numpy as np
 
 from rufus.assistant.pipeline import Assistant, NullMetrics
 from rufus.client import RequestFailed
-from rufus.errors import Cancelled, Internal, RufusError, Unavailable, client_error
+from rufus.errors import Cancelled, Internal, InvalidInput, RufusError, Unavailable, client_error
 from rufus.serving.cancel import CancelWatcher
 from rufus.serving.metrics import MetricBuffer
+from rufus.serving.sampling import request_parameters
 from rufus.serving.triton_backend import TritonModel, TritonSink, pb_utils
 from rufus.serving.validation import (
     DEFAULT_LIMITS,
@@ -41,6 +42,7 @@ from rufus.serving.validation import (
     Limits,
     OutputSpec,
     decode_inputs,
+    quote,
     read_conversation,
 )
 
@@ -71,8 +73,15 @@ class AssistantRequest:
 
 
 def parse_assistant_request(inputs: dict[str, np.ndarray | None],
-                            limits: Limits = DEFAULT_LIMITS) -> AssistantRequest:
-    """Validate the tensors of one request; every error names the input field."""
+                            limits: Limits = DEFAULT_LIMITS,
+                            parameters: str | None = None) -> AssistantRequest:
+    """Validate the tensors of one request; every error names the input field. The assistant
+    takes no request parameters (the other models reject keys they do not know, so does it;
+    HTTP ``generate`` turns unknown body keys into parameters)."""
+    unknown = sorted(request_parameters(parameters, limits))
+    if unknown:
+        raise InvalidInput("parameters", f"unknown key(s) {quote(unknown, 120)}; "
+                                         "rufus_assistant takes none (inputs: question, history)")
     question, history = read_conversation(decode_inputs(ASSISTANT_INPUT_SPECS, inputs, limits),
                                           limits)
     return AssistantRequest(question, history)
@@ -175,7 +184,7 @@ class AssistantModel(TritonModel):
 
     def parse(self, inputs: dict[str, np.ndarray | None], parameters: str | None
               ) -> AssistantRequest:
-        return parse_assistant_request(inputs, self.limits)
+        return parse_assistant_request(inputs, self.limits, parameters)
 
     def submit(self, parsed: AssistantRequest, sink: TritonSink, arrival: float) -> None:
         self.loop.call_soon_threadsafe(self._start, parsed, sink)

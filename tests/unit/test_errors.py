@@ -152,3 +152,13 @@ def test_the_planner_and_the_assistant_parse_a_conversation_alike():
             except InvalidInput as exc:
                 outcomes.append(("invalid", exc.field, exc.reason))
         assert outcomes[0] == outcomes[1], history
+
+
+def test_the_assistant_takes_no_request_parameters():
+    from rufus.assistant.triton_model import parse_assistant_request
+
+    inputs = {"question": _b("shoes")}
+    assert parse_assistant_request(inputs, parameters="{}").question == "shoes"
+    with pytest.raises(InvalidInput) as ei:
+        parse_assistant_request(inputs, parameters='{"temperature": 0}')
+    assert ei.value.field == "parameters" and "temperature" in ei.value.reason
