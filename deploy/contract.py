@@ -100,6 +100,8 @@ ENV: dict[str, Var] = {
     "RUFUS_MODELS": Var(("rufus/harness/server.py",), "models tritonserver loads"),
     "RUFUS_CACHE_DIR": Var(("rufus/serving/config.py",), "root of built models and caches"),
     "RUFUS_MODEL_DIR": Var(("rufus/serving/config.py",), "the default model's directory"),
+    "RUFUS_COMPILE_CACHE_DIR": Var(("rufus/serving/caches.py",),
+                                   "compiled kernels per CPU class (default $RUFUS_CACHE_DIR/compile)"),
     "RUFUS_LOG_LEVEL": Var(("rufus/serving/triton_backend.py",), "Python logging level in the backend"),
     "RUFUS_ENGINE_RESTART": Var(("rufus/serving/engine.py",),
                                 "replace a dead engine in place (true) or leave it down"),
@@ -180,6 +182,12 @@ ENV: dict[str, Var] = {
                                    "(1; 0 turns it off)"),
     "RUFUS_CATALOG": Var(("rufus/retrieval/__init__.py",),
                          "assistant: your own catalog (.jsonl/.csv) instead of the generated one"),
+    "RUFUS_WARMUP": Var(("rufus/serving/triton_backend.py",),
+                        "serve warm-up requests before reporting ready (true; false skips)"),
+    "RUFUS_PREBUILD": Var(("docker/Dockerfile",),
+                          "build arg: start the models once in the build stage so the image "
+                          "ships warm compile caches (1; 0 skips)"),
+    "RUFUS_PREBUILD_MODELS": Var(("docker/Dockerfile",), "build arg: models the prebuild starts"),
     "RUFUS_CATALOG_INDEX": Var(("rufus/retrieval/__init__.py",),
                                "assistant: search index file (build/retrieval/catalog.sqlite)"),
 }

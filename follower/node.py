@@ -39,6 +39,7 @@ from rufus.multinode.control import (
     unit_secret,
 )
 from rufus.multinode.topology import Topology, TopologyError, apply_topology, topology_from_env
+from rufus.serving import caches
 from rufus.serving.config import ConfigError, load_engine_config
 
 log = logging.getLogger("follower")
@@ -59,6 +60,7 @@ def engine_args_for(topo: Topology, env: dict[str, str] | None = None) -> dict[s
     """This follower's engine args: the leader's model.json + overrides + topology."""
     env = dict(os.environ if env is None else env)
     path = Path(env.get("RUFUS_MODEL_JSON", str(DEFAULT_MODEL_JSON)))
+    # "dtype": "measured" resolves as on the leader: one CPU class per unit (deploy/README.md)
     cfg = load_engine_config(path, unit_model_name(env), env)
     return apply_topology(cfg.engine_args, topo)
 
@@ -129,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=os.environ.get("RUFUS_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
+    caches.configure()  # before vLLM is imported: compile caches keyed by this CPU
     try:
         topo = topology_from_env()
         if not topo.multi_node or topo.is_leader:

@@ -24,7 +24,8 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8])
     ap.add_argument("--questions", type=int, default=64,
                     help="questions per server and concurrency level > 1")
-    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--dtype", default="measured",
+                    help="served dtype: measured (this machine's choice) or a concrete one")
     ap.add_argument("--eval", default=str(ROOT / "data/qp/eval.jsonl"))
     ap.add_argument("--limit", type=int, default=0, help="first N eval questions only")
     ap.add_argument("--baselines", nargs="*", default=list(BASELINES), choices=list(BASELINES),

@@ -37,6 +37,13 @@ from rufus.harness.server import TritonServer, free_port
 VARIANTS: dict[str, dict[str, str]] = {
     "aot": {"VLLM_USE_AOT_COMPILE": "1"},
     "inductor": {"VLLM_USE_AOT_COMPILE": "0"},
+    # the answer model in fp32 (on a CPU without native bf16, the profile run of a full
+    # max_num_batched_tokens batch is emulated bf16, docs/benchmarks.md)
+    "fp32": {"VLLM_USE_AOT_COMPILE": "1",
+             "RUFUS_RUFUS_LLM_ENGINE_ARGS": json.dumps({"dtype": "float32"})},
+    # a smaller prefill budget: the start's profile run is one batch of this many tokens
+    "tok512": {"VLLM_USE_AOT_COMPILE": "1",
+               "RUFUS_RUFUS_LLM_ENGINE_ARGS": json.dumps({"max_num_batched_tokens": 512})},
     "eager": {"VLLM_USE_AOT_COMPILE": "0",
               "RUFUS_RUFUS_LLM_ENGINE_ARGS": json.dumps({"enforce_eager": True})},
 }
@@ -104,8 +111,8 @@ def main() -> None:
                                                              for v in a.variants}
 
     def env_of(v: str) -> dict[str, str]:
-        return {**VARIANTS[v], "VLLM_CACHE_ROOT": str(caches[v] / "vllm"),
-                "TORCHINDUCTOR_CACHE_DIR": str(caches[v] / "inductor")}
+        # a fresh compile-cache root per variant (rufus/serving/caches.py keys it by CPU)
+        return {**VARIANTS[v], "RUFUS_COMPILE_CACHE_DIR": str(caches[v])}
 
     phases = ([] if a.no_cold else [("first", 0)]) + [("cached", r) for r in range(a.rounds)]
     for kind, r in phases:

@@ -21,6 +21,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
+from rufus.qp.backends import served_tree  # noqa: E402
 from rufus.qp.plan import load_eval, parse_plan, prompt_ids, structured_outputs  # noqa: E402
 from rufus.qp.tooling.build import medusa_dir, qp_model_dir  # noqa: E402
 from rufus.qp.tooling.evaluate import (  # noqa: E402
@@ -33,6 +34,7 @@ from rufus.qp.tooling.evaluate import (  # noqa: E402
     summary_line,
 )
 from rufus.qp.tooling.prompts import baseline_messages  # noqa: E402
+from rufus.serving import precision  # noqa: E402
 
 MODEL_DIR = ROOT / "model_repository" / "rufus_qp_medusa" / "1"
 
@@ -59,7 +61,7 @@ def torch_eval(a: argparse.Namespace, rows: list[dict[str, Any]]) -> dict[str, A
     heads = 0
     if not a.no_medusa:
         mj = json.loads((MODEL_DIR / "model.json").read_text())
-        tree = json.loads((MODEL_DIR / mj["medusa_tree"]).read_text())["medusa_tree"]
+        tree = served_tree(mj, MODEL_DIR, str(a.model or qp_model_dir()), a.dtype)
         heads = int(mj["num_medusa_heads"])
     mj = json.loads((MODEL_DIR / "model.json").read_text())
     planner = TorchPlanner(a.model or qp_model_dir(), a.dtype, None if a.no_medusa else
@@ -92,8 +94,8 @@ def speed_eval(a: argparse.Namespace, rows: list[dict[str, Any]]) -> dict[str, A
     """Plain decoding, Medusa heads alone, and the served decoder (heads plus grammar-forced
     and prompt-lookup drafts), interleaved on the same questions."""
     mj = json.loads((MODEL_DIR / "model.json").read_text())
-    tree = json.loads((MODEL_DIR / mj["medusa_tree"]).read_text())["medusa_tree"]
     model = a.model or qp_model_dir()
+    tree = served_tree(mj, MODEL_DIR, str(model), a.dtype)
     heads = int(mj["num_medusa_heads"])
     cf = copy_fields(a, mj)
     planners = {
@@ -159,7 +161,9 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--eval", default=str(ROOT / "data/qp/eval.jsonl"))
     ap.add_argument("--engine", choices=("torch", "vllm"), default="torch")
-    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--dtype", default="measured",
+                    help="bfloat16 | float32 | int8 | measured (this machine's served choice, "
+                         "rufus/serving/precision.py)")
     ap.add_argument("--model", default="", help="default: the planner (setup.sh qp)")
     ap.add_argument("--no-medusa", action="store_true", help="torch: plain greedy decoding")
     ap.add_argument("--no-grammar", action="store_true", help="torch: no schema grammar")
@@ -177,6 +181,8 @@ def main() -> None:
     ap.add_argument("--out", default="", help="write per-question outputs (JSONL) here")
     ap.add_argument("--json", default="", help="write the scores here")
     a = ap.parse_args()
+    a.dtype = precision.resolve({"model": str(a.model or qp_model_dir()), "dtype": a.dtype},
+                                "planner")["dtype"]
     rows = load_eval(a.eval)
     if a.speed:
         res = speed_eval(a, rows[::max(1, len(rows) // a.speed)][:a.speed])

@@ -93,6 +93,22 @@ setup_catalog() {
   "$VENV/bin/python" "$ROOT/scripts/build_catalog.py" --index "$idx" ${RUFUS_CATALOG:+--catalog "$RUFUS_CATALOG"}
 }
 
+setup_precision() {
+  # Precision by measurement (rufus/serving/precision.py): bf16 / fp32 (/ int8 weight-only for
+  # the planner) passes of the default model and the planner on this CPU, and the planner's
+  # Medusa tree grown on those costs (under a minute natively, about one on AVX2), cached per
+  # CPU and model under $RUFUS_CACHE_DIR/precision/; "measured" in a model.json uses it.
+  step "precision for this CPU (measured once per CPU class and model)"
+  "$VENV/bin/python" -m rufus.serving.precision
+}
+
+setup_w8a8() {
+  # Opt-in (not in "all"): the default model as a compressed-tensors W8A8 checkpoint for vLLM's
+  # CPU int8 kernel (rufus/harness/w8a8.py; README "Precision and decoder shape per machine").
+  step "W8A8 int8 copy of the default model (opt-in)"
+  "$VENV/bin/python" -m rufus.harness.w8a8
+}
+
 setup_proxy() {
   # Proxy layer (issue 5): HAProxy from Debian for the data path. Installed when missing and
   # we are root; otherwise a note (the proxy integration tests then skip, saying why).
@@ -115,6 +131,8 @@ case "${1:-all}" in
   qp) setup_venv; setup_model; setup_qp ;;
   proxy) setup_proxy ;;
   catalog) setup_venv; setup_catalog ;;
-  all) setup_venv; setup_triton; setup_model; setup_qp; setup_catalog; setup_proxy ;;
-  *) echo "usage: $0 [all|venv|triton|model|qp|catalog|proxy]" >&2; exit 2 ;;
+  precision) setup_venv; setup_model; setup_qp; setup_precision ;;
+  w8a8) setup_venv; setup_model; setup_w8a8 ;;
+  all) setup_venv; setup_triton; setup_model; setup_qp; setup_precision; setup_catalog; setup_proxy ;;
+  *) echo "usage: $0 [all|venv|triton|model|qp|catalog|precision|w8a8|proxy]" >&2; exit 2 ;;
 esac

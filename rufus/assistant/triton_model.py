@@ -29,7 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from rufus.assistant.pipeline import Assistant, NullMetrics
+from rufus.assistant.pipeline import Assistant, NullMetrics, fallback_plan
+from rufus.assistant.prompt import LinkRenderer, answer_messages, cards
 from rufus.client import RequestFailed
 from rufus.errors import Cancelled, Internal, InvalidInput, RufusError, Unavailable, client_error
 from rufus.serving.cancel import CancelWatcher
@@ -148,6 +149,29 @@ class BufferedAssistantMetrics:
         self.buffer.close()
 
 
+WARMUP_TURNS = [
+    ("running shoes under $80", []),
+    ("any in blue?", [{"role": "user", "content": "I need running shoes"},
+                      {"role": "assistant", "content": "Here are some running shoes."}]),
+]
+
+
+def warm_up(assistant: Assistant) -> None:
+    """Before the model reports ready: the pipeline's own work once per path (search with
+    filters, diversification, cards, the answer prompt and link rendering), so the index's
+    pages and every lazily built piece are in place. The planner and the answer model are
+    warm by their own readiness (each warms up before it reports ready); the assistant cannot
+    call them here: tritonserver opens its gRPC port only after every model has loaded."""
+    t0 = time.monotonic()
+    for question, history in WARMUP_TURNS:
+        plan = fallback_plan(question)
+        products = assistant._retrieve(plan, question, history)
+        cards(products)
+        answer_messages(question, products, history)
+        LinkRenderer(products).feed("see [1] and [2]")
+    log.info("rufus_assistant: pipeline warmed up in %.2f s", time.monotonic() - t0)
+
+
 class AssistantModel(TritonModel):
     """``TritonPythonModel`` for rufus_assistant (model_repository/rufus_assistant)."""
 
@@ -168,19 +192,19 @@ class AssistantModel(TritonModel):
         retriever = default_retriever()
         log.info("rufus_assistant: %d products (%s, index %s) in %.2f s; models via gRPC at %s",
                  len(retriever), retriever.name, index_path(), time.monotonic() - t, url)
-        self.assistant = Assistant(
-            url, retriever,
-            planner_model=self.param("planner_model", "rufus_qp_medusa"),
-            answer_model=self.param("answer_model", "rufus_llm"),
-            k=int(self.param("num_products", "5")),
-            max_tokens=int(self.param("answer_max_tokens", "160")),
-            metrics=self.metrics)
+        settings = dict(planner_model=self.param("planner_model", "rufus_qp_medusa"),
+                        answer_model=self.param("answer_model", "rufus_llm"),
+                        k=int(self.param("num_products", "5")),
+                        max_tokens=int(self.param("answer_max_tokens", "160")))
+        self.assistant = Assistant(url, retriever, metrics=self.metrics, **settings)
         self.loop = asyncio.new_event_loop()
         self.loop_thread = threading.Thread(target=self.loop.run_forever, name="assistant-loop",
                                             daemon=True)
         self.loop_thread.start()
         self.watcher = CancelWatcher()
         self.tasks: set[asyncio.Task[None]] = set()
+        if self.param("warmup", "true").lower() == "true":
+            warm_up(self.assistant)
 
     def parse(self, inputs: dict[str, np.ndarray | None], parameters: str | None
               ) -> AssistantRequest:

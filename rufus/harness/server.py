@@ -363,6 +363,25 @@ def serve(srv: TritonServer, grace_s: float = 6.0,
     return 0 if got else (code or 0)
 
 
+def prebuild(models: list[str], timeout: float = 3600.0) -> int:
+    """Start, wait for ready (every model warm), stop: what a later start then finds built."""
+    from rufus.serving import caches
+
+    dirs = caches.compile_dirs()
+    srv = TritonServer(models=models, grpc_port=free_port(), http_port=free_port(),
+                       metrics_port=free_port(), extra_env=dirs)
+    print(f"[rufus.harness.server] prebuild {models}: caches in "
+          f"{Path(dirs['VLLM_CACHE_ROOT']).parent}", file=sys.stderr, flush=True)
+    srv.start()
+    try:
+        took = srv.wait_ready(timeout=timeout)
+    finally:
+        srv.stop()
+    print(f"[rufus.harness.server] prebuild done: ready (warm) after {took:.0f} s",
+          file=sys.stderr, flush=True)
+    return 0
+
+
 ENVIRONMENT = {
     "RUFUS_MODELS": "default of --models",
     "GRPC_PORT, HTTP_PORT, METRICS_PORT": "defaults of the port options",
@@ -370,6 +389,9 @@ ENVIRONMENT = {
     "VLLM_CPU_KVCACHE_SPACE": "vLLM CPU KV cache, GiB (default 2)",
     "RUFUS_ENGINE_ARGS, RUFUS_<MODEL>_ENGINE_ARGS": "JSON engine-arg overrides (models)",
     "RUFUS_MODEL_DIR, RUFUS_CACHE_DIR": "where the default model is (models)",
+    "RUFUS_COMPILE_CACHE_DIR": "compiled kernels, keyed by CPU class (default "
+                               "$RUFUS_CACHE_DIR/compile; rufus/serving/caches.py)",
+    "RUFUS_WARMUP": "false: report ready without the warm-up requests (README)",
     "RUFUS_<SETTING>": "backend settings, e.g. RUFUS_MAX_OUTSTANDING_REQUESTS (models)",
     "RUFUS_NNODES, RUFUS_NODE_RANK, ...": "multi-node unit (docs/architecture.md)",
 }
@@ -385,7 +407,13 @@ def main() -> None:
     ap.add_argument("--grpc-port", type=int, default=env_port("GRPC_PORT", 8001))
     ap.add_argument("--http-port", type=int, default=env_port("HTTP_PORT", 8000))
     ap.add_argument("--metrics-port", type=int, default=env_port("METRICS_PORT", 8002))
+    ap.add_argument("--prebuild", action="store_true",
+                    help="start on free ports, wait until every model is ready (so warm: "
+                    "compiled, README 'What ready guarantees'), stop: fills the compile caches "
+                    "of this CPU class, e.g. in an image build (docker/Dockerfile)")
     a = ap.parse_args()
+    if a.prebuild:
+        raise SystemExit(prebuild([m for m in a.models.split(",") if m]))
     srv = TritonServer(models=[m for m in a.models.split(",") if m], grpc_port=a.grpc_port,
                        http_port=a.http_port, metrics_port=a.metrics_port)
     print("[rufus.harness.server] " + " ".join(srv.command()), file=sys.stderr, flush=True)

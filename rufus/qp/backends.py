@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rufus.serving import precision
 from rufus.serving.config import ConfigError, expand
 
 log = logging.getLogger("rufus.qp")
@@ -94,6 +95,45 @@ def load_tree(value: Any) -> list[list[int]]:
     raise ConfigError("medusa_tree must be a list of paths or a JSON file path")
 
 
+MEASURED = precision.MEASURED  # model.json value resolved on this machine
+
+
+def measured_tree(args: dict[str, Any]) -> dict[str, Any]:
+    """``"medusa_tree": "measured"``: the tree setup grew on this machine's pass costs for the
+    served precision (rufus/qp/tooling/tree.py ``machine_trees``), else the committed one."""
+    rec = precision.stored(str(args["model"])) or {}
+    dtype = str(args.get("dtype"))
+    grown = (rec.get("planner_trees") or {}).get(dtype)
+    if not isinstance(grown, dict) or not grown.get("medusa_tree"):
+        log.info("medusa_tree: no tree measured on this CPU for %s (run `scripts/setup.sh "
+                 "precision`); serving the committed medusa_tree.json", dtype)
+        return {"medusa_tree": "medusa_tree.json"}
+    paths = grown["medusa_tree"]
+    log.info("medusa_tree: %d nodes grown on this CPU's %s pass costs (modelled %.2fx)",
+             len(paths), dtype, float(grown.get("modelled_speedup", 0)))
+    return {"medusa_tree": paths, "medusa_speculation_length": len(paths) + 1}
+
+
+def served_tree(model_json: dict[str, Any], version_dir: Path, model: str, dtype: str
+                ) -> list[list[int]]:
+    """The tree the planner serves with ``model_json`` from ``version_dir`` on this machine
+    (what tools such as scripts/eval_qp.py must measure)."""
+    tree = model_json.get("medusa_tree")
+    if tree == MEASURED:
+        tree = measured_tree({"model": model, "dtype": dtype})["medusa_tree"]
+    if isinstance(tree, str) and not tree.startswith("/"):
+        tree = str(version_dir / tree)
+    return load_tree(tree)
+
+
+def _check_dtype(args: dict[str, Any], backend: str, dtypes: Any) -> None:
+    """``dtype`` (default bfloat16) is one of the backend's ``dtypes``, else a ConfigError."""
+    dtype = str(args.get("dtype", "bfloat16"))
+    if dtype not in dtypes:
+        raise ConfigError(f"dtype {dtype!r} is not supported by qp_backend {backend}: use one "
+                          f"of {', '.join(dtypes)} (int8: int8 weight-only, bf16 activations)")
+
+
 @dataclass
 class PlannerBackend:
     """Base: split model.json into engine args and planner settings."""
@@ -105,6 +145,9 @@ class PlannerBackend:
     ground_filters: bool = True
 
     def engine_args(self, args: dict[str, Any]) -> dict[str, Any]:
+        if str(args.get("dtype")) == "int8":  # vLLM on CPU has no int8 weight-only kernel
+            raise ConfigError(f"dtype 'int8' (int8 weight-only) is served by qp_backend "
+                              f"torch_medusa, torch_autoregressive or nxdi, not {self.name}")
         return {k: v for k, v in args.items() if k not in QP_KEYS}
 
     @property
@@ -125,8 +168,10 @@ class TorchBackend(PlannerBackend):
 
     def engine_args(self, args: dict[str, Any]) -> dict[str, Any]:
         from rufus.qp.decoder.cores import parse_threads
+        from rufus.qp.decoder.torch_llama import DTYPES
 
         parse_threads(args.get("torch_threads", 0))  # a bad value fails at load, named
+        _check_dtype(args, self.name, DTYPES)
         mb = args.get("torch_max_batch", 1)
         if isinstance(mb, bool) or not isinstance(mb, int) or not 1 <= mb <= 64:
             raise ConfigError(f"torch_max_batch must be an integer in 1..64, not {str(mb)[:20]!r}")
@@ -188,6 +233,9 @@ class NxdiMedusaBackend(PlannerBackend):
             "nxdi_max_new_tokens")
 
     def engine_args(self, args: dict[str, Any]) -> dict[str, Any]:
+        from rufus.qp.decoder.nxdi_engine import DTYPES
+
+        _check_dtype(args, self.name, DTYPES)
         return {k: args[k] for k in self.ARGS if k in args}
 
     @property

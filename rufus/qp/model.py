@@ -22,13 +22,14 @@ from typing import Any
 import numpy as np
 
 from rufus.errors import InvalidInput, RufusError
-from rufus.qp.backends import PlannerBackend, create_backend
+from rufus.qp.backends import MEASURED, PlannerBackend, create_backend, measured_tree
 from rufus.qp.grounding import ground_plan
 from rufus.qp.plan import HISTORY_TURNS_USED, build_messages, parse_plan, structured_outputs
 from rufus.serving.generation import run_generate
+from rufus.serving.metrics import Metrics
 from rufus.serving.request import GenerateRequest, finish_logprobs
 from rufus.serving.sampling import merge_sampling, request_parameters
-from rufus.serving.triton_backend import EngineModel, TritonSink, pb_utils
+from rufus.serving.triton_backend import EngineModel, pb_utils
 from rufus.serving.validation import (
     DEFAULT_LIMITS,
     MAX_HISTORY_TURNS,
@@ -178,11 +179,15 @@ class QueryPlannerModel(EngineModel):
     INPUT_SPECS = QP_INPUT_SPECS
     OUTPUT_SPECS = QP_OUTPUT_SPECS
     backend: PlannerBackend
+    precision_workload = "planner"  # tree verification passes decide "dtype": "measured"
 
     def setup(self) -> None:
         """Split model.json into engine args and the planner's Medusa settings."""
         args = dict(self.host.engine_args)
         tree = args.get("medusa_tree")
+        if tree == MEASURED:
+            args.update(measured_tree(args))
+            tree = args["medusa_tree"]
         if isinstance(tree, str) and not tree.startswith("/"):
             args["medusa_tree"] = str(self.model_dir / tree)
         self.backend = create_backend(args)
@@ -207,20 +212,36 @@ class QueryPlannerModel(EngineModel):
             out[key] = fam.Metric(labels=labels)
         return out
 
-    def ready(self) -> None:
-        """The torch engine compiles the plan grammar before the model reports ready."""
+    async def warm_up(self) -> None:
+        """The plan grammar compiled (torch engine), then plans through the real path:
+        one with history (grammar, tree, copy constraint), then two at once (packed passes)."""
         warm = getattr(self.host.engine, "warm_grammar", None)
         if warm is not None and self.backend.structured_output:
             warm(structured_outputs().json)
+        await super().warm_up()
+
+    def warmup_requests(self) -> list[list[PlanRequest]]:
+        def plan(question: str, history: list[dict[str, str]] | None = None) -> PlanRequest:
+            tensors = {"question": np.array([question.encode()], dtype=np.object_)}
+            if history:
+                tensors["history"] = np.array([json.dumps(history).encode()], dtype=np.object_)
+            return self.parse(tensors, None)
+
+        turns = [{"role": "user", "content": "I need running shoes"},
+                 {"role": "assistant", "content": "Here are some running shoes."}]
+        return [[plan("nike running shoes under $80")],
+                [plan("any in blue?", turns), plan("compare sony and bose headphones")]]
 
     def parse(self, inputs: dict[str, np.ndarray | None], parameters: str | None) -> PlanRequest:
         return parse_plan_request(inputs, parameters, self.default_max_tokens,
                                   self.request_limits())
 
-    async def handle(self, parsed: PlanRequest, sink: TritonSink, arrival: float,
-                     request_id: str) -> None:
+    async def handle(self, parsed: PlanRequest, sink: Any, arrival: float,
+                     request_id: str, internal: bool = False) -> None:
         if self.backend.structured_output:
             parsed.generate.sampling["structured_outputs"] = structured_outputs()
         await run_generate(self.host, self.watcher, parsed.generate,
                            PlanSink(sink, parsed.question, parsed.history,
-                                    self.backend.ground_filters), self.metrics, arrival, request_id)
+                                    self.backend.ground_filters),
+                           Metrics() if internal else self.metrics, arrival, request_id,
+                           internal)

@@ -130,8 +130,11 @@ def load_engine_config(
     path: str | Path,
     model_name: str = "",
     env: Mapping[str, str] | None = None,
+    workload: str = "answer",
 ) -> EngineConfig:
-    """Read ``model.json``, apply env overrides (global, then per-model), expand strings."""
+    """Read ``model.json``, apply env overrides (global, then per-model), expand strings;
+    ``"dtype": "measured"`` becomes this machine's choice for ``workload``
+    (:mod:`rufus.serving.precision`)."""
     env = os.environ if env is None else env
     path = Path(path)
     try:
@@ -156,4 +159,7 @@ def load_engine_config(
             f"model path {model!r} from {path} does not exist; build the default model "
             "with `make model` or set RUFUS_MODEL_DIR / the 'model' key"
         )
+    from rufus.serving import precision  # imports this module
+
+    args = precision.resolve(args, workload, env)
     return EngineConfig(engine_args=args, source=str(path), overrides=overrides)

@@ -21,7 +21,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,9 +30,12 @@ from rufus.serving.engine_api import Engine, unfinished_requests
 
 log = logging.getLogger("rufus.serving.engine")
 
-# Host states, in the order a healthy life goes through them.
-STARTING, READY, DEAD, RESTARTING, FAILED, STOPPED = (
-    "starting", "ready", "dead", "restarting", "failed", "stopped")
+# Host states, in the order a healthy life goes through them. WARMING: the engine is up and
+# serves only the model's own warm-up requests; READY comes after them (and after every
+# in-place restart's), so "ready" means the first client request finds nothing left to
+# compile or allocate.
+STARTING, WARMING, READY, DEAD, RESTARTING, FAILED, STOPPED = (
+    "starting", "warming", "ready", "dead", "restarting", "failed", "stopped")
 
 
 @dataclass
@@ -84,6 +87,7 @@ class EngineHost:
         name: str = "engine",
         engine_factory: Callable[[dict[str, Any]], Engine] | None = None,
         restart: RestartPolicy | None = None,
+        warmup: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.engine_args = dict(engine_args)
         # None: vLLM's AsyncLLM. Otherwise a callable building an Engine, e.g. the query
@@ -97,6 +101,9 @@ class EngineHost:
         self.on_restarted = on_restarted
         self.name = name
         self.restart = restart or RestartPolicy()
+        # Awaited on the loop after every engine build, before READY (the model's warm-up).
+        self.warmup = warmup
+        self.warmup_seconds = 0.0
         self.engine: Any = None
         self.tokenizer: Any = None
         self.max_model_len = 0
@@ -157,11 +164,22 @@ class EngineHost:
         self.max_model_len = int(engine.model_config.max_model_len)
         self.engine = engine
 
+    async def _warm(self) -> None:
+        """The model's warm-up requests, admitted as internal while WARMING."""
+        if self.warmup is None:
+            return
+        t0 = time.monotonic()
+        self._set_state(WARMING)
+        await self.warmup()
+        self.warmup_seconds = time.monotonic() - t0
+        log.info("%s: warm-up done in %.1f s", self.name, self.warmup_seconds)
+
     async def _main(self) -> None:
         self._stop = asyncio.Event()
         try:
             # on the loop thread: vLLM starts its output handler on the running loop
             self._adopt(self._build())
+            await self._warm()
         except BaseException as exc:  # noqa: BLE001 - handed back to start()
             self._start_error = exc
             self._ready.set()
@@ -271,6 +289,17 @@ class EngineHost:
             self.failure_count += 1
             return False
         self._adopt(new)
+        with self._lock:
+            self.dead_reason = None
+        try:
+            await self._warm()
+        except Exception as exc:  # noqa: BLE001 - a new engine that cannot serve: a failure
+            log.error("%s: new engine failed its warm-up: %s: %s", self.name,
+                      type(exc).__name__, exc)
+            self.dead_reason = f"engine restart failed warm-up: {type(exc).__name__}: {exc}"
+            self.failure_count += 1
+            self._set_state(RESTARTING)
+            return False
         if self.on_restarted is not None:
             try:
                 self.on_restarted()
@@ -324,9 +353,11 @@ class EngineHost:
         assert self.loop is not None, "engine not started"
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
-    def admit(self) -> None:
-        """Count one request in, or refuse it: unbounded queues only hide overload."""
-        if not self.healthy:
+    def admit(self, internal: bool = False) -> None:
+        """Count one request in, or refuse it: unbounded queues only hide overload.
+        ``internal``: the model's own warm-up, admitted while the host is WARMING."""
+        warming = internal and self.state == WARMING and self.engine is not None
+        if not (self.healthy or warming):
             raise Unavailable(f"engine unavailable: {self.unavailable_reason()}")
         with self._lock:
             if self.max_outstanding and self.outstanding >= self.max_outstanding:

@@ -129,15 +129,17 @@ async def run_generate(
     metrics: Metrics,
     arrival: float,
     request_id: str,
+    internal: bool = False,
 ) -> None:
-    """Serve one request to completion; always ends the response stream exactly once."""
+    """Serve one request to completion; always ends the response stream exactly once.
+    ``internal``: the model's own warm-up request (admitted while the engine warms up)."""
     from vllm.inputs import TokensPrompt
     from vllm.sampling_params import RequestOutputKind
 
     admitted = False
     outcome = "error"  # the metric label; set on every path below
     try:
-        host.admit()
+        host.admit(internal)
         admitted = True
         metrics.set_outstanding(host.outstanding)
         text, ids, field_name = await asyncio.get_running_loop().run_in_executor(

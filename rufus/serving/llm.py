@@ -21,9 +21,10 @@ import numpy as np
 
 from rufus.errors import InvalidInput
 from rufus.serving.generation import run_generate
+from rufus.serving.metrics import Metrics
 from rufus.serving.request import GenerateRequest, finish_logprobs
 from rufus.serving.sampling import merge_sampling, request_parameters
-from rufus.serving.triton_backend import EngineModel, TritonSink
+from rufus.serving.triton_backend import EngineModel
 from rufus.serving.validation import (
     DEFAULT_LIMITS,
     InputSpec,
@@ -166,6 +167,26 @@ class LLMModel(EngineModel):
         return parse_generate_request(inputs, parameters, self.default_max_tokens,
                                       self.request_limits())
 
-    async def handle(self, parsed: GenerateRequest, sink: TritonSink, arrival: float,
-                     request_id: str) -> None:
-        await run_generate(self.host, self.watcher, parsed, sink, self.metrics, arrival, request_id)
+    def warmup_requests(self) -> list[list[GenerateRequest]]:
+        """A streamed chat (the chat template, decode steps), a long prompt (prefill
+        chunks), then 4 streams at once (batched decode)."""
+        def req(**values: Any) -> GenerateRequest:
+            tensors = {k: np.array([v], dtype=bool) if isinstance(v, bool)
+                       else np.array([v.encode()], dtype=np.object_) for k, v in values.items()}
+            return self.parse(tensors, None)
+
+        chat = json.dumps([{"role": "user", "content": "Suggest running shoes for a beginner."}])
+        small = json.dumps({"max_tokens": 8, "temperature": 0})
+        words = max(8, min(400, self.host.max_model_len // 3))
+        long_prompt = " ".join(["comfortable waterproof hiking boots"] * (words // 4))
+        return [
+            [req(messages=chat, stream=True, sampling_parameters=small)],
+            [req(text_input=long_prompt, sampling_parameters=json.dumps({"max_tokens": 2}))],
+            [req(messages=chat, stream=True, sampling_parameters=small) for _ in range(4)],
+        ]
+
+    async def handle(self, parsed: GenerateRequest, sink: Any, arrival: float,
+                     request_id: str, internal: bool = False) -> None:
+        await run_generate(self.host, self.watcher, parsed, sink,
+                           Metrics() if internal else self.metrics, arrival, request_id,
+                           internal)

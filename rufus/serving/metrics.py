@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from rufus.serving import machine
+
 TTFT_BUCKETS = [0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0]
 ITL_BUCKETS = [0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5]
 LATENCY_BUCKETS = [0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0]
@@ -128,6 +130,11 @@ class TritonMetrics(Metrics):
         self.kv = family("rufus_kv_cache_usage_ratio", "KV-cache usage (0-1)", gauge
                          ).Metric(labels=labels)
         self._family = family
+        # which CPU class this model's figures come from (rufus/serving/machine.py)
+        cpu = {k: v for k, v in machine.describe().items() if k != "flags"}
+        self.cpu_info = family("rufus_cpu_info", "This machine's CPU class, native bf16 and "
+                               "cores (value 1)", gauge).Metric(labels={**labels, **cpu})
+        self.cpu_info.set(1)
         self.vllm: dict[str, Any] = {}
         # vLLM's own gauge names (the official backend does not report these)
         self.vllm_running = family("vllm:num_requests_running",

@@ -14,6 +14,7 @@ could not be loaded again without a restart. Only this module and the metrics pu
 
 from __future__ import annotations
 
+import asyncio
 import json
 import locale
 import logging
@@ -26,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from rufus.errors import InvalidInput, RufusError, Unavailable, client_error
+from rufus.serving import caches, machine
 from rufus.serving.cancel import CancelWatcher
 from rufus.serving.config import load_engine_config
 from rufus.serving.engine import FAILED, READY, EngineHost, RestartPolicy
@@ -45,7 +47,8 @@ def prepare_process() -> None:
     """Work around the stub's environment before vLLM is imported.
 
     The stub's embedded interpreter runs with LC_CTYPE=C, so ``open()`` defaults to ASCII
-    and torch.compile dies on UTF-8 sources; logs go nowhere unless configured.
+    and torch.compile dies on UTF-8 sources; logs go nowhere unless configured; compiled
+    artefacts go to one directory keyed by this CPU (:mod:`rufus.serving.caches`).
     """
     try:
         locale.setlocale(locale.LC_CTYPE, "C.UTF-8")
@@ -57,6 +60,7 @@ def prepare_process() -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    caches.configure()  # before vLLM is imported: compile caches keyed by this CPU
 
 
 def config_param(model_config: dict[str, Any], name: str, default: str = "") -> str:
@@ -162,6 +166,28 @@ def read_inputs(request: Any, names: set[str]) -> dict[str, np.ndarray | None]:
     return out
 
 
+WARMUP_TIMEOUT_S = 300.0
+
+
+class CollectingSink:
+    """A warm-up request's responses (never sent anywhere)."""
+
+    def __init__(self) -> None:
+        self.outputs: list[dict[str, np.ndarray]] = []
+        self.error: RufusError | None = None
+        self.final = False
+
+    def send(self, outputs: dict[str, np.ndarray] | None, error: RufusError | None,
+             final: bool) -> None:
+        if outputs is not None:
+            self.outputs.append(outputs)
+        self.error = error or self.error
+        self.final = self.final or final
+
+    def is_cancelled(self) -> bool:
+        return False
+
+
 class TritonModel:
     """Base ``TritonPythonModel``: the request path every model shares.
 
@@ -242,9 +268,13 @@ class EngineModel(TritonModel):
     """
 
     loras: dict[str, str] | None = None  # LoRA adapters (rufus_llm's multi_lora.json)
+    # which pass mix decides ``"dtype": "measured"`` (rufus/serving/precision.py)
+    precision_workload = "answer"
 
     def start(self) -> None:
-        self.engine_config = load_engine_config(self.model_dir / "model.json", self.name)
+        log.info("%s: this CPU: %s", self.name, machine.describe())
+        self.engine_config = load_engine_config(self.model_dir / "model.json", self.name,
+                                                workload=self.precision_workload)
         log.info("%s: engine args from %s (overrides %s): %s", self.name,
                  self.engine_config.source, self.engine_config.overrides or "none",
                  self.engine_config.engine_args)
@@ -261,13 +291,14 @@ class EngineModel(TritonModel):
             on_restarted=self.ready,
             name=self.name,
             restart=RestartPolicy.from_settings(self.param),
+            warmup=self.warm_up if self.param("warmup", "true").lower() == "true" else None,
         )
+        self.watcher = CancelWatcher()
         self.setup()
         if self.unit is not None:
             # one node cannot rejoin a broken unit alone: its supervisor recreates the unit
             self.host.restart.enabled = False
         self.host.start()
-        self.watcher = CancelWatcher()
         self.ready()
 
     def setup(self) -> None:
@@ -281,7 +312,30 @@ class EngineModel(TritonModel):
         self.unit = attach_leader(self.name, self.host)
 
     def ready(self) -> None:
-        """Hook: the engine is up (e.g. warm-up, loading side artifacts)."""
+        """Hook: the engine is up and warm (e.g. loading side artifacts)."""
+
+    def warmup_requests(self) -> list[list[Any]]:
+        """Hook: the warm-up, as rounds of parsed requests (a round's requests run
+        concurrently): one of each kind the model serves, so ready means warm."""
+        return []
+
+    async def warm_up(self) -> None:
+        """Serve :meth:`warmup_requests` through the model's own request path before the
+        engine reports READY (at start and after every in-place restart); any failure
+        fails the start. ``warmup: "false"`` in config.pbtxt (or ``RUFUS_WARMUP=false``)
+        turns it off."""
+        n = 0
+        for round_ in self.warmup_requests():
+            sinks = [CollectingSink() for _ in round_]
+            await asyncio.wait_for(asyncio.gather(*(
+                self.handle(parsed, sink, time.monotonic(),
+                            new_request_id(f"{self.name}-warmup"), internal=True)
+                for parsed, sink in zip(round_, sinks, strict=True))), WARMUP_TIMEOUT_S)
+            for sink in sinks:
+                if sink.error is not None or not sink.final:
+                    raise RuntimeError(f"warm-up request failed: {sink.error}")
+            n += len(round_)
+        log.info("%s: %d warm-up requests served", self.name, n)
 
     def request_limits(self) -> Limits:
         """The configured input bounds plus what the running engine knows (built once)."""
@@ -350,7 +404,8 @@ class EngineModel(TritonModel):
     def count_refused(self, err: RufusError) -> None:
         self.metrics.count_request(err.outcome)
 
-    async def handle(self, parsed: Any, sink: TritonSink, arrival: float, request_id: str) -> None:
+    async def handle(self, parsed: Any, sink: Any, arrival: float, request_id: str,
+                     internal: bool = False) -> None:
         raise NotImplementedError
 
 

@@ -238,3 +238,46 @@ def test_torch_planner_engine_reports_a_decoder_crash_as_death():
     with pytest.raises(torch_engine.DecoderCrashed, match="is dead"):
         asyncio.run(one("b"))
     eng.shutdown()
+
+
+def test_ready_only_after_the_warm_up_at_start_and_after_a_restart():
+    """WARMING admits only the model's own (internal) requests; READY comes after them."""
+    from rufus.serving.engine import WARMING
+
+    seen: list[tuple[str, bool]] = []
+    holder: dict[str, EngineHost] = {}
+
+    async def warm() -> None:
+        host = holder["host"]
+        with pytest.raises(Unavailable):
+            host.admit()  # a client request while warming: refused
+        host.admit(internal=True)
+        host.release()
+        seen.append((host.state, host.healthy))
+        assert len([o async for o in host.generate({"prompt_token_ids": [1]}, None, "w")]) == 3
+
+    states: list[str] = []
+    host = EngineHost({}, name="t", restart=RestartPolicy(backoff_s=0.05),
+                      engine_factory=lambda args: FakeEngine(),
+                      on_state=lambda h, s: states.append(s), warmup=warm)
+    holder["host"] = host
+    host.start()
+    try:
+        assert seen == [(WARMING, False)] and host.state == READY and host.warmup_seconds > 0
+        first = host.engine
+        first.die()
+        assert wait(lambda: host.state == READY and host.engine is not first)
+        assert seen == [(WARMING, False)] * 2, "the new engine did not warm up before READY"
+        assert states == [WARMING, READY, DEAD, RESTARTING, WARMING, READY]
+    finally:
+        host.shutdown(5)
+
+
+def test_a_failed_warm_up_fails_the_start():
+    async def broken() -> None:
+        raise RuntimeError("warm-up request failed")
+
+    host = EngineHost({}, name="t", engine_factory=lambda args: FakeEngine(), warmup=broken)
+    with pytest.raises(RuntimeError, match="warm-up"):
+        host.start()
+    host.shutdown(5)

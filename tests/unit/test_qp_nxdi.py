@@ -57,6 +57,13 @@ class FakeNxdi:
             def reset(self) -> None:
                 fake.calls.append(("reset", None))
 
+            @classmethod
+            def save_quantized_state_dict(cls, model_path: str, config: Any) -> None:
+                qdir = Path(config.neuron_config.kw["quantized_checkpoints_path"])
+                fake.calls.append(("quantize", (model_path, str(qdir))))
+                assert qdir.is_dir()  # a directory: NxDI saves safetensors there
+                (qdir / "model.safetensors").write_text("int8")
+
         class HuggingFaceGenerationAdapter:
             def __init__(self, model: Any) -> None:
                 self.model = model
@@ -139,6 +146,52 @@ def test_runtime_config_compile_once_and_heads(dirs: tuple[Path, Path], tmp_path
     assert fake.names().count("compile") == 1
     assert rt.generate([2, 3], 8, {1}, 0) == fake.script
     assert fake.names()[-1] == "reset"  # KV cache cleared after every generation
+    assert "quantize" not in fake.names() and "quantized" not in kw
+
+
+def test_int8_uses_nxdi_quantization(dirs: tuple[Path, Path], tmp_path: Path,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """dtype int8: NxDI's per-channel int8 weight-only quantization, bf16 activations; the
+    checkpoint quantized once (before compiling) into its own directory, with the heads."""
+    fake = FakeNxdi()
+    fake.install(monkeypatch)
+    model, heads = dirs
+    qdir = tmp_path / "planner-int8"
+    s = NxdiSettings(model=str(model), compiled_path=str(tmp_path / "neff8"),
+                     medusa_dir=str(heads), tree=TREE, num_heads=3, dtype="int8",
+                     quantized_path=str(qdir))
+    NxdiRuntime(s).load()
+    kw = dict(fake.calls)["NeuronConfig"]
+    assert kw["torch_dtype"] is torch.bfloat16 and kw["quantized"] is True
+    assert kw["quantization_type"] == "per_channel_symmetric"
+    assert kw["quantization_dtype"] == "int8" and kw["quantized_checkpoints_path"] == str(qdir)
+    assert kw["modules_to_not_convert"] == ["lm_head", "medusa_head"]
+    assert kw["is_medusa"] is True and kw["medusa_tree"] == TREE
+    assert fake.names()[-3:] == ["model", "compile", "load"]
+    assert dict(fake.calls)["quantize"] == (str(model), str(qdir))
+    assert fake.names().index("quantize") < fake.names().index("compile")
+    # NxDI reads medusa_heads.pt next to the checkpoint it loads: the quantized one
+    assert set(torch.load(qdir / "medusa_heads.pt")) == set(torch.load(model / "medusa_heads.pt"))
+    NxdiRuntime(s).load()  # quantized and compiled already: load only
+    assert fake.names().count("quantize") == 1 and fake.names().count("compile") == 1
+
+
+def test_engine_int8_paths(dirs: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine's defaults for int8: its own compiled graph and quantized checkpoint."""
+    seen: list[NxdiSettings] = []
+
+    class Recorder(NxdiRuntime):
+        def load(self) -> None:
+            seen.append(self.s)
+
+    model, heads = dirs
+    args = {"model": str(model), "dtype": "int8", "max_model_len": 256}
+    engine = NxdiPlannerEngine(args, tree_paths=TREE, medusa_dir=str(heads), num_heads=3,
+                               runtime_cls=Recorder)
+    engine.shutdown()
+    assert seen[0].dtype == "int8"
+    assert seen[0].compiled_path == str(model.with_name("planner-neuron-int8"))
+    assert seen[0].quantized_path == str(model.with_name("planner-int8"))
 
 
 def test_engine_serves_through_the_torch_engine_surface(dirs: tuple[Path, Path],

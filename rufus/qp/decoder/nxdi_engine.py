@@ -26,10 +26,17 @@ from rufus.qp.decoder.torch_engine import TorchPlannerEngine
 
 log = logging.getLogger("rufus.qp.nxdi")
 
+# the ``dtype`` values this path takes. "int8": NxDI's own int8 weight-only quantization (per
+# output channel, symmetric; bf16 activations), the checkpoint quantized once by NxDI into
+# NxdiSettings.quantized_path and compiled from there (NxdiRuntime.neuron_config).
+DTYPES = ("bfloat16", "float16", "float32", "int8")
 
-def export_nxdi_heads(model_dir: Path, medusa_dir: Path, num_heads: int) -> Path:
-    """Our heads in NxDI's layout, as ``<model>/medusa_heads.pt`` (NxDI's ``get_state_dict``
-    merges that file into the checkpoint): ``medusa_head_{i}.0.linear.{weight,bias}`` (the
+
+def export_nxdi_heads(model_dir: Path, medusa_dir: Path, num_heads: int,
+                      out_dir: Path | None = None) -> Path:
+    """Our heads in NxDI's layout, as ``<out_dir or model>/medusa_heads.pt`` (NxDI's
+    ``get_state_dict`` merges that file into the checkpoint it loads, so a quantized
+    checkpoint needs its own copy): ``medusa_head_{i}.0.linear.{weight,bias}`` (the
     residual block) and ``medusa_head_{i}.1.weight`` (the full vocabulary projection: our
     heads project through the model's own tied embedding)."""
     import torch
@@ -44,7 +51,7 @@ def export_nxdi_heads(model_dir: Path, medusa_dir: Path, num_heads: int) -> Path
         out[f"medusa_head_{i}.0.linear.weight"] = w
         out[f"medusa_head_{i}.0.linear.bias"] = torch.zeros(w.shape[0], dtype=w.dtype)
         out[f"medusa_head_{i}.1.weight"] = emb.to(w.dtype)
-    path = model_dir / "medusa_heads.pt"
+    path = (out_dir or model_dir) / "medusa_heads.pt"
     torch.save(out, path)
     return path
 
@@ -60,6 +67,7 @@ class NxdiSettings:
     dtype: str = "bfloat16"
     max_len: int = 1024
     max_new_tokens: int = 96
+    quantized_path: str = ""  # dtype int8: NxDI's quantized checkpoint (a directory)
 
     @property
     def speculation_length(self) -> int:
@@ -80,12 +88,19 @@ class NxdiRuntime:
         from neuronx_distributed_inference.models.config import NeuronConfig
 
         s = self.s
+        # int8: the decoder layers' linear weights; the LM head and the Medusa heads stay bf16
+        # (their weights reach NxDI in bf16: the tied embedding NxDI copies into lm_head, and
+        # medusa_heads.pt), and NxD's convert skips modules whose names contain these keys
+        quant: dict[str, Any] = {} if s.dtype != "int8" else {
+            "quantized": True, "quantized_checkpoints_path": s.quantized_path,
+            "quantization_type": "per_channel_symmetric", "quantization_dtype": "int8",
+            "modules_to_not_convert": ["lm_head", "medusa_head"]}
         return NeuronConfig(
             tp_degree=s.tp_degree, batch_size=1, max_context_length=s.max_len - s.max_new_tokens,
             seq_len=s.max_len, max_new_tokens=s.max_new_tokens,
-            torch_dtype=getattr(torch, s.dtype), is_medusa=True,
-            medusa_speculation_length=s.speculation_length, num_medusa_heads=s.num_heads,
-            medusa_tree=s.tree)
+            torch_dtype=torch.bfloat16 if s.dtype == "int8" else getattr(torch, s.dtype),
+            is_medusa=True, medusa_speculation_length=s.speculation_length,
+            num_medusa_heads=s.num_heads, medusa_tree=s.tree, **quant)
 
     def load(self) -> None:
         """Compile once into ``compiled_path`` (minutes), then load onto the device."""
@@ -102,6 +117,14 @@ class NxdiRuntime:
         export_nxdi_heads(Path(s.model), Path(s.medusa_dir), s.num_heads)
         config = LlamaInferenceConfig(self.neuron_config(),
                                       load_config=load_pretrained_config(s.model))
+        if s.dtype == "int8":  # quantize once, before compiling (as NxDI's inference demo)
+            qdir = Path(s.quantized_path)
+            if not any(qdir.glob("*.safetensors")):
+                log.info("quantizing the planner to int8 for Neuron into %s (first start "
+                         "only)", qdir)
+                qdir.mkdir(parents=True, exist_ok=True)  # a directory: saved as safetensors
+                NeuronLlamaForCausalLM.save_quantized_state_dict(s.model, config)
+            export_nxdi_heads(Path(s.model), Path(s.medusa_dir), s.num_heads, qdir)
         self.model = NeuronLlamaForCausalLM(s.model, config)
         if not (Path(s.compiled_path) / "model.pt").exists():
             log.info("compiling the planner for Neuron into %s (first start only)",
@@ -188,13 +211,16 @@ class NxdiPlannerEngine(TorchPlannerEngine):
 
         assert tree_paths is not None and medusa_dir
         model = str(args["model"])
+        dtype = str(args.get("dtype", "bfloat16"))  # validated in rufus/qp/backends.py
+        int8 = "-int8" if dtype == "int8" else ""  # its own compiled graph and checkpoint
         settings = NxdiSettings(
             model=model, medusa_dir=medusa_dir, tree=tree_paths, num_heads=num_heads,
             compiled_path=str(args.get("nxdi_compiled_path")
-                              or Path(model).with_name(Path(model).name + "-neuron")),
-            tp_degree=int(args.get("tensor_parallel_size", 1)),
-            dtype=str(args.get("dtype", "bfloat16")), max_len=self.max_len,
-            max_new_tokens=int(args.get("nxdi_max_new_tokens", 96)))
+                              or Path(model).with_name(Path(model).name + "-neuron" + int8)),
+            tp_degree=int(args.get("tensor_parallel_size", 1)), dtype=dtype,
+            max_len=self.max_len, max_new_tokens=int(args.get("nxdi_max_new_tokens", 96)),
+            quantized_path=str(Path(model).with_name(Path(model).name + "-int8")) if int8
+            else "")
         runtime = self._runtime_cls(settings)
         runtime.load()
         pad = self.tokenizer.pad_token_id

@@ -152,7 +152,7 @@ class TorchPlannerEngine:
                            slots=self._max_batch)
         heads = tree = None
         if tree_paths is not None and medusa_dir:
-            heads = MedusaHeads(medusa_dir, model.dtype, num_heads)
+            heads = MedusaHeads(medusa_dir, model.weights, num_heads)  # int8 too
             tree = Tree.from_paths(tree_paths)
         decoder = Decoder(model, heads, tree, eos, int(args.get("grammar_drafts", 0) or 0),
                           int(args.get("lookup_drafts", 0) or 0),

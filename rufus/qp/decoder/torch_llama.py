@@ -15,13 +15,29 @@ Llama-architecture checkpoints only (``LlamaForCausalLM``: SmolLM2, Llama 2/3 an
 from __future__ import annotations
 
 import json
+import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 
-DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+log = logging.getLogger("rufus.qp.torch")
+
+# dtype name -> the activation (and KV-cache) dtype. "int8" is int8 weight-only: every linear
+# weight int8 per output channel (:func:`quantize_int8`), activations in bf16.
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16,
+          "int8": torch.bfloat16}
+_int8_op_failed: list[str] = []  # why _weight_int8pack_mm is not used (logged once)
+
+
+def check_dtype(dtype: str) -> str:
+    """``dtype`` if the torch planner offers it, else a ValueError naming the choices."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not supported by the torch planner: use one of "
+                         f"{', '.join(DTYPES)}")
+    return dtype
 
 
 def _packed_linear(w: torch.Tensor) -> Any:
@@ -40,6 +56,48 @@ def _packed_linear(w: torch.Tensor) -> Any:
         except (RuntimeError, AttributeError):  # no oneDNN bf16 on this CPU or build
             pass
     return lambda x: F.linear(x, w)
+
+
+def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-output-channel symmetric int8: ``(q [out, in] int8, scale [out] float32)`` with
+    ``w ~= q * scale[:, None]`` (an all-zero row gets scale 1 and q 0)."""
+    w = w.float()
+    scale = w.abs().amax(1) / 127
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    return torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8), scale
+
+
+def _int8_linear(w: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``x -> x @ w.T`` with ``w`` int8 weight-only (:func:`quantize_int8`); ``x`` bf16.
+
+    ``aten._weight_int8pack_mm`` (bf16 activations only: with fp32 it is 20-30x slower), else
+    (op missing, or it fails a probe at build time) the dequantized bf16 weight through
+    :func:`_packed_linear`: the same values, without the memory or speed saving."""
+    q, scale = quantize_int8(w)
+    s = scale.to(torch.bfloat16)
+    if not _int8_op_failed:
+        try:
+            torch.ops.aten._weight_int8pack_mm(torch.zeros(2, q.shape[1], dtype=torch.bfloat16),
+                                               q, s)
+
+            def mm(x: torch.Tensor) -> torch.Tensor:
+                y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, q.shape[1]), q, s)
+                return y.view(*x.shape[:-1], q.shape[0])
+
+            return mm
+        except (RuntimeError, AttributeError) as exc:  # op missing or this CPU/build lacks it
+            _int8_op_failed.append(f"{type(exc).__name__}: {exc}")
+            log.warning("int8 weights: aten._weight_int8pack_mm unavailable (%s); using "
+                        "dequantized bf16 weights", _int8_op_failed[0])
+    return _packed_linear(q.to(torch.bfloat16) * s[:, None])
+
+
+def _linear_for(weights: str) -> Callable[[torch.Tensor], Any]:
+    """The linear-layer builder for a dtype name (weights given in any float dtype)."""
+    if weights == "int8":
+        return _int8_linear
+    dt = DTYPES[weights]
+    return lambda w: _packed_linear(w.to(dt).contiguous())
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -73,7 +131,8 @@ class TorchLlama:
         arch = (cfg.get("architectures") or ["?"])[0]
         if cfg.get("model_type") != "llama":
             raise ValueError(f"{model_dir}: torch planner path supports Llama models, got {arch}")
-        self.dtype = DTYPES[dtype]
+        self.dtype = DTYPES[check_dtype(dtype)]  # activations, norms, KV cache
+        self.weights = dtype  # linear weights: "int8" = int8 weight-only
         self.max_len = max_len
         self.hidden = int(cfg["hidden_size"])
         self.n_layers = int(cfg["num_hidden_layers"])
@@ -94,9 +153,9 @@ class TorchLlama:
         def w(name: str) -> torch.Tensor:
             return sd[name].to(self.dtype).contiguous()
 
+        linear = _linear_for(dtype)  # from the checkpoint's own precision
         self.embed = w("model.embed_tokens.weight")
-        self.lm_head = _packed_linear(self.embed if "lm_head.weight" not in sd
-                                      else w("lm_head.weight"))
+        self.lm_head = linear(sd.get("lm_head.weight", self.embed))  # tied: the embedding
         self.norm = w("model.norm.weight")
         self.layers: list[dict[str, Any]] = []
         for i in range(self.n_layers):
@@ -104,13 +163,13 @@ class TorchLlama:
             self.layers.append({
                 "ln1": w(p + "input_layernorm.weight"),
                 "ln2": w(p + "post_attention_layernorm.weight"),
-                "qkv": _packed_linear(torch.cat([
-                    w(p + "self_attn.q_proj.weight"), w(p + "self_attn.k_proj.weight"),
-                    w(p + "self_attn.v_proj.weight")]).contiguous()),
-                "o": _packed_linear(w(p + "self_attn.o_proj.weight")),
-                "gate_up": _packed_linear(torch.cat([w(p + "mlp.gate_proj.weight"),
-                                                     w(p + "mlp.up_proj.weight")]).contiguous()),
-                "down": _packed_linear(w(p + "mlp.down_proj.weight")),
+                "qkv": linear(torch.cat([sd[p + "self_attn.q_proj.weight"],
+                                         sd[p + "self_attn.k_proj.weight"],
+                                         sd[p + "self_attn.v_proj.weight"]])),
+                "o": linear(sd[p + "self_attn.o_proj.weight"]),
+                "gate_up": linear(torch.cat([sd[p + "mlp.gate_proj.weight"],
+                                             sd[p + "mlp.up_proj.weight"]])),
+                "down": linear(sd[p + "mlp.down_proj.weight"]),
             })
         inv = 1.0 / (theta ** (torch.arange(0, self.hd, 2, dtype=torch.float32) / self.hd))
         freqs = torch.outer(torch.arange(max_len, dtype=torch.float32), inv)
@@ -210,7 +269,10 @@ class MedusaHeads:
     head k is ``z = h + silu(W_k h)`` then a (truncated-vocabulary) LM head mapped back to
     token ids through ``token_map``."""
 
-    def __init__(self, medusa_dir: str | Path, dtype: torch.dtype, num_heads: int) -> None:
+    def __init__(self, medusa_dir: str | Path, dtype: str | torch.dtype, num_heads: int
+                 ) -> None:
+        """``dtype``: a :data:`DTYPES` name (the model's ``weights``: "int8" quantizes the
+        blocks and the LM head as in the model) or a torch dtype."""
         from safetensors.torch import load_file
 
         sd = load_file(str(Path(medusa_dir) / "model.safetensors"))
@@ -218,18 +280,21 @@ class MedusaHeads:
         if num_heads > avail:
             raise ValueError(f"num_medusa_heads={num_heads} but {medusa_dir} has {avail} heads")
         self.num_heads = num_heads
-        self.w = torch.stack([sd[f"blocks.{k}.layers.0.weight"] for k in range(num_heads)]
-                             ).to(dtype).contiguous()
-        self.lm_head = sd["lm_head.weight"].to(dtype).contiguous()
+        linear = _linear_for(check_dtype(
+            dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")))
+        # all heads' residual blocks as one [heads * hidden, hidden] linear layer
+        self.blocks = linear(torch.cat([sd[f"blocks.{k}.layers.0.weight"]
+                                        for k in range(num_heads)]))
+        self.lm_head = linear(sd["lm_head.weight"])
         self.token_map = sd.get("token_map")
 
     @torch.inference_mode()
     def topk(self, hidden: torch.Tensor, k: int, heads: int = 0) -> list[list[int]]:
         """Top-``k`` token ids of the first ``heads`` heads (default all) for one hidden
         state ``[hidden]``."""
-        w = self.w[:heads] if heads else self.w
-        z = hidden[None, :] + F.silu(torch.matmul(w, hidden))  # [heads, hidden]
-        idx = F.linear(z, self.lm_head).topk(k, dim=-1).indices
+        h = self.blocks(hidden[None, :]).view(self.num_heads, -1)[:heads or self.num_heads]
+        z = hidden[None, :] + F.silu(h)  # [heads, hidden]
+        idx = self.lm_head(z).topk(k, dim=-1).indices
         if self.token_map is not None:
             idx = self.token_map[idx]
         return idx.tolist()

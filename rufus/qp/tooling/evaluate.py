@@ -139,7 +139,8 @@ class TorchPlanner:
         model = TorchLlama(str(model_dir), dtype, 1024)
         heads = t = None
         if medusa_dir and tree:
-            heads = MedusaHeads(str(medusa_dir), model.dtype, num_heads or max(map(len, tree)))
+            heads = MedusaHeads(str(medusa_dir), model.weights,
+                                num_heads or max(map(len, tree)))
             t = Tree.from_paths(tree)
         eos = {int(self.tok.convert_tokens_to_ids("<|im_end|>")), int(self.tok.eos_token_id)}
         self.decoder = Decoder(model, heads, t, eos, grammar_drafts if grammar else 0,

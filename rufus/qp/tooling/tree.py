@@ -15,8 +15,10 @@ scripts/build_medusa_tree.py runs them.
 from __future__ import annotations
 
 import itertools
+import json
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -136,3 +138,42 @@ def tree_record(tree: list[tuple[int, ...]], heads: int, chain_k: int,
             "verify_cost_ms": {n: round(c * 1e3, 1) for n, c in cost.items()},
         },
     }
+
+
+# The tree per machine (``"medusa_tree": "measured"`` in the planner's model.json): the head
+# accuracies are a property of the heads (measured once, committed with the tree), the pass
+# costs a property of the machine and precision, so setup re-runs only the cost half here.
+SERVED_TREE = (Path(__file__).resolve().parents[3] / "model_repository" / "rufus_qp_medusa"
+               / "1" / "medusa_tree.json")
+TREE_SIZES = (1, 2, 4, 8, 12, 16, 24, 32)
+
+
+def machine_trees(model_dir: str | Path, costs: dict[str, dict[str, float]], threads: int,
+                  progress: Callable[[str], None] = lambda _m: None,
+                  calibration: Path = SERVED_TREE, max_nodes: int = 32,
+                  ) -> dict[str, Any]:
+    """For each precision measured in ``costs``: time verification of n tokens on this
+    machine and grow the tree on those costs (:func:`grow_tree`). Returns the
+    ``planner_trees`` entry of the precision record (rufus/serving/precision.py)."""
+    import torch
+
+    from rufus.qp.decoder.torch_llama import TorchLlama
+
+    served = json.loads(calibration.read_text(encoding="utf-8"))
+    acc = served["calibration"]["head_topk_accuracy"][: int(served["num_medusa_heads"])]
+    torch.set_num_threads(threads)
+    trees: dict[str, Any] = {}
+    for dtype in costs:
+        model = TorchLlama(model_dir, dtype, max_len=256)
+        cost = {n: min(time_forward(model, n, 100, 3) for _ in range(2))
+                for n in TREE_SIZES if n <= max_nodes + 1}
+        del model
+        tree, expected, speed = grow_tree(acc, interpolate_cost(cost), max_nodes)
+        trees[dtype] = {"medusa_tree": [list(p) for p in tree],
+                        "expected_tokens_per_step": round(expected, 3),
+                        "modelled_speedup": round(speed, 3),
+                        "verify_cost_ms": {n: round(c * 1e3, 2) for n, c in cost.items()}}
+        progress(f"{Path(model_dir).name} {dtype}: tree of {len(tree)} nodes, "
+                 f"{expected:.2f} tokens/step, modelled {speed:.2f}x (verify ms "
+                 + ", ".join(f"{n}: {c * 1e3:.0f}" for n, c in cost.items()) + ")")
+    return {"planner_trees": trees, "tree_calibration": str(calibration)}

@@ -1,0 +1,51 @@
+"""Where compiled artefacts live: one directory, keyed by the CPU class that built them.
+
+vLLM's compile cache (``VLLM_CACHE_ROOT``), inductor's kernels (``TORCHINDUCTOR_CACHE_DIR``)
+and Triton-language kernels (``TRITON_CACHE_DIR``) go under ``$RUFUS_COMPILE_CACHE_DIR/<cpu
+key>/`` (default ``$RUFUS_CACHE_DIR/compile``, ``~/.cache/rufus/compile``, next to the built
+models), so a container volume
+or a node's disk keeps them all, and a start on another CPU class never loads a kernel built
+for instructions this CPU lacks (an AVX-512 kernel on an AVX2 machine dies with SIGILL, and
+vLLM's AOT cache key does not include the CPU). Model versions are keyed by vLLM itself (its
+cache hash covers the model and engine configuration). A variable the operator set wins.
+
+Called in every process that starts an engine before vLLM or torch is imported: the Triton
+stub (:func:`rufus.serving.triton_backend.prepare_process`) and the follower; vLLM's spawned
+engine-core and worker processes inherit the environment.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import MutableMapping
+from pathlib import Path
+
+from rufus.serving.config import cache_dir
+from rufus.serving.machine import cpu_flags, cpu_key, effective_flags
+
+log = logging.getLogger("rufus.serving.caches")
+
+CACHE_VARS = {"VLLM_CACHE_ROOT": "vllm", "TORCHINDUCTOR_CACHE_DIR": "inductor",
+              "TRITON_CACHE_DIR": "triton"}
+
+
+def compile_dirs(env: MutableMapping[str, str] | None = None,
+                 flags: set[str] | None = None) -> dict[str, str]:
+    """The cache variables this process should have: the operator's where set, else ours."""
+    env = os.environ if env is None else env
+    flags = effective_flags(cpu_flags() if flags is None else flags, env)
+    root = env.get("RUFUS_COMPILE_CACHE_DIR") or str(cache_dir(env) / "compile")
+    base = Path(root).expanduser() / cpu_key(flags)
+    return {var: env.get(var) or str(base / sub) for var, sub in CACHE_VARS.items()}
+
+
+def configure(env: MutableMapping[str, str] | None = None) -> dict[str, str]:
+    """Set the compile-cache variables (before vLLM or torch is imported) and log them."""
+    env = os.environ if env is None else env
+    dirs = compile_dirs(env)
+    for var, path in dirs.items():
+        env[var] = path
+    log.info("compile caches for this CPU (%s): %s", cpu_key(effective_flags(cpu_flags(), env)),
+             ", ".join(f"{k}={v}" for k, v in dirs.items()))
+    return dirs

@@ -1,0 +1,130 @@
+"""Precision by measurement (rufus/serving/precision.py): the choice follows the measured
+costs per workload, is kept per CPU and model, and "measured" in a model.json resolves to it
+(or to the rule for the CPU class when setup has not measured this machine)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from rufus.serving import machine, precision
+
+AVX2 = {"avx2", "fma"}
+AVX512_BF16 = {"avx2", "fma", "avx512f", "avx512_bf16"}
+
+
+@pytest.fixture()
+def tiny(tmp_path: Path) -> Path:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
+                      tie_word_embeddings=True)
+    LlamaForCausalLM(cfg).save_pretrained(tmp_path / "m")
+    return tmp_path / "m"
+
+
+def test_each_workload_takes_its_cheapest_dtype():
+    # emulated bf16: multi-row passes slow, one-row decode faster (fewer bytes)
+    avx2 = {"bfloat16": {"prefill": 1.8, "decode": 0.034, "verify": 0.6},
+            "float32": {"prefill": 0.31, "decode": 0.059, "verify": 0.08}}
+    assert precision.choose(avx2) == {"answer": "float32", "planner": "float32"}
+    decode_bound = {"bfloat16": {"prefill": 0.30, "decode": 0.02, "verify": 0.1},
+                    "float32": {"prefill": 0.25, "decode": 0.04, "verify": 0.05}}
+    assert precision.choose(decode_bound) == {"answer": "bfloat16", "planner": "float32"}
+
+
+def test_rule_without_a_measurement():
+    assert precision.rule(AVX2) == "float32"
+    assert precision.rule(AVX512_BF16) == "bfloat16"
+
+
+def test_concrete_dtypes_pass_through_and_measured_resolves(tmp_path, tiny):
+    env = {"RUFUS_CACHE_DIR": str(tmp_path / "cache")}
+    args = {"model": str(tiny), "dtype": "bfloat16"}
+    assert precision.resolve(args, "answer", env) is args
+    # nothing measured: the rule for this CPU class
+    got = precision.resolve({"model": str(tiny), "dtype": "measured"}, "answer", env)
+    assert got["dtype"] == precision.rule(machine.this_cpu(env))
+    # measured: the stored choice, per workload
+    path = precision.choice_path(tiny, env)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"choice": {"answer": "float32", "planner": "bfloat16"}}))
+    assert precision.resolve({"model": str(tiny), "dtype": "measured"}, "answer", env
+                             )["dtype"] == "float32"
+    assert precision.resolve({"model": str(tiny), "dtype": "measured"}, "planner", env
+                             )["dtype"] == "bfloat16"
+
+
+def test_the_choice_is_keyed_by_cpu_and_model(tmp_path, tiny):
+    env = {"RUFUS_CACHE_DIR": str(tmp_path)}
+    a = precision.choice_path(tiny, env)
+    capped = precision.choice_path(tiny, {**env, "ATEN_CPU_CAPABILITY": "avx2"})
+    assert a.parent.parent == tmp_path / "precision"
+    if machine.cpu_class(machine.cpu_flags()) not in ("avx2", "baseline", "arm", "arm-sve"):
+        assert a.parent != capped.parent  # AVX-512 machine measuring as AVX2: another key
+    before = precision.model_fingerprint(tiny)
+    (tiny / "rufus-build.json").write_text('{"files": {"model.safetensors": "x"}}')
+    assert precision.model_fingerprint(tiny) != before
+
+
+def test_measure_times_every_pass_in_every_dtype(tmp_path, tiny, monkeypatch):
+    monkeypatch.setenv("RUFUS_CACHE_DIR", str(tmp_path))
+    lines: list[str] = []
+    res = precision.measure_and_store(tiny, progress=lines.append)
+    costs = res["seconds_per_pass"]
+    assert set(costs) == set(precision.CANDIDATES)
+    assert all(set(c) == set(precision.PASSES) and min(c.values()) > 0 for c in costs.values())
+    assert set(res["choice"]) == set(precision.WORKLOADS)
+    assert len(lines) == len(precision.CANDIDATES) * len(precision.PASSES)
+    assert json.loads(precision.choice_path(tiny).read_text())["choice"] == res["choice"]
+    # cached: not measured again
+    assert precision.measure_and_store(tiny, progress=lines.append) == res
+    assert len(lines) == len(precision.CANDIDATES) * len(precision.PASSES)
+
+
+ACC = [[0.88, 0.05, 0.02, 0.01], [0.8, 0.06, 0.03, 0.01], [0.74, 0.07, 0.03, 0.01]]
+
+
+def test_tree_is_wider_where_passes_are_cheap():
+    from rufus.qp.tooling.tree import grow_tree, interpolate_cost
+
+    flat = interpolate_cost({1: 1.0, 8: 1.05, 16: 1.1, 32: 1.3})  # width nearly free
+    steep = interpolate_cost({1: 1.0, 2: 1.6, 4: 2.4, 8: 4.0, 16: 7.0, 32: 13.0})
+    wide, _, wide_speed = grow_tree(ACC, flat, 32)
+    narrow, _, narrow_speed = grow_tree(ACC, steep, 32)
+    assert len(wide) > len(narrow) >= 1 and wide_speed > narrow_speed
+
+
+def test_machine_trees_and_the_served_tree(tmp_path, tiny, monkeypatch):
+    from rufus.qp.backends import load_tree, measured_tree, served_tree
+    from rufus.qp.tooling.tree import machine_trees
+
+    monkeypatch.setenv("RUFUS_CACHE_DIR", str(tmp_path / "cache"))
+    calib = tmp_path / "medusa_tree.json"
+    calib.write_text(json.dumps({"num_medusa_heads": 2,
+                                 "calibration": {"head_topk_accuracy": ACC}}))
+    version = tmp_path / "repo"
+    version.mkdir()
+    (version / "medusa_tree.json").write_text(json.dumps({"medusa_tree": [[0]]}))
+    mj = {"medusa_tree": "measured"}
+    # setup not run on this machine: the committed tree
+    assert measured_tree({"model": str(tiny), "dtype": "float32"}) == {
+        "medusa_tree": "medusa_tree.json"}
+    assert served_tree(mj, version, str(tiny), "float32") == [[0]]
+    res = precision.measure_and_store(
+        tiny, extra=lambda r: machine_trees(tiny, r["seconds_per_pass"], 1,
+                                            calibration=calib, max_nodes=4))
+    trees = res["planner_trees"]
+    assert set(trees) == set(res["seconds_per_pass"])
+    for dtype, rec in trees.items():
+        paths = rec["medusa_tree"]
+        assert 1 <= len(paths) <= 4 and max(len(p) for p in paths) <= 2
+        assert load_tree(paths) == paths
+        got = measured_tree({"model": str(tiny), "dtype": dtype})
+        assert got == {"medusa_tree": paths, "medusa_speculation_length": len(paths) + 1}
+        assert served_tree(mj, version, str(tiny), dtype) == paths
