@@ -4,9 +4,11 @@ The recovery test copies this file in as ``1/model.py`` of a temporary copy of
 model_repository/rufus_qp_medusa/ (so it runs inside tritonserver's Python stub, where a
 monkeypatch cannot reach). It is the shipped planner model except that every engine its
 factory builds shares one count of the requests decoded in this process, and the forward
-pass of request ``FAULT_AT`` fails, once, as a crash of the decoder would: the engine then
-reports itself dead (``errored``) and the model replaces it in place with a new engine from
-the same factory, whose requests keep counting (so the fault never repeats).
+pass of client request ``FAULT_AT`` fails, once, as a crash of the decoder would: the engine
+then reports itself dead (``errored``) and the model replaces it in place with a new engine
+from the same factory, whose requests keep counting (so the fault never repeats). The
+model's own warm-up requests (served before it reports ready, and again by the new engine
+before it does) are not counted.
 """
 
 import os
@@ -23,17 +25,19 @@ from rufus.qp.model import QueryPlannerModel  # noqa: E402
 FAULT_AT = 2  # the request, counted over every engine of this process, whose pass fails
 
 
-def crash_on_request(decoder, started: list[int], n: int = FAULT_AT) -> None:
-    """Make ``decoder``'s forward pass fail for the ``n``-th sequence started (``started``:
-    the count so far, shared by the engines of this process)."""
+def crash_on_request(decoder, started: list[int], counting, n: int = FAULT_AT) -> None:
+    """Make ``decoder``'s forward pass fail for the ``n``-th sequence started while
+    ``counting()`` is true (``started``: the count so far, shared by the engines of this
+    process)."""
     start, step = decoder.start, decoder.step
     doomed: list[object] = []
 
     def counted_start(*args, **kwargs):
         run = start(*args, **kwargs)
-        started[0] += 1
-        if started[0] == n:
-            doomed.append(run)
+        if counting():
+            started[0] += 1
+            if started[0] == n:
+                doomed.append(run)
         return run
 
     def failing_step(runs):
@@ -60,7 +64,8 @@ class TritonPythonModel(QueryPlannerModel):
 
         def faulty_engine(args):
             engine = build(args)
-            crash_on_request(engine.decoder, started)
+            # client requests only: the host is READY once its warm-up is done
+            crash_on_request(engine.decoder, started, lambda: self.host.state == "ready")
             return engine
 
         self.host.engine_factory = faulty_engine
