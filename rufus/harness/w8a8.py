@@ -68,9 +68,9 @@ AUX_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json
 
 # CPU flags (as /proc/cpuinfo spells them) under which vLLM's oneDNN int8 matmul is exact and
 # fast: VNNI (vpdpbusd) or AMX. Without them (AVX2 only) oneDNN runs s8s8 through its
-# ``gemm:jit`` kernel, whose u8*s8 pair sums saturate at int16 for 8-bit weights (measured
-# with ONEDNN_MAX_CPU_ISA=AVX2: 7-13 % relative error against exact integer math, exact with
-# 7-bit weights) and which is 10-20x slower than fp32 F.linear at 1-16 rows. AVX-VNNI
+# ``gemm:jit`` kernel, whose u8*s8 pair sums saturate at int16 for 8-bit weights (wrong
+# results, exact only with 7-bit weights) and which is much slower than fp32 F.linear for
+# few rows (measured with ONEDNN_MAX_CPU_ISA=AVX2: docs/benchmarks.md). AVX-VNNI
 # (``avx_vnni``, AVX2 with VNNI) is not listed: not measured.
 W8A8_CPU_FLAGS = ("avx512_vnni", "amx_int8")
 

@@ -70,7 +70,8 @@ def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def _int8_linear(w: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
     """``x -> x @ w.T`` with ``w`` int8 weight-only (:func:`quantize_int8`); ``x`` bf16.
 
-    ``aten._weight_int8pack_mm`` (bf16 activations only: with fp32 it is 20-30x slower), else
+    ``aten._weight_int8pack_mm`` (bf16 activations only: with fp32 the op is many times
+    slower on CPU), else
     (op missing, or it fails a probe at build time) the dequantized bf16 weight through
     :func:`_packed_linear`: the same values, without the memory or speed saving."""
     q, scale = quantize_int8(w)
