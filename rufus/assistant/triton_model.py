@@ -203,7 +203,7 @@ class AssistantModel(TritonModel):
         self.loop_thread.start()
         self.watcher = CancelWatcher()
         self.tasks: set[asyncio.Task[None]] = set()
-        if self.param("warmup", "true").lower() == "true":
+        if self.warmup_enabled():
             warm_up(self.assistant)
 
     def parse(self, inputs: dict[str, np.ndarray | None], parameters: str | None

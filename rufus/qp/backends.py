@@ -114,16 +114,25 @@ def measured_tree(args: dict[str, Any]) -> dict[str, Any]:
     return {"medusa_tree": paths, "medusa_speculation_length": len(paths) + 1}
 
 
+def tree_args(args: dict[str, Any], version_dir: Path) -> dict[str, Any]:
+    """``args`` (model.json with ``model`` and ``dtype`` resolved) with ``medusa_tree`` as
+    served on this machine: "measured" resolved (:func:`measured_tree`), a relative file
+    name made a path in the model's version directory."""
+    out = dict(args)
+    if out.get("medusa_tree") == MEASURED:
+        out.update(measured_tree(out))
+    tree = out.get("medusa_tree")
+    if isinstance(tree, str) and not tree.startswith("/"):
+        out["medusa_tree"] = str(version_dir / tree)
+    return out
+
+
 def served_tree(model_json: dict[str, Any], version_dir: Path, model: str, dtype: str
                 ) -> list[list[int]]:
     """The tree the planner serves with ``model_json`` from ``version_dir`` on this machine
     (what tools such as scripts/eval_qp.py must measure)."""
-    tree = model_json.get("medusa_tree")
-    if tree == MEASURED:
-        tree = measured_tree({"model": model, "dtype": dtype})["medusa_tree"]
-    if isinstance(tree, str) and not tree.startswith("/"):
-        tree = str(version_dir / tree)
-    return load_tree(tree)
+    return load_tree(tree_args({**model_json, "model": model, "dtype": dtype},
+                               version_dir)["medusa_tree"])
 
 
 def _check_dtype(args: dict[str, Any], backend: str, dtypes: Any) -> None:

@@ -22,11 +22,10 @@ from typing import Any
 import numpy as np
 
 from rufus.errors import InvalidInput, RufusError
-from rufus.qp.backends import MEASURED, PlannerBackend, create_backend, measured_tree
+from rufus.qp.backends import PlannerBackend, create_backend, tree_args
 from rufus.qp.grounding import ground_plan
 from rufus.qp.plan import HISTORY_TURNS_USED, build_messages, parse_plan, structured_outputs
 from rufus.serving.generation import run_generate
-from rufus.serving.metrics import Metrics
 from rufus.serving.request import GenerateRequest, finish_logprobs
 from rufus.serving.sampling import merge_sampling, request_parameters
 from rufus.serving.triton_backend import EngineModel, pb_utils
@@ -183,13 +182,7 @@ class QueryPlannerModel(EngineModel):
 
     def setup(self) -> None:
         """Split model.json into engine args and the planner's Medusa settings."""
-        args = dict(self.host.engine_args)
-        tree = args.get("medusa_tree")
-        if tree == MEASURED:
-            args.update(measured_tree(args))
-            tree = args["medusa_tree"]
-        if isinstance(tree, str) and not tree.startswith("/"):
-            args["medusa_tree"] = str(self.model_dir / tree)
+        args = tree_args(self.host.engine_args, self.model_dir)
         self.backend = create_backend(args)
         self.host.engine_args = self.backend.engine_args(args)
         self._spec_families: list[Any] = []
@@ -243,5 +236,4 @@ class QueryPlannerModel(EngineModel):
         await run_generate(self.host, self.watcher, parsed.generate,
                            PlanSink(sink, parsed.question, parsed.history,
                                     self.backend.ground_filters),
-                           Metrics() if internal else self.metrics, arrival, request_id,
-                           internal)
+                           self.metrics, arrival, request_id, internal)

@@ -132,9 +132,13 @@ async def run_generate(
     internal: bool = False,
 ) -> None:
     """Serve one request to completion; always ends the response stream exactly once.
-    ``internal``: the model's own warm-up request (admitted while the engine warms up)."""
+    ``internal``: the model's own warm-up request (admitted while the engine warms up, not
+    counted in the client-facing metrics)."""
     from vllm.inputs import TokensPrompt
     from vllm.sampling_params import RequestOutputKind
+
+    if internal:
+        metrics = Metrics()
 
     admitted = False
     outcome = "error"  # the metric label; set on every path below

@@ -21,7 +21,6 @@ import numpy as np
 
 from rufus.errors import InvalidInput
 from rufus.serving.generation import run_generate
-from rufus.serving.metrics import Metrics
 from rufus.serving.request import GenerateRequest, finish_logprobs
 from rufus.serving.sampling import merge_sampling, request_parameters
 from rufus.serving.triton_backend import EngineModel
@@ -187,6 +186,5 @@ class LLMModel(EngineModel):
 
     async def handle(self, parsed: GenerateRequest, sink: Any, arrival: float,
                      request_id: str, internal: bool = False) -> None:
-        await run_generate(self.host, self.watcher, parsed, sink,
-                           Metrics() if internal else self.metrics, arrival, request_id,
-                           internal)
+        await run_generate(self.host, self.watcher, parsed, sink, self.metrics, arrival,
+                           request_id, internal)

@@ -87,21 +87,6 @@ def rule(flags: set[str]) -> str:
     return "bfloat16" if machine.native_bf16(flags) else "float32"
 
 
-def time_pass(model: Any, n: int, context: int, reps: int) -> float:
-    """Mean seconds of one forward pass over ``n`` tokens after ``context`` cached ones."""
-    import torch
-
-    ids = torch.zeros(n, dtype=torch.long)
-    pos = torch.arange(context, context + n)
-    mask = None if n == 1 else torch.ones(n, context + n, dtype=torch.bool).tril(context)
-    with torch.no_grad():
-        model.logits(model.forward(ids, pos, context, mask))  # first call: allocation
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            model.logits(model.forward(ids, pos, context, mask))
-    return (time.perf_counter() - t0) / reps
-
-
 def measure(model_dir: str | Path, threads: int = 1,
             progress: Callable[[str], None] = lambda _m: None,
             candidates: tuple[str, ...] = CANDIDATES) -> dict[str, dict[str, float]]:
@@ -109,6 +94,7 @@ def measure(model_dir: str | Path, threads: int = 1,
     import torch
 
     from rufus.qp.decoder.torch_llama import DTYPES, TorchLlama
+    from rufus.qp.tooling.tree import time_forward
 
     torch.set_num_threads(threads)
     costs: dict[str, dict[str, float]] = {}
@@ -118,7 +104,9 @@ def measure(model_dir: str | Path, threads: int = 1,
         model = TorchLlama(model_dir, dtype, max_len=256)
         costs[dtype] = {}
         for name, (n, context, reps) in PASSES.items():
-            costs[dtype][name] = time_pass(model, n, context, reps)
+            # one untimed pass first (allocation): a multi-row pass in emulated bf16 takes
+            # seconds, so the tree search's three would slow setup for nothing
+            costs[dtype][name] = time_forward(model, n, context, reps, warmup=1)
             progress(f"{Path(model_dir).name} {dtype} {name} ({n} tokens): "
                      f"{costs[dtype][name] * 1000:.1f} ms")
         del model

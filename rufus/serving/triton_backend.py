@@ -226,6 +226,11 @@ class TritonModel:
         """A config.pbtxt ``parameters`` entry (``RUFUS_<NAME>`` in the environment wins)."""
         return config_param(self.model_config, name, default)
 
+    def warmup_enabled(self) -> bool:
+        """``warmup`` in config.pbtxt (``RUFUS_WARMUP``): serve warm-up requests before
+        reporting ready (default true; README "What ready guarantees")."""
+        return self.param("warmup", "true").lower() == "true"
+
     def start(self) -> None:
         raise NotImplementedError
 
@@ -291,7 +296,7 @@ class EngineModel(TritonModel):
             on_restarted=self.ready,
             name=self.name,
             restart=RestartPolicy.from_settings(self.param),
-            warmup=self.warm_up if self.param("warmup", "true").lower() == "true" else None,
+            warmup=self.warm_up if self.warmup_enabled() else None,
         )
         self.watcher = CancelWatcher()
         self.setup()

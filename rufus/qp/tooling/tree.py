@@ -78,16 +78,17 @@ def chain_speeds(acc: list[list[float]], step_cost: Callable[[int], float]
     return expected, speed
 
 
-def time_forward(model: TorchLlama, n: int, context: int, reps: int = 20) -> float:
+def time_forward(model: TorchLlama, n: int, context: int, reps: int = 20, warmup: int = 3
+                 ) -> float:
     """Mean seconds of one forward pass of the served engine (:class:`TorchLlama`)
     verifying ``n`` tokens after ``context`` cached ones (the cost model for choosing the
-    tree size)."""
+    tree size, and rufus/serving/precision.py's pass costs), after ``warmup`` untimed ones."""
     import torch
 
     ids = torch.zeros(n, dtype=torch.long)
     pos = torch.arange(context, context + n)
     mask = None if n == 1 else torch.ones(n, context + n, dtype=torch.bool)
-    for _ in range(3):
+    for _ in range(warmup):
         model.logits(model.forward(ids, pos, context, mask))
     t0 = time.perf_counter()
     for _ in range(reps):
