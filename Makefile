@@ -7,7 +7,7 @@ export HTTP_PORT ?= 8000
 export METRICS_PORT ?= 8002
 export OPENAI_PORT ?= 9000
 
-.PHONY: setup model serve test unit integration lint bench bench-openai clean check-deploy rig fleet fleet-bench fleet-sim
+.PHONY: setup model serve test unit integration lint bench bench-openai clean check-deploy rig fleet fleet-bench fleet-sim image compose-up compose-down roll test-containers
 
 setup:            ## venv + pinned deps, tritonserver backend, default model (idempotent)
 	bash scripts/setup.sh all
@@ -56,3 +56,19 @@ fleet-bench: setup  ## least outstanding vs round robin through HAProxy, two uni
 
 fleet-sim:        ## fleet-scale routing simulation (100+ units, bursts), seeded, < 1 min
 	$(PY) scripts/fleet_sim.py $(SIM_ARGS)
+
+image: setup      ## cpu + ingress images (classic builder, wheelhouse, local bases if no registry)
+	bash scripts/image.sh
+
+compose-up: setup  ## image + the two-cell compose rig (ingress gRPC :8001, OpenAI :9000)
+	bash scripts/compose.sh up
+
+compose-down:     ## stop and remove the rig (volumes with compile caches are kept)
+	bash scripts/compose.sh down
+
+roll: setup       ## rolling update of the rig under load: RUFUS_IMAGE or a new tag of the current image
+	$(PY) -m rufus.harness.containers roll $(ROLL_ARGS)
+
+test-containers: setup  ## container tests: build, rig up, faults, rolling update, rig down
+	$(PY) -m pytest -q -p no:cacheprovider --durations=10 tests/containers
+

@@ -188,6 +188,11 @@ ENV: dict[str, Var] = {
                           "build arg: start the models once in the build stage so the image "
                           "ships warm compile caches (1; 0 skips)"),
     "RUFUS_PREBUILD_MODELS": Var(("docker/Dockerfile",), "build arg: models the prebuild starts"),
+    "RUFUS_IMAGE": Var(("scripts/rolling_update.sh",),
+                       "compose rig: the image of the nodes (rolling update: the new one)"),
+    "RUFUS_WHEELHOUSE": Var(("scripts/setup.sh",),
+                            "setup: install from this directory of wheels, no package index "
+                            "(the image build's build/wheels, scripts/image.sh)"),
     "RUFUS_CATALOG_INDEX": Var(("rufus/retrieval/__init__.py",),
                                "assistant: search index file (build/retrieval/catalog.sqlite)"),
 }
@@ -201,6 +206,7 @@ EXTERNAL_ENV: dict[str, str] = {
     "PIP_EXTRA_INDEX_URL": "pip (build stage only): PyTorch CPU wheel index",
     "PYTHON": "scripts/setup.sh: interpreter to build the venv with",
     "VLLM_CPU_KVCACHE_SPACE": "vLLM (CPU): KV cache GiB",
+    "VLLM_CPU_OMP_THREADS_BIND": "vLLM (CPU): cores the engine's threads use (auto, 0-3, ...)",
     "VLLM_HOST_IP": "vLLM: address this node advertises to the others",
     "GLOO_SOCKET_IFNAME": "torch.distributed Gloo: network interface",
     "NCCL_SOCKET_IFNAME": "NCCL: network interface",
@@ -217,3 +223,5 @@ COMPOSE_SERVICES = {"leader": "leader", "follower": "follower", "agent": "agent"
                     "ingress": "haproxy"}
 # The ingress publishes Triton's ports to clients: gRPC and HTTP.
 INGRESS_PORTS = {"grpc": PORTS["GRPC_PORT"], "http": PORTS["HTTP_PORT"]}
+# HAProxy's read-only stats page + Prometheus exporter in the compose rig (127.0.0.1 only)
+INGRESS_STATS_PORT = 8404

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -70,8 +71,18 @@ def serve_health(state: HealthState, port: int, bind: str = "0.0.0.0") -> Thread
         def log_message(self, fmt: str, *args: Any) -> None:  # probes every second: quiet
             log.debug(fmt, *args)
 
-    srv = ThreadingHTTPServer((bind, port), Handler)
-    srv.daemon_threads = True
+    class Server(ThreadingHTTPServer):
+        daemon_threads = True
+
+        def handle_error(self, request: Any, client_address: Any) -> None:
+            # a prober that gave up (its timeout, on a loaded node) before the answer: not
+            # this node's fault, and not worth a traceback in the log every few seconds
+            if isinstance(sys.exc_info()[1], ConnectionError):
+                log.debug("health probe from %s went away", client_address)
+                return
+            super().handle_error(request, client_address)
+
+    srv = Server((bind, port), Handler)
     threading.Thread(target=srv.serve_forever, name="follower-health", daemon=True).start()
     log.info("health endpoint on http://%s:%d/health", bind, port)
     return srv

@@ -266,8 +266,14 @@ def render(
     return "\n".join(out) + "\n"
 
 
+# a server whose container is not up yet (or is being recreated) starts without an address
+# instead of stopping HAProxy, and gets one from Docker's DNS when it appears
+_DNS = "resolvers docker init-addr last,libc,none"
+
+
 def render_compose(n_units: int = 2, *, grpc_port: int = 8001, http_port: int = 8000,
-                   agent_check_port: int = 8091, check_inter_ms: int = 1000,
+                   stats_port: int = 8404, agent_check_port: int = 8091,
+                   check_inter_ms: int = 1000,
                    limits: Limits = Limits()) -> str:
     """The checked-in proxy/haproxy/haproxy.cfg: the deployment flavor (docker/compose.yaml).
 
@@ -289,8 +295,24 @@ def render_compose(n_units: int = 2, *, grpc_port: int = 8001, http_port: int = 
         "# Rendered by `python -m proxy.haproxy --compose` (proxy/haproxy.py); do not edit by hand.",
         "# Unit addresses come from the environment: RUFUS_UNIT<i>_GRPC/_HTTP/_AGENT (host:port).",
         *_global(limits), "", *_defaults(limits), "",
-        *_grpc_frontend("grpc_lor", f":{grpc_port}", "units_lor", limits), "",
+        "resolvers docker",
+        "    # Docker's embedded DNS: a unit's containers get a new address when they are",
+        "    # recreated (rolling update, restart); HAProxy follows it instead of keeping the",
+        "    # address it resolved at start",
+        "    nameserver dns 127.0.0.11:53",
+        "    hold valid 1s",
+        "    hold nx 1s",
+        "    hold obsolete 5s",
+        "", *_grpc_frontend("grpc_lor", f":{grpc_port}", "units_lor", limits), "",
         *_http_frontend("triton_http", f":{http_port}", "units_http", limits), "",
+        "frontend stats",
+        "    # read-only state for operators and scripts/rolling_update.sh (which unit is in",
+        "    # rotation); compose publishes it on 127.0.0.1 only",
+        f"    bind :{stats_port}",
+        "    http-request use-service prometheus-exporter if { path /metrics }",
+        "    stats enable",
+        "    stats uri /stats",
+        "",
         *_per_source(limits), "",
         "backend unit_health",
         "    # one server per unit agent: GET /health (200 iff every node of the unit is ready)",
@@ -298,20 +320,37 @@ def render_compose(n_units: int = 2, *, grpc_port: int = 8001, http_port: int = 
         "    option httpchk",
         "    http-check send meth GET uri /health",
         "    http-check expect status 200",
+        "    # an agent that answers slowly because its host is busy (a cell next door starting)",
+        "    # is not a dead unit: a longer check timeout and a third failure before DOWN; a",
+        "    # unit that fails answers 'down' to the agent-check, which takes it out at once",
+        "    timeout check 2s",
         f"    default-server inter {check_inter_ms}ms fastinter 500ms downinter {check_inter_ms}ms "
-        f"fall 2 rise 2 agent-inter {check_inter_ms}ms",
+        f"fall 3 rise 2 agent-inter {check_inter_ms}ms",
     ]
     for i in range(n_units):
         out.append(f'    server unit{i} "${{RUFUS_UNIT{i}_AGENT}}" check agent-check '
-                   f"agent-port {agent_check_port}")
+                   f"agent-port {agent_check_port} {_DNS}")
     for name, kind, proto in (("units_lor", "GRPC", " proto h2"), ("units_http", "HTTP", "")):
         out += ["", f"backend {name}",
                 "    # least outstanding requests: HAProxy counts in-flight streams per unit itself",
                 f"    balance {BALANCE}"]
         for i in range(n_units):
             out.append(f'    server unit{i} "${{RUFUS_UNIT{i}_{kind}}}"{proto} '
-                       f"track unit_health/unit{i}")
+                       f"track unit_health/unit{i} {_DNS}")
     return "\n".join(out) + "\n"
+
+
+def runtime_exchange(sock: socket.socket, cmd: str) -> str:
+    """Send one runtime-API command on a connected socket and read the reply to its end
+    (HAProxy closes the connection after answering a non-interactive command)."""
+    sock.sendall(cmd.encode() + b"\n")
+    chunks = []
+    while True:
+        data = sock.recv(65536)
+        if not data:
+            break
+        chunks.append(data)
+    return b"".join(chunks).decode()
 
 
 def find_haproxy() -> str | None:
@@ -369,14 +408,7 @@ class HAProxy:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             s.settimeout(3)
             s.connect(str(self.stats_socket))
-            s.sendall(cmd.encode() + b"\n")
-            chunks = []
-            while True:
-                data = s.recv(65536)
-                if not data:
-                    break
-                chunks.append(data)
-        return b"".join(chunks).decode()
+            return runtime_exchange(s, cmd)
 
     def servers(self, backend: str = "units_lor") -> dict[str, dict[str, str]]:
         """Per server: status (UP/DOWN/...), scur (streams in flight), stot, weight, checks."""

@@ -104,11 +104,24 @@ def build_inputs(
     return infer_inputs(grpcclient, tensors)
 
 
+def _reset_by_peer(status: str, details: str) -> bool:
+    """A stream reset by the transport (the unit's process died and the load balancer reset
+    the stream: RST_STREAM), not by this client (it never reads on after cancelling)."""
+    return status.endswith("CANCELLED") and ("RST_STREAM" in details or "Stream removed" in details)
+
+
+def _lost(prefix: str, details: str) -> RequestFailed:
+    return RequestFailed(f"{prefix}[UNAVAILABLE] the connection to the unit was lost mid-stream "
+                         f"({details.strip()[:200]})", "UNAVAILABLE")
+
+
 def _failed(err: Any, prefix: str = "") -> RequestFailed:
     """A tritonclient error as :class:`RequestFailed`."""
     status = getattr(err, "status", None)
-    s = status() if callable(status) else status
-    return RequestFailed(f"{prefix}{err}", str(s or ""))
+    s = str((status() if callable(status) else status) or "")
+    if _reset_by_peer(s, str(err)):
+        return _lost(prefix, str(err))
+    return RequestFailed(f"{prefix}{err}", s)
 
 
 @dataclass
@@ -144,6 +157,8 @@ def _rpc_failed(exc: Any, prefix: str = "") -> RequestFailed:
     code = exc.code() if callable(getattr(exc, "code", None)) else None
     name = code.name if code is not None else "UNKNOWN"
     details = exc.details() if callable(getattr(exc, "details", None)) else str(exc)
+    if _reset_by_peer(name, details or ""):
+        return _lost(prefix, details or "")
     return RequestFailed(f"{prefix}[{name}] {details}", name)
 
 

@@ -1,77 +1,88 @@
 #!/usr/bin/env bash
-# Rolling update of the docker compose rig, cell (unit) by cell, keeping capacity.
-# NOT RUN HERE: the machines this was written on have no Docker engine; it was only checked
-# with `bash -n` and shellcheck-style review. See deploy/README.md.
+# Rolling update of the docker compose rig (docker/compose.yaml), cell by cell, keeping
+# capacity: at most one cell is out of the ingress's rotation at any time, and a cell's
+# leader and follower always run the same image.
 #
 #   RUFUS_IMAGE=rufus-inference:cpu-new scripts/rolling_update.sh [cell ...]   (default: a b)
 #
 # For each cell, one at a time:
-#   1. drain: stop the cell's unit agent. The ingress health-checks each unit through its
-#      agent, so HAProxy takes the cell out of rotation; connections already open finish.
-#   2. wait until the leader has no request in flight (Triton's
-#      nv_inference_pending_request_count and the gRPC connections HAProxy holds), at most
-#      DRAIN_TIMEOUT seconds.
-#   3. recreate leader + follower (+ agent) with the new image, together: a unit's nodes must
-#      run the same software.
-#   4. wait until the agent reports the whole unit healthy, then go on to the next cell.
-# Capacity: all other cells keep serving throughout. With one cell the rig has nothing to
-# keep serving: start cell b first (`--profile cell-b up -d`) for a capacity-keeping update.
+#   0. wait until every other cell is in rotation (never take out a second cell);
+#   1. drain: stop the cell's unit agent. HAProxy health-checks each unit through its agent,
+#      so it takes the cell out of rotation (checked on HAProxy's stats page); streams
+#      already open finish where they are;
+#   2. wait until HAProxy holds no stream to the cell (gRPC and HTTP backends, its own
+#      exact count), at most DRAIN_TIMEOUT seconds;
+#   3. recreate leader + follower + agent together on the new image;
+#   4. wait until the cell's agent reports every model of the unit ready (ready means warm:
+#      README) and HAProxy has had the cell UP for three polls in a row, then go on.
+# Needs the rig's HAProxy stats on 127.0.0.1:8404 (compose.yaml publishes it there).
+# Exit status: 0 done, 1 a cell did not drain or come back (the rollout stops there, the
+# other cells keep serving).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-COMPOSE=(docker compose -f "$ROOT/docker/compose.yaml" --profile cell-b)
+STATS="${RUFUS_INGRESS_STATS:-http://127.0.0.1:8404/stats;csv}"
 DRAIN_TIMEOUT="${DRAIN_TIMEOUT:-300}"
-READY_TIMEOUT="${READY_TIMEOUT:-1800}"
+READY_TIMEOUT="${READY_TIMEOUT:-1200}"
 CELLS=("$@")
 [[ ${#CELLS[@]} -gt 0 ]] || CELLS=(a b)
+ALL=(a b)
 
 say() { printf '[rolling_update %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
+compose() { bash "$ROOT/scripts/compose.sh" -- "$@"; }
+svc() { if [[ "$2" == a ]]; then echo "$1"; else echo "$1-$2"; fi; }  # svc ROLE CELL
+unit() { case "$1" in a) echo unit0 ;; b) echo unit1 ;; esac; }     # HAProxy server name
 
-svc() {  # svc ROLE CELL -> compose service name (cell a has no suffix)
-  if [[ "$2" == a ]]; then echo "$1"; else echo "$1-$2"; fi
+stats() { curl -fsS --max-time 5 "$STATS"; }
+status_of() {  # UP / DOWN / MAINT ... of a cell's gRPC server at the ingress
+  stats | awk -F, -v s="$(unit "$1")" '$1 == "units_lor" && $2 == s {print $18}'
+}
+streams_on() {  # streams HAProxy has open to a cell (gRPC + HTTP)
+  stats | awk -F, -v s="$(unit "$1")" '($1 == "units_lor" || $1 == "units_http") && $2 == s {n += $5} END {print n + 0}'
+}
+wait_for() {  # wait_for SECONDS DESCRIPTION COMMAND...
+  local deadline=$((SECONDS + $1)) what="$2"; shift 2
+  until "$@"; do
+    (( SECONDS < deadline )) || { say "$what: not reached in time"; return 1; }
+    sleep 2
+  done
+}
+is_up() { [[ "$(status_of "$1")" == UP* ]]; }
+agent_healthy() {  # the agent's own verdict: every model of the unit ready (ready = warm)
+  compose exec -T "$(svc agent "$1")" python /opt/rufus/docker/healthcheck.py >/dev/null 2>&1
+}
+back() {
+  # HAProxy shows a server UP the moment its recreated container's name resolves again
+  # ("start OK but check immediately"), before any check has passed: ask the agent, then
+  # require HAProxy's UP on three polls in a row
+  local n
+  agent_healthy "$1" || return 1
+  for n in 1 2 3; do is_up "$1" || return 1; sleep 2; done
+}
+is_down() { [[ "$(status_of "$1")" != UP* ]]; }
+drained() { [[ "$(streams_on "$1")" == 0 ]]; }
+others_up() {
+  local c
+  for c in "${ALL[@]}"; do [[ "$c" == "$1" ]] || back "$c" || return 1; done
 }
 
-running() { [[ -n "$("${COMPOSE[@]}" ps -q --status running "$1" 2>/dev/null)" ]]; }
-
-pending() {  # requests queued or executing on a cell's leader (Triton metric)
-  "${COMPOSE[@]}" exec -T "$1" python - <<'PY' 2>/dev/null || echo 0
-import re, urllib.request
-text = urllib.request.urlopen("http://127.0.0.1:8002/metrics", timeout=5).read().decode()
-print(int(sum(float(v) for v in re.findall(r"^nv_inference_pending_request_count\{.*\} (\S+)$", text, re.M))))
-PY
-}
-
-unit_healthy() {
-  "${COMPOSE[@]}" exec -T "$1" python /opt/rufus/docker/healthcheck.py >/dev/null 2>&1
-}
-
-live=0
-for c in a b; do running "$(svc leader "$c")" && live=$((live + 1)); done
-if [[ $live -lt 2 ]]; then
-  say "only $live cell running: capacity cannot be kept during the update (continuing)"
-fi
-
+stats >/dev/null || { say "cannot read the ingress's stats at $STATS (is the rig up?)"; exit 1; }
+image="${RUFUS_IMAGE:-rufus-inference:cpu}"
+say "rolling ${CELLS[*]} to $image"
 for cell in "${CELLS[@]}"; do
   leader="$(svc leader "$cell")" follower="$(svc follower "$cell")" agent="$(svc agent "$cell")"
+  say "cell $cell: waiting until the other cells are in rotation"
+  wait_for "$READY_TIMEOUT" "other cells in rotation" others_up "$cell" || exit 1
+  t0=$SECONDS
   say "cell $cell: draining (stopping $agent takes it out of the ingress)"
-  "${COMPOSE[@]}" stop "$agent"
-  deadline=$((SECONDS + DRAIN_TIMEOUT))
-  while (( SECONDS < deadline )); do
-    n="$(pending "$leader")"
-    [[ "$n" == 0 ]] && break
-    say "cell $cell: $n request(s) in flight"
-    sleep 5
-  done
-  say "cell $cell: recreating $leader $follower $agent with ${RUFUS_IMAGE:-rufus-inference:cpu}"
-  "${COMPOSE[@]}" up -d --no-deps --force-recreate "$leader" "$follower" "$agent"
-  deadline=$((SECONDS + READY_TIMEOUT))
-  until unit_healthy "$agent"; do
-    if (( SECONDS >= deadline )); then
-      say "cell $cell: not healthy after ${READY_TIMEOUT}s: stopping the rollout here"
-      exit 1
-    fi
-    sleep 10
-  done
-  say "cell $cell: healthy and back in rotation"
+  compose stop "$agent" >/dev/null 2>&1
+  wait_for 60 "cell $cell out of rotation" is_down "$cell" || exit 1
+  say "cell $cell: out of rotation after $((SECONDS - t0)) s; $(streams_on "$cell") stream(s) still open"
+  wait_for "$DRAIN_TIMEOUT" "cell $cell drained" drained "$cell" || exit 1
+  say "cell $cell: drained after $((SECONDS - t0)) s; recreating $leader $follower $agent on $image"
+  RUFUS_IMAGE="$image" compose up -d --no-deps --no-build --force-recreate "$leader" "$follower" "$agent" >/dev/null 2>&1
+  sleep 5  # let the old containers' addresses leave HAProxy's view first
+  wait_for "$READY_TIMEOUT" "cell $cell back in rotation" back "$cell" || exit 1
+  say "cell $cell: back in rotation on $image, $((SECONDS - t0)) s out"
 done
-say "done: ${CELLS[*]}"
+say "done: ${CELLS[*]} on $image"

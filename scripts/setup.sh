@@ -18,6 +18,14 @@ quiet_pip() { "$@" 2> >(grep -v "is ignored: it is neither a file nor a director
 
 step() { printf '\n\033[1m[setup %s] %s\033[0m\n' "$(date +%H:%M:%S)" "$*"; }
 
+# A wheelhouse (a directory of the lock's wheels, e.g. the Docker build's, scripts/image.sh)
+# replaces the package index for every pip call below and in the scripts it runs: no index,
+# no TLS trust store needed, reproducible.
+if [[ -n "${RUFUS_WHEELHOUSE:-}" ]] && compgen -G "$RUFUS_WHEELHOUSE/*.whl" >/dev/null; then
+  export PIP_NO_INDEX=1 PIP_FIND_LINKS="$RUFUS_WHEELHOUSE"
+  printf '[setup] installing from the wheelhouse %s (no package index)\n' "$RUFUS_WHEELHOUSE"
+fi
+
 setup_venv() {
   local want have
   want="$(sha256sum "$ROOT/requirements.lock" "$ROOT/pyproject.toml" | sha256sum | cut -c1-16)"

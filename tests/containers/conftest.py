@@ -1,0 +1,79 @@
+"""The two-cell docker compose rig, once for tests/containers: engine, image, rig up; down at the end.
+
+Real parts only: Debian's Docker engine (installed and started by docker/engine.sh where it
+is missing: root + apt), the image built by scripts/image.sh from the wheelhouse, the rig of
+docker/compose.yaml, and the real clients through the ingress. Skipped (with the reason)
+where no engine can be had. At the end the rig's containers, network and compile-cache
+volumes are removed, the images the session built too (RUFUS_KEEP_IMAGES=1 keeps them),
+and a dockerd the session started is stopped by its pid.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rufus.harness import containers as rig
+
+ROOT = Path(__file__).resolve().parents[2]
+IMAGES = ("rufus-inference:cpu", "rufus-ingress:2.6")
+
+
+def _engine_possible() -> str | None:
+    """None if an engine runs or can be installed here, else why not."""
+    if subprocess.run(["docker", "info"], capture_output=True, check=False).returncode == 0:
+        return None
+    if os.geteuid() != 0:
+        return "no Docker engine running and not root (docker/engine.sh installs one as root)"
+    if subprocess.run(["which", "apt-get"], capture_output=True, check=False).returncode != 0:
+        return "no Docker engine and no apt-get to install Debian's"
+    return None
+
+
+def _port_taken(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _have_image(ref: str) -> bool:
+    return subprocess.run(["docker", "image", "inspect", ref], capture_output=True,
+                          check=False).returncode == 0
+
+
+@pytest.fixture(scope="module")
+def compose_rig() -> Iterator[None]:
+    """Module scope: the rig (about 17 GB of memory, four engines) is down again before the
+    integration tests start their own servers."""
+    why = _engine_possible()
+    if why:
+        pytest.skip(why)
+    started_engine = not (ROOT / "build/docker/dockerd.pid").exists()
+    subprocess.run(["bash", str(ROOT / "docker/engine.sh"), "start"], check=True)
+    started_engine = started_engine and (ROOT / "build/docker/dockerd.pid").exists()
+    reuse = bool(rig.in_rotation())  # a rig already up (make compose-up): use it, leave it
+    if not reuse:
+        busy = [p for p in (8000, 8001, 8002, 8090, 8404, 9000) if _port_taken(p)]
+        if busy:
+            pytest.fail(f"ports {busy} are in use: the rig publishes them (stop what holds them)")
+    built = [ref for ref in IMAGES if not _have_image(ref)]
+    try:
+        if not reuse:
+            subprocess.run(["bash", str(ROOT / "scripts/compose.sh"), "up"], check=True,
+                           timeout=3000)
+        yield
+    finally:
+        if not reuse:
+            subprocess.run(["bash", str(ROOT / "scripts/compose.sh"), "down", "--volumes"],
+                           check=False, timeout=300)
+            subprocess.run(["docker", "rmi", "-f", "rufus-inference:cpu-roll"],
+                           capture_output=True, check=False)
+            if os.environ.get("RUFUS_KEEP_IMAGES") != "1":
+                for ref in built:
+                    subprocess.run(["docker", "rmi", "-f", ref], capture_output=True, check=False)
+        if started_engine:
+            subprocess.run(["bash", str(ROOT / "docker/engine.sh"), "stop"], check=False)
