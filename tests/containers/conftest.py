@@ -52,9 +52,11 @@ def compose_rig() -> Iterator[None]:
     why = _engine_possible()
     if why:
         pytest.skip(why)
-    started_engine = not (ROOT / "build/docker/dockerd.pid").exists()
+    engine_was_up = subprocess.run(["docker", "info"], capture_output=True,
+                                   check=False).returncode == 0
     subprocess.run(["bash", str(ROOT / "docker/engine.sh"), "start"], check=True)
-    started_engine = started_engine and (ROOT / "build/docker/dockerd.pid").exists()
+    # stop at the end only a daemon this session started (engine.sh wrote its pid)
+    started_engine = not engine_was_up and (ROOT / "build/docker/dockerd.pid").exists()
     reuse = bool(rig.in_rotation())  # a rig already up (make compose-up): use it, leave it
     if not reuse:
         busy = [p for p in (8000, 8001, 8002, 8090, 8404, 9000) if _port_taken(p)]
