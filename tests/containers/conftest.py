@@ -11,6 +11,7 @@ and a dockerd the session started is stopped by its pid.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 from collections.abc import Iterator
@@ -24,9 +25,14 @@ ROOT = Path(__file__).resolve().parents[2]
 IMAGES = ("rufus-inference:cpu", "rufus-ingress:2.6")
 
 
+def _engine_up() -> bool:
+    return shutil.which("docker") is not None and subprocess.run(
+        ["docker", "info"], capture_output=True, check=False).returncode == 0
+
+
 def _engine_possible() -> str | None:
     """None if an engine runs or can be installed here, else why not."""
-    if subprocess.run(["docker", "info"], capture_output=True, check=False).returncode == 0:
+    if _engine_up():
         return None
     if os.geteuid() != 0:
         return "no Docker engine running and not root (docker/engine.sh installs one as root)"
@@ -52,8 +58,7 @@ def compose_rig() -> Iterator[None]:
     why = _engine_possible()
     if why:
         pytest.skip(why)
-    engine_was_up = subprocess.run(["docker", "info"], capture_output=True,
-                                   check=False).returncode == 0
+    engine_was_up = _engine_up()
     subprocess.run(["bash", str(ROOT / "docker/engine.sh"), "start"], check=True)
     # stop at the end only a daemon this session started (engine.sh wrote its pid)
     started_engine = not engine_was_up and (ROOT / "build/docker/dockerd.pid").exists()
