@@ -353,6 +353,14 @@ def runtime_exchange(sock: socket.socket, cmd: str) -> str:
     return b"".join(chunks).decode()
 
 
+def stat_servers(stat_csv: str, backend: str) -> dict[str, dict[str, str]]:
+    """The servers of ``backend`` in HAProxy's stats CSV (the runtime API's ``show stat`` or
+    the stats page's ``;csv``, the same format): name -> row (status, scur, weight, ...)."""
+    rows = csv.DictReader(io.StringIO(stat_csv.lstrip("# ")))
+    return {r["svname"]: r for r in rows
+            if r.get("pxname") == backend and r.get("svname") not in ("FRONTEND", "BACKEND")}
+
+
 def find_haproxy() -> str | None:
     return shutil.which(HAPROXY) or next(
         (p for p in ("/usr/sbin/haproxy", "/usr/local/sbin/haproxy") if Path(p).exists()), None)
@@ -412,10 +420,7 @@ class HAProxy:
 
     def servers(self, backend: str = "units_lor") -> dict[str, dict[str, str]]:
         """Per server: status (UP/DOWN/...), scur (streams in flight), stot, weight, checks."""
-        text = self.command("show stat").lstrip("# ")
-        rows = csv.DictReader(io.StringIO(text))
-        return {r["svname"]: r for r in rows
-                if r.get("pxname") == backend and r.get("svname") not in ("FRONTEND", "BACKEND")}
+        return stat_servers(self.command("show stat"), backend)
 
     def stop(self) -> None:
         if self.proc is None:

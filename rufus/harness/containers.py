@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import csv
-import io
 import json
 import os
 import signal
@@ -28,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from proxy.haproxy import stat_servers
 from rufus.harness.loadgen import SHOPPING_PROMPTS, pct
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -87,13 +86,8 @@ def docker_kill(service: str) -> None:
 def ingress_state() -> dict[str, dict[str, str]]:
     """HAProxy's view, per server of the gRPC backend: status (UP/DOWN/...) and streams open."""
     with urllib.request.urlopen(STATS, timeout=5) as r:
-        rows = list(csv.reader(io.StringIO(r.read().decode().lstrip("# "))))
-    head, out = rows[0], {}
-    for row in rows[1:]:
-        d = dict(zip(head, row, strict=False))
-        if d.get("pxname") == "units_lor" and d.get("svname", "").startswith("unit"):
-            out[d["svname"]] = {"status": d["status"], "scur": d["scur"]}
-    return out
+        servers = stat_servers(r.read().decode(), "units_lor")
+    return {name: {"status": row["status"], "scur": row["scur"]} for name, row in servers.items()}
 
 
 def in_rotation(strict: bool = False) -> set[str]:
