@@ -82,6 +82,10 @@ TRITON_PATHS = frozenset({"/v2/health/live", "/v2/health/ready", f"/v2/models/{M
 
 
 HAPROXY_CONFIG = "proxy/haproxy/haproxy.cfg"
+# per-instance-type cell configuration (deploy/instance_types.py): the LWS manifests are
+# rendered from it, the compose rig ("cpu") and the ECS task definitions ("trn1.32xlarge")
+# are checked against it
+INSTANCE_TYPES = "deploy/instance_types.toml"
 # Variables that hold secrets: a deployment file may only reference them (secretKeyRef, ECS
 # secrets, ${VAR} from the compose environment), never carry a value.
 SECRET_ENV = frozenset({"RUFUS_ADMIN_KEY", "RUFUS_UNIT_SECRET", "RUFUS_OPENAI_API_KEY"})
@@ -142,6 +146,9 @@ ENV: dict[str, Var] = {
     "RUFUS_UNIT_MODELS": Var(("proxy/",), "unit agent: models that must be ready (default rufus_llm; "
                                  "deployments: LEADER_MODELS)"),
     "RUFUS_AGENT_CHECK_PORT": Var(("proxy/",), "unit agent: HAProxy agent-check TCP port"),
+    "RUFUS_CAPACITY_REFERENCE": Var(("proxy/",),
+                                    "unit agent: the capacity (sequences) that weighs 100 % at the "
+                                    "ingress; the same on every agent (LWS: INSTANCE_TYPES' largest)"),
     "RUFUS_FLEET_NNODES": Var(("rufus/harness/fleet.py",), "local fleet (make fleet): nodes per unit"),
     **{f"RUFUS_UNIT{i}_{kind}": Var((HAPROXY_CONFIG,),
                                     f"ingress: unit {i}'s {kind.lower()} address (host:port)")
@@ -182,6 +189,9 @@ ENV: dict[str, Var] = {
                                    "(1; 0 turns it off)"),
     "RUFUS_CATALOG": Var(("rufus/retrieval/__init__.py",),
                          "assistant: your own catalog (.jsonl/.csv) instead of the generated one"),
+    "RUFUS_INIT_MARKERS": Var(("rufus/serving/triton_backend.py", "rufus/harness/server.py"),
+                              "set by the launcher, not by operators: where each stub marks "
+                              "that its initialize() returned (stalled-load restart, README)"),
     "RUFUS_WARMUP": Var(("rufus/serving/triton_backend.py",),
                         "serve warm-up requests before reporting ready (true; false skips)"),
     "RUFUS_PREBUILD": Var(("docker/Dockerfile",),

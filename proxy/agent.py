@@ -10,7 +10,9 @@ loaded is it?* — from the facts the unit's nodes publish:
 - every follower's ``GET /health`` (200 only while it runs in lockstep with the leader). The
   follower is probed directly, not only through the leader, because the leader needs up to
   its peer timeout to notice a hung follower while a dead one refuses our probe at once;
-- the leader's Prometheus metrics for load (outstanding, waiting, running, KV-cache usage).
+- the leader's Prometheus metrics for load (outstanding, waiting, running, KV-cache usage)
+  and for capacity (the ``rufus_engine_*`` gauges its engine exports from its own
+  configuration: max_num_seqs, KV-cache tokens, max_model_len, nodes; :class:`Capacity`).
 
 The unit is healthy iff every one of those health probes passes. A background thread probes
 all nodes in parallel every 0.5 s with a short timeout, so a broken unit is reported within
@@ -22,13 +24,16 @@ balancer's checks.
 Endpoints (``RUFUS_AGENT_PORT``, default 8090):
 
 - ``GET /health``  200/503, JSON naming each failing node and why;
-- ``GET /load``    JSON: outstanding, waiting, running, kv_cache_usage (+ weight, age);
+- ``GET /load``    JSON: outstanding, waiting, running, kv_cache_usage, capacity (+ weight, age);
 - ``GET /metrics`` Prometheus text: ``rufus_unit_*``.
 
 HAProxy agent protocol (``RUFUS_AGENT_CHECK_PORT``, default 8091): each TCP connection gets
-one line and is closed — ``up ready 73%`` while healthy (the weight carries load HAProxy
-cannot count itself: requests that reached the unit through other ingress replicas, queueing
-in the engine, KV-cache pressure), ``down #<reason>`` while not (HAProxy marks it DOWN at once).
+one line and is closed — ``up ready 73%`` while healthy, ``down #<reason>`` while not (HAProxy
+marks it DOWN at once). The weight carries what HAProxy cannot count itself: the unit's size
+(capacity relative to ``RUFUS_CAPACITY_REFERENCE``, so a unit that batches four times as many
+sequences gets four times the streams under ``leastconn``) times its load factor (requests
+that reached the unit through other ingress replicas, queueing in the engine, KV-cache
+pressure); :func:`weight_percent`.
 
     python -m proxy.agent        # configuration from the environment only
 """
@@ -51,9 +56,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
-from rufus.env import env_port, help_text
+from rufus.env import env_int, env_port, help_text
+from rufus.serving.metrics import CAPACITY_GAUGES
 
 log = logging.getLogger("proxy.agent")
+
+# The capacity (sequences) that weighs 100 % unless RUFUS_CAPACITY_REFERENCE says otherwise:
+# the default model.json's max_num_seqs, so a fleet of default units weighs as before.
+DEFAULT_CAPACITY_REFERENCE = 64
 
 # A probe returns (HTTP status or None when unreachable, body text or the error).
 Fetch = Callable[[str, float], tuple[int | None, str]]
@@ -74,6 +84,8 @@ class AgentConfig:
     poll_s: float = 0.5
     probe_timeout_s: float = 0.8
     unit: str = ""
+    # sequences of capacity that weigh 100 %: the same on every agent behind one ingress
+    capacity_reference: int = DEFAULT_CAPACITY_REFERENCE
 
     @property
     def stale_after_s(self) -> float:
@@ -96,6 +108,8 @@ class AgentConfig:
             port=env_port("RUFUS_AGENT_PORT", cls.port, env),
             check_port=env_port("RUFUS_AGENT_CHECK_PORT", cls.check_port, env),
             unit=urlsplit(leader).netloc,
+            capacity_reference=env_int("RUFUS_CAPACITY_REFERENCE", cls.capacity_reference, env,
+                                       minimum=1, maximum=1_000_000),
         )
 
 
@@ -118,12 +132,55 @@ class Load:
     kv_cache_usage: float = 0.0
 
 
+# A sequence of this many tokens (bounded by max_model_len) is what the unit's KV cache is
+# measured in: a shopping turn here is a prompt with product cards and history (a few hundred
+# tokens) plus an answer of up to a few hundred.
+TYPICAL_SEQUENCE_TOKENS = 1024
+# HAProxy 2.6 turns ``up ready N%`` into weight = initial weight x N / 100 and silently clamps
+# it at 256 (its largest server weight; measured with haproxy 2.6.12, tests/integration/
+# test_capacity_haproxy.py). render() gives every unit weight 100, so 256 % is the most a
+# reply can mean; the agent clamps itself so /load and /metrics show what HAProxy applies.
+MAX_WEIGHT_PERCENT = 256
+
+
+@dataclass
+class Capacity:
+    """The unit's size, from the ``rufus_engine_*`` gauges its engine exports.
+
+    ``sequences`` is the unit's capacity: the concurrent sequences it runs at full speed,
+    ``max_num_seqs`` bounded by how many sequences of :data:`TYPICAL_SEQUENCE_TOKENS`
+    (at most ``max_model_len``) its KV cache holds. vLLM batches up to ``max_num_seqs``, but
+    a cache too small for them makes it preempt and recompute, so the smaller of the two is
+    what the unit sustains. Nodes and parallel degrees are reported, not multiplied in: they
+    already show in the KV cache (more nodes, more memory) and in speed, and speed needs no
+    weight — ``leastconn`` gives a faster unit more requests by itself, because its streams
+    end sooner. A unit serving several models is as big as its first model that reports a
+    capacity (``RUFUS_UNIT_MODELS`` order: the unit's own model, rufus_llm, comes first).
+    """
+
+    model: str
+    max_num_seqs: int
+    kv_cache_tokens: int = 0
+    max_model_len: int = 0
+    nodes: int = 1
+    tensor_parallel: int = 1
+    pipeline_parallel: int = 1
+
+    @property
+    def sequences(self) -> int:
+        if self.kv_cache_tokens <= 0:  # not reported: the batch limit alone
+            return max(1, self.max_num_seqs)
+        per_seq = min(self.max_model_len or TYPICAL_SEQUENCE_TOKENS, TYPICAL_SEQUENCE_TOKENS)
+        return max(1, min(self.max_num_seqs, self.kv_cache_tokens // per_seq))
+
+
 @dataclass
 class Snapshot:
     """Everything one poll learned; endpoints answer from the latest one."""
 
     checks: list[NodeCheck] = field(default_factory=list)
     load: Load | None = None
+    capacity: Capacity | None = None
     load_error: str = ""
     at: float = 0.0  # time.time() of the poll
     poll_s: float = 0.0  # how long the poll took
@@ -239,6 +296,38 @@ def parse_load(text: str, models: Sequence[str]) -> Load:
                 running=sums["rufus_requests_running"], kv_cache_usage=kv)
 
 
+_CAPACITY_FIELDS = {name: key for key, (name, _) in CAPACITY_GAUGES.items()}
+
+
+def parse_capacity(text: str, models: Sequence[str]) -> Capacity | None:
+    """The unit's :class:`Capacity` from the leader's Prometheus text, or None when no model
+    of the unit exports one (an older leader, an engine still starting): the weight then
+    carries load alone, as before capacities were reported."""
+    found: dict[str, dict[str, int]] = {}
+    for line in text.splitlines():
+        if not line.startswith("rufus_engine_"):
+            continue
+        head, _, value = line.rpartition(" ")
+        key = _CAPACITY_FIELDS.get(head.split("{", 1)[0])
+        model = dict(_labels(head)).get("model")
+        if key is None or model not in models:
+            continue
+        try:
+            found.setdefault(model, {})[key] = int(float(value))
+        except ValueError:
+            continue
+    for model in models:
+        got = found.get(model, {})
+        if got.get("sequences", 0) > 0:
+            return Capacity(model=model, max_num_seqs=got["sequences"],
+                            kv_cache_tokens=got.get("kv_cache_tokens", 0),
+                            max_model_len=got.get("max_model_len", 0),
+                            nodes=got.get("nodes", 1) or 1,
+                            tensor_parallel=got.get("tensor_parallel", 1) or 1,
+                            pipeline_parallel=got.get("pipeline_parallel", 1) or 1)
+    return None
+
+
 def _labels(head: str) -> list[tuple[str, str]]:
     if "{" not in head:
         return []
@@ -251,28 +340,54 @@ def _labels(head: str) -> list[tuple[str, str]]:
     return out
 
 
-def weight_percent(load: Load | None, kv_soft: float = 0.8) -> int:
-    """HAProxy weight (1-100 %) from the unit's own view of its load.
+def load_factor(load: Load | None, kv_soft: float = 0.8) -> float:
+    """How much of its capacity the unit can still offer, 0.01-1, from its own view of load.
 
     HAProxy's ``leastconn`` already counts the streams *it* has open to each unit, exactly
-    and without lag; the weight adds what it cannot see: (1) a queue inside the engine
+    and without lag; this adds what it cannot see: (1) a queue inside the engine
     (``waiting`` > 0 means the batch is full, a new request waits for a slot: scale by
     running / (running + waiting)); (2) KV-cache pressure above ``kv_soft`` (vLLM will
-    preempt soon: fall linearly to 10 % at full). Unknown load keeps full weight: load is
-    advice, health decides membership.
+    preempt soon: fall linearly to 10 % at full). Unknown load is 1: load is advice, health
+    decides membership.
     """
     if load is None:
-        return 100
+        return 1.0
     queue = 1.0
     if load.waiting > 0:
         queue = load.running / (load.running + load.waiting) if load.running > 0 else 0.1
     kv = 1.0
     if load.kv_cache_usage > kv_soft:
         kv = 1.0 - 0.9 * min((load.kv_cache_usage - kv_soft) / (1.0 - kv_soft), 1.0)
-    return max(1, min(100, round(100 * min(queue, kv))))
+    return max(0.01, min(1.0, queue, kv))
 
 
-def agent_reply(snap: Snapshot, stale: bool) -> str:
+def weight_percent(load: Load | None, kv_soft: float = 0.8, *,
+                   capacity: Capacity | None = None,
+                   reference: int = DEFAULT_CAPACITY_REFERENCE) -> int:
+    """HAProxy weight, in % of the configured weight (100): load factor x capacity / reference.
+
+    ``leastconn`` picks the unit with the fewest in-flight streams *per unit of weight*, so a
+    weight proportional to capacity gives each unit streams in proportion to the sequences it
+    can run (:class:`Capacity`), and the load factor (:func:`load_factor`) takes back what
+    it cannot absorb right now. ``reference``: the capacity that weighs 100 %; every agent
+    behind one ingress must use the same. Clamped to 1-:data:`MAX_WEIGHT_PERCENT` (a unit
+    more than 2.56x the reference weighs as 2.56x: set the reference to the largest unit's
+    capacity). Unknown capacity weighs as the reference: load alone, 1-100 %, as before
+    capacities were reported.
+    """
+    factor = load_factor(load, kv_soft)
+    if capacity is None:
+        return max(1, min(100, round(100 * factor)))
+    return max(1, min(MAX_WEIGHT_PERCENT, round(100 * factor * capacity.sequences / reference)))
+
+
+def snapshot_weight(snap: Snapshot, reference: int = DEFAULT_CAPACITY_REFERENCE) -> int:
+    """The weight the agent reports for a snapshot (agent-check, /load, /metrics)."""
+    return weight_percent(snap.load, capacity=snap.capacity, reference=reference)
+
+
+def agent_reply(snap: Snapshot, stale: bool,
+                reference: int = DEFAULT_CAPACITY_REFERENCE) -> str:
     """One line of HAProxy's agent-check protocol for the current snapshot."""
     if stale:
         return "down #agent poll stale\n"
@@ -281,7 +396,7 @@ def agent_reply(snap: Snapshot, stale: bool) -> str:
         # " #" starts HAProxy's description (shown in its stats and logs); without the
         # space HAProxy 2.6 reads the whole line as an error and ignores it
         return f"down #{_short(reason, 200).replace(chr(10), ' ')}\n"
-    return f"up ready {weight_percent(snap.load)}%\n"
+    return f"up ready {snapshot_weight(snap, reference)}%\n"
 
 
 # ----------------------------------------------------------------------- the agent
@@ -302,6 +417,7 @@ class UnitAgent:
         self._was_healthy: bool | None = None
         self._last_load_error = ""
         self._last_failing: set[tuple[str, str, str]] = set()
+        self._capacity: Capacity | None = None
 
     # ---------------------------------------------------------------- polling
     def poll_once(self) -> Snapshot:
@@ -331,11 +447,15 @@ class UnitAgent:
         if status == 200:
             checks.extend(judge_engines(body, cfg.models))
         snap = Snapshot(checks=checks, at=time.time())
+        # capacity is configuration: a poll whose metrics did not answer (or an engine still
+        # starting) keeps the last one, so a small unit never briefly weighs as the reference
+        snap.capacity = self._capacity
         if status == 200:
             try:
                 snap.load = parse_load(body, cfg.models)
             except ValueError as exc:
                 snap.load_error = str(exc)
+            snap.capacity = parse_capacity(body, cfg.models) or self._capacity
         else:
             snap.load_error = f"metrics {cfg.leader_metrics}: " + (
                 f"HTTP {status}" if status else _short(body))
@@ -372,6 +492,28 @@ class UnitAgent:
             log.warning("unit %s: no load figures (%s); reporting full weight", self.cfg.unit,
                         snap.load_error)
         self._last_load_error = snap.load_error
+        if snap.capacity is not None and snap.capacity != self._capacity:
+            self._log_capacity(snap.capacity)
+        self._capacity = snap.capacity
+
+    def _log_capacity(self, cap: Capacity) -> None:
+        ref = self.cfg.capacity_reference
+        per_seq = min(cap.max_model_len or TYPICAL_SEQUENCE_TOKENS, TYPICAL_SEQUENCE_TOKENS)
+        kv = (f"KV cache {cap.kv_cache_tokens} tokens = {cap.kv_cache_tokens // per_seq} "
+              f"sequences of {per_seq}" if cap.kv_cache_tokens else "KV cache size not reported")
+        log.info("unit %s capacity: %d sequences (%s: max_num_seqs %d, %s; %d node(s), TP %d, "
+                 "PP %d); full weight %d%% of reference %d", self.cfg.unit, cap.sequences,
+                 cap.model, cap.max_num_seqs, kv, cap.nodes, cap.tensor_parallel,
+                 cap.pipeline_parallel, min(round(100 * cap.sequences / ref), MAX_WEIGHT_PERCENT),
+                 ref)
+        if 100 * cap.sequences / ref > MAX_WEIGHT_PERCENT:
+            log.warning("unit %s: capacity %d is more than %.2fx the reference %d; HAProxy "
+                        "weighs it as %.2fx. Set RUFUS_CAPACITY_REFERENCE (on every agent) to "
+                        "the largest unit's capacity", self.cfg.unit, cap.sequences,
+                        MAX_WEIGHT_PERCENT / 100, ref, MAX_WEIGHT_PERCENT / 100)
+
+    def weight(self, snap: Snapshot) -> int:
+        return snapshot_weight(snap, self.cfg.capacity_reference)
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -410,12 +552,16 @@ class UnitAgent:
         snap, stale = self.current()
         body: dict[str, Any] = {"unit": self.cfg.unit, "healthy": snap.healthy and not stale,
                                 "age_s": round(time.time() - snap.at, 3),
-                                "weight_percent": weight_percent(snap.load)}
+                                "weight_percent": self.weight(snap)}
         if snap.load is not None:
             body.update(asdict(snap.load))
         else:
             body.update({"outstanding": None, "waiting": None, "running": None,
                          "kv_cache_usage": None, "error": snap.load_error})
+        cap = snap.capacity
+        body["capacity"] = cap.sequences if cap is not None else None
+        body["capacity_reference"] = self.cfg.capacity_reference
+        body["engine"] = asdict(cap) if cap is not None else None
         return body
 
     def metrics(self) -> str:
@@ -447,8 +593,22 @@ class UnitAgent:
             f"rufus_unit_poll_duration_seconds{{{lab}}} {snap.poll_s:.4f}",
             "# HELP rufus_unit_weight_percent Weight reported to HAProxy's agent-check.",
             "# TYPE rufus_unit_weight_percent gauge",
-            f"rufus_unit_weight_percent{{{lab}}} {weight_percent(snap.load)}",
+            f"rufus_unit_weight_percent{{{lab}}} {self.weight(snap)}",
+            "# HELP rufus_unit_capacity_reference_sequences Capacity that weighs 100 %.",
+            "# TYPE rufus_unit_capacity_reference_sequences gauge",
+            f"rufus_unit_capacity_reference_sequences{{{lab}}} {self.cfg.capacity_reference}",
         ]
+        if snap.capacity is not None:
+            cap = snap.capacity
+            for name, help_, v in (
+                ("capacity_sequences", "Concurrent sequences the unit runs at full speed.",
+                 cap.sequences),
+                ("max_num_seqs", "The engine's batch limit.", cap.max_num_seqs),
+                ("kv_cache_tokens", "Tokens the engine's KV cache holds.", cap.kv_cache_tokens),
+                ("nodes", "Nodes the unit's engine spans.", cap.nodes),
+            ):
+                lines += [f"# HELP rufus_unit_{name} {help_}", f"# TYPE rufus_unit_{name} gauge",
+                          f"rufus_unit_{name}{{{lab}}} {v}"]
         if snap.load is not None:
             for name, help_, v in (
                 ("outstanding", "Requests admitted and not finished on the leader.",
@@ -494,7 +654,8 @@ class UnitAgent:
             def handle(self) -> None:
                 snap, stale = agent.current()
                 try:
-                    self.request.sendall(agent_reply(snap, stale).encode())
+                    self.request.sendall(
+                        agent_reply(snap, stale, agent.cfg.capacity_reference).encode())
                 except OSError:
                     pass
 
@@ -517,10 +678,11 @@ class UnitAgent:
         if poll:
             threading.Thread(target=self._loop, name="agent-poll", daemon=True).start()
         log.info("unit agent for %s: HTTP :%d (/health /load /metrics), agent-check :%d; "
-                 "leader %s, metrics %s, followers %s, models %s, poll every %.2f s",
-                 self.cfg.unit, self.cfg.port, self.cfg.check_port, self.cfg.leader_http,
-                 self.cfg.leader_metrics, list(self.cfg.follower_health_urls) or "none",
-                 list(self.cfg.models), self.cfg.poll_s)
+                 "leader %s, metrics %s, followers %s, models %s, poll every %.2f s, capacity "
+                 "reference %d sequences", self.cfg.unit, self.cfg.port, self.cfg.check_port,
+                 self.cfg.leader_http, self.cfg.leader_metrics,
+                 list(self.cfg.follower_health_urls) or "none", list(self.cfg.models),
+                 self.cfg.poll_s, self.cfg.capacity_reference)
         return self
 
     def stop(self) -> None:
@@ -542,6 +704,8 @@ ENVIRONMENT = {
     "RUFUS_UNIT_MODELS": "comma-separated models the unit must serve (default rufus_llm)",
     "RUFUS_AGENT_PORT": "this agent's HTTP port: /health /load /metrics (default 8090)",
     "RUFUS_AGENT_CHECK_PORT": "HAProxy agent-check port (default 8091)",
+    "RUFUS_CAPACITY_REFERENCE": "unit capacity (sequences) that weighs 100 %; the same on every "
+                                "agent behind one ingress (default 64)",
 }
 
 

@@ -45,6 +45,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from rufus.client import CONVERSATION_HEADER
+
 HAPROXY = "haproxy"
 
 
@@ -90,6 +92,16 @@ class Limits:
     per_source: int = 256
 
 
+# Conversation affinity: requests that carry the conversation key (gRPC metadata / HTTP
+# header ``x-rufus-conversation``) pick a unit by consistent hashing of it, bounded: no unit
+# takes more than AFFINITY_BALANCE_FACTOR % of the keyed streams' average (HAProxy's
+# bounded-load consistent hashing moves the excess to the next unit on the ring), so a hot
+# key spills over instead of overloading its unit. Requests without it keep least
+# outstanding requests. Each policy counts its own streams: keyed and unkeyed traffic are
+# each balanced, the agent's weight (engine-side load) covers what neither sees.
+AFFINITY_BALANCE_FACTOR = 150
+
+
 # The one balance setting: least outstanding requests. HAProxy counts the streams in
 # flight per unit itself; the benchmark's round-robin frontend is its baseline only.
 BALANCE = "leastconn"
@@ -109,7 +121,7 @@ HTTP_POST_RE = rf"^{_MODEL}/(infer|generate|generate_stream)$"
 REFUSAL = "not served at this ingress: inference, health and metadata only (SECURITY.md)"
 
 
-def _global(limits: Limits, stats_socket: str | None = None) -> list[str]:
+def global_section(limits: Limits, stats_socket: str | None = None) -> list[str]:
     out = ["global",
            "    log stdout format raw local0 info",
            f"    maxconn {limits.maxconn}",
@@ -120,7 +132,7 @@ def _global(limits: Limits, stats_socket: str | None = None) -> list[str]:
     return out
 
 
-def _defaults(limits: Limits) -> list[str]:
+def defaults_section(limits: Limits) -> list[str]:
     """The one defaults block of every rendering."""
     return [
         "defaults",
@@ -151,7 +163,7 @@ def _defaults(limits: Limits) -> list[str]:
     ]
 
 
-def _per_source(limits: Limits) -> list[str]:
+def per_source_table(limits: Limits) -> list[str]:
     """One table counting each client address's connections across every frontend."""
     return ["backend per_source",
             "    # concurrent connections per client address (all frontends together)",
@@ -163,9 +175,31 @@ def _limit_lines(limits: Limits) -> list[str]:
             f"    tcp-request connection reject if {{ sc0_conn_cur gt {limits.per_source} }}"]
 
 
-def _grpc_frontend(name: str, bind: str, backend: str, limits: Limits) -> list[str]:
+def _affinity_rule(backend: str | None) -> list[str]:
+    """Keyed requests (the conversation header present) go to the affinity backend."""
+    if backend is None:
+        return []
+    return [f"    use_backend {backend} if {{ req.hdr({CONVERSATION_HEADER}) -m found }}"]
+
+
+def _affinity_backend(name: str, servers: list[str]) -> list[str]:
+    """Bounded-load consistent hashing on the conversation key over ``servers`` (lines that
+    ``track`` the units' health elsewhere, so membership is decided in one place)."""
+    return [f"backend {name}",
+            "    # conversation affinity: one unit per conversation key (its prefix cache),",
+            f"    # but none above {AFFINITY_BALANCE_FACTOR}% of the average keyed load (a hot key "
+            "spills over)",
+            f"    balance hdr({CONVERSATION_HEADER})",
+            "    hash-type consistent",
+            f"    hash-balance-factor {AFFINITY_BALANCE_FACTOR}",
+            *servers]
+
+
+def grpc_frontend(name: str, bind: str, backend: str, limits: Limits,
+                   affinity: str | None = None) -> list[str]:
     """h2c frontend forwarding only the public RPCs; others get PERMISSION_DENIED (7) as a
-    gRPC trailers-only response, so clients see a gRPC error, not a transport failure."""
+    gRPC trailers-only response, so clients see a gRPC error, not a transport failure.
+    ``affinity``: the backend for requests carrying the conversation key."""
     rpcs = " ".join(GRPC_SERVICE + r for r in PUBLIC_RPCS)
     return [f"frontend {name}",
             "    # no `proto h2`: HAProxy detects the h2c preface itself, and until then the",
@@ -181,10 +215,12 @@ def _grpc_frontend(name: str, bind: str, backend: str, limits: Limits) -> list[s
             "    # `return` without a body drops its content-type; gRPC clients want one",
             "    http-after-response set-header content-type application/grpc "
             "if { var(txn.refused) -m bool }",
+            *_affinity_rule(affinity),
             f"    default_backend {backend}"]
 
 
-def _http_frontend(name: str, bind: str, backend: str, limits: Limits) -> list[str]:
+def _http_frontend(name: str, bind: str, backend: str, limits: Limits,
+                   affinity: str | None = None) -> list[str]:
     """Triton HTTP frontend forwarding only health, metadata and inference paths; the rest
     gets 403 with a one-line reason."""
     return [f"frontend {name}",
@@ -197,6 +233,7 @@ def _http_frontend(name: str, bind: str, backend: str, limits: Limits) -> list[s
             "    http-request allow if read_method read_path !triton_stats",
             "    http-request allow if METH_POST post_path",
             f'    http-request return status 403 content-type text/plain string "{REFUSAL}"',
+            *_affinity_rule(affinity),
             f"    default_backend {backend}"]
 
 
@@ -205,6 +242,7 @@ def render(
     *,
     port: int = 9000,
     rr_port: int | None = None,
+    equal_port: int | None = None,
     stats_port: int | None = 9100,
     stats_socket: str | None = None,
     bind: str = "0.0.0.0",
@@ -214,7 +252,10 @@ def render(
     limits: Limits = Limits(),
 ) -> str:
     """haproxy.cfg text. ``rr_port`` adds a round-robin frontend over the same units
-    (tracking the same health), used by the benchmark to compare policies in one run.
+    (tracking the same health), used by the benchmark to compare policies in one run;
+    ``equal_port`` a leastconn frontend with equal static weights (no agent weights: the
+    capacity benchmark's baseline). Requests carrying the conversation key go to
+    ``units_affinity`` on the main frontend (:data:`AFFINITY_BALANCE_FACTOR`).
 
     Take-out time: the agent sees a failure within its poll (0.5 s, plus a probe timeout
     for a hung node) and answers ``down #<reason>`` to the next agent-check (every
@@ -231,16 +272,19 @@ def render(
     """
     if not units:
         raise ValueError("no units to balance")
-    out = [*_global(limits, stats_socket), "", *_defaults(limits), "",
-           *_grpc_frontend("grpc_lor", f"{bind}:{port}", "units_lor", limits)]
+    out = [*global_section(limits, stats_socket), "", *defaults_section(limits), "",
+           *grpc_frontend("grpc_lor", f"{bind}:{port}", "units_lor", limits,
+                           affinity="units_affinity")]
     if rr_port is not None:
-        out += ["", *_grpc_frontend("grpc_rr", f"{bind}:{rr_port}", "units_rr", limits)]
+        out += ["", *grpc_frontend("grpc_rr", f"{bind}:{rr_port}", "units_rr", limits)]
+    if equal_port is not None:
+        out += ["", *grpc_frontend("grpc_equal", f"{bind}:{equal_port}", "units_equal", limits)]
     if stats_port is not None:
         out += ["", "frontend stats", f"    bind {bind}:{stats_port}",
                 "    http-request use-service prometheus-exporter if { path /metrics }",
                 "    stats enable", "    stats uri /stats", "    stats refresh 2s"]
     out += [
-        "", *_per_source(limits),
+        "", *per_source_table(limits),
         "",
         "backend units_lor",
         "    # least outstanding requests: HAProxy counts in-flight streams per unit itself",
@@ -257,12 +301,18 @@ def render(
     for u in units:
         out.append(f"    server {u.name} {u.host}:{u.grpc_port} proto h2 check port {u.agent_port} "
                    f"agent-check agent-port {u.agent_check_port} weight 100")
+    tracked = [f"    server {u.name} {u.host}:{u.grpc_port} proto h2 track units_lor/{u.name}"
+               for u in units]
+    out += ["", *_affinity_backend("units_affinity", tracked)]
     if rr_port is not None:
         out += ["", "backend units_rr",
                 "    # the baseline the benchmark compares against; same health as units_lor",
-                "    balance roundrobin"]
-        for u in units:
-            out.append(f"    server {u.name} {u.host}:{u.grpc_port} proto h2 track units_lor/{u.name}")
+                "    balance roundrobin", *tracked]
+    if equal_port is not None:
+        out += ["", "backend units_equal",
+                "    # leastconn with equal static weights (tracked servers keep their configured",
+                "    # weight, not the agent's): the capacity benchmark's baseline",
+                f"    balance {BALANCE}", *tracked]
     return "\n".join(out) + "\n"
 
 
@@ -294,7 +344,7 @@ def render_compose(n_units: int = 2, *, grpc_port: int = 8001, http_port: int = 
     out = [
         "# Rendered by `python -m proxy.haproxy --compose` (proxy/haproxy.py); do not edit by hand.",
         "# Unit addresses come from the environment: RUFUS_UNIT<i>_GRPC/_HTTP/_AGENT (host:port).",
-        *_global(limits), "", *_defaults(limits), "",
+        *global_section(limits), "", *defaults_section(limits), "",
         "resolvers docker",
         "    # Docker's embedded DNS: a unit's containers get a new address when they are",
         "    # recreated (rolling update, restart); HAProxy follows it instead of keeping the",
@@ -303,8 +353,10 @@ def render_compose(n_units: int = 2, *, grpc_port: int = 8001, http_port: int = 
         "    hold valid 1s",
         "    hold nx 1s",
         "    hold obsolete 5s",
-        "", *_grpc_frontend("grpc_lor", f":{grpc_port}", "units_lor", limits), "",
-        *_http_frontend("triton_http", f":{http_port}", "units_http", limits), "",
+        "", *grpc_frontend("grpc_lor", f":{grpc_port}", "units_lor", limits,
+                            affinity="units_affinity"), "",
+        *_http_frontend("triton_http", f":{http_port}", "units_http", limits,
+                        affinity="units_http_affinity"), "",
         "frontend stats",
         "    # read-only state for operators and scripts/rolling_update.sh (which unit is in",
         "    # rotation); compose publishes it on 127.0.0.1 only",
@@ -313,7 +365,7 @@ def render_compose(n_units: int = 2, *, grpc_port: int = 8001, http_port: int = 
         "    stats enable",
         "    stats uri /stats",
         "",
-        *_per_source(limits), "",
+        *per_source_table(limits), "",
         "backend unit_health",
         "    # one server per unit agent: GET /health (200 iff every node of the unit is ready)",
         "    # and the agent-check line ('down #why' takes the unit out at once)",
@@ -330,13 +382,14 @@ def render_compose(n_units: int = 2, *, grpc_port: int = 8001, http_port: int = 
     for i in range(n_units):
         out.append(f'    server unit{i} "${{RUFUS_UNIT{i}_AGENT}}" check agent-check '
                    f"agent-port {agent_check_port} {_DNS}")
-    for name, kind, proto in (("units_lor", "GRPC", " proto h2"), ("units_http", "HTTP", "")):
+    for name, affinity, kind, proto in (("units_lor", "units_affinity", "GRPC", " proto h2"),
+                                        ("units_http", "units_http_affinity", "HTTP", "")):
+        servers = [f'    server unit{i} "${{RUFUS_UNIT{i}_{kind}}}"{proto} '
+                   f"track unit_health/unit{i} {_DNS}" for i in range(n_units)]
         out += ["", f"backend {name}",
                 "    # least outstanding requests: HAProxy counts in-flight streams per unit itself",
-                f"    balance {BALANCE}"]
-        for i in range(n_units):
-            out.append(f'    server unit{i} "${{RUFUS_UNIT{i}_{kind}}}"{proto} '
-                       f"track unit_health/unit{i} {_DNS}")
+                f"    balance {BALANCE}", *servers,
+                "", *_affinity_backend(affinity, servers)]
     return "\n".join(out) + "\n"
 
 

@@ -47,10 +47,10 @@ from proxy.agent import Fetch, _labels, http_fetch
 from proxy.haproxy import (
     HAProxy,
     Limits,
-    _defaults,
-    _global,
-    _grpc_frontend,
-    _per_source,
+    defaults_section,
+    global_section,
+    grpc_frontend,
+    per_source_table,
     runtime_exchange,
 )
 from proxy.orchestrator_policy import (
@@ -255,9 +255,9 @@ def render_global(regions: Sequence[tuple[str, str]], shares: Mapping[str, int],
     """
     if not regions:
         raise ValueError("no regions")
-    out = [*_global(limits, stats_socket), "", *_defaults(limits), "",
-           *_grpc_frontend("grpc_global", f"{bind}:{port}", backend, limits), "",
-           *_per_source(limits), "",
+    out = [*global_section(limits, stats_socket), "", *defaults_section(limits), "",
+           *grpc_frontend("grpc_global", f"{bind}:{port}", backend, limits), "",
+           *per_source_table(limits), "",
            f"backend {backend}",
            "    # each server is a region's ingress; its weight is the region's share of global",
            "    # traffic, set at run time by python -m proxy.orchestrator (set weight)",

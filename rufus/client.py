@@ -28,6 +28,19 @@ import numpy as np
 from rufus.env import env_port, exits_on_env_error, help_text
 from rufus.errors import RufusError, from_wire
 
+# The conversation key: gRPC metadata (HTTP header) that keeps a conversation's requests on
+# one unit behind the ingress (bounded-load consistent hashing, proxy/haproxy.py), so a
+# follow-up finds its history in that unit's prefix cache. Any short opaque string
+# (rufus/serving/validation.py check_conversation_key); tritonserver forwards it to the
+# models as a request parameter of the same name, and the assistant passes it on to its
+# answer-model requests.
+CONVERSATION_HEADER = "x-rufus-conversation"
+
+
+def conversation_headers(conversation: str | None) -> dict[str, str] | None:
+    """gRPC metadata carrying the conversation key, or None without one."""
+    return {CONVERSATION_HEADER: conversation} if conversation else None
+
 
 class RequestFailed(RuntimeError):
     """The server answered with an error, or the stream broke.
@@ -163,12 +176,14 @@ def _rpc_failed(exc: Any, prefix: str = "") -> RequestFailed:
 
 
 def stream_outputs(url: str, model: str, inputs: list[Any], *, timeout: float = 300.0,
-                   client: Any = None) -> Iterator[dict[str, Any]]:
+                   client: Any = None, conversation: str | None = None
+                   ) -> Iterator[dict[str, Any]]:
     """The stream core: send one request on its own gRPC stream (any model of this project,
     they are all decoupled) and yield each response's outputs until the final response.
 
     ``client``: a ``tritonclient.grpc`` client to reuse (kept open); otherwise one is
-    opened and closed here. Raises :class:`RequestFailed` on a server error."""
+    opened and closed here. ``conversation``: the conversation key (:data:`CONVERSATION_HEADER`)
+    sent as metadata. Raises :class:`RequestFailed` on a server error."""
     import tritonclient.grpc as grpcclient
 
     q: queue.Queue[Any] = queue.Queue()
@@ -176,7 +191,7 @@ def stream_outputs(url: str, model: str, inputs: list[Any], *, timeout: float = 
     client = client or grpcclient.InferenceServerClient(url)
     try:
         client.start_stream(callback=lambda result, error: q.put((result, error)),
-                            stream_timeout=timeout)
+                            stream_timeout=timeout, headers=conversation_headers(conversation))
         client.async_stream_infer(model, inputs, enable_empty_final_response=True)
         deadline = time.monotonic() + timeout
         while True:
@@ -192,7 +207,8 @@ def stream_outputs(url: str, model: str, inputs: list[Any], *, timeout: float = 
 
 
 async def astream_outputs(url: str, model: str, inputs: list[Any], *, timeout: float = 600.0,
-                          client: Any = None, prefix: str = "") -> AsyncIterator[dict[str, Any]]:
+                          client: Any = None, prefix: str = "", conversation: str | None = None
+                          ) -> AsyncIterator[dict[str, Any]]:
     """asyncio version of :func:`stream_outputs` (``client``: a ``tritonclient.grpc.aio``
     client, one HTTP/2 connection for many streams). ``prefix`` goes in front of error
     messages (a pipeline names the model that failed). A caller that stops early cancels
@@ -210,7 +226,8 @@ async def astream_outputs(url: str, model: str, inputs: list[Any], *, timeout: f
             client = await stack.enter_async_context(aioclient.InferenceServerClient(url))
         responses = None
         try:
-            responses = client.stream_infer(requests(), stream_timeout=timeout)
+            responses = client.stream_infer(requests(), stream_timeout=timeout,
+                                            headers=conversation_headers(conversation))
             async for result, error in responses:
                 outputs, final = _response(result, error, prefix)
                 if outputs is not None:
@@ -240,14 +257,15 @@ class AsyncStreams:
     async def close(self) -> None:
         await self.client.close()
 
-    def stream(self, model: str, values: dict[str, Any], timeout: float = 600.0
-               ) -> AsyncIterator[dict[str, Any]]:
+    def stream(self, model: str, values: dict[str, Any], timeout: float = 600.0,
+               conversation: str | None = None) -> AsyncIterator[dict[str, Any]]:
         """Each response's outputs (:func:`astream_outputs`); ``values`` are Python values
         (:func:`value_tensors`). Errors name the model."""
         import tritonclient.grpc as grpcclient
 
         return astream_outputs(self.url, model, infer_inputs(grpcclient, value_tensors(values)),
-                               timeout=timeout, client=self.client, prefix=f"{model}: ")
+                               timeout=timeout, client=self.client, prefix=f"{model}: ",
+                               conversation=conversation)
 
 
 def retryable(exc: RequestFailed) -> bool:
@@ -286,6 +304,7 @@ def generate(
     raw: dict[str, Any] | None = None,
     timeout: float = 300.0,
     retries: int = 0,
+    conversation: str | None = None,
 ) -> Iterator[Chunk]:
     """Yield response chunks as they arrive; raise :class:`RequestFailed` on a server error.
 
@@ -294,7 +313,8 @@ def generate(
     at capacity, no healthy backend behind the load balancer). Each attempt is a new gRPC
     stream, so the balancer routes it afresh, normally to another unit. Once a chunk has
     been yielded, a failure is raised, never retried: the caller already holds part of the
-    answer (backoff: :func:`retry_delay`).
+    answer (backoff: :func:`retry_delay`). ``conversation``: the conversation key, which
+    keeps a conversation's requests on one unit behind the ingress (:data:`CONVERSATION_HEADER`).
     """
     import tritonclient.grpc as grpcclient
 
@@ -303,7 +323,7 @@ def generate(
     for attempt in range(retries + 1):
         started = False
         try:
-            for chunk in _generate_once(url, model, inputs, timeout):
+            for chunk in _generate_once(url, model, inputs, timeout, conversation):
                 started = True
                 yield chunk
             return
@@ -311,9 +331,10 @@ def generate(
             time.sleep(_retry_after(exc, started, attempt, retries))
 
 
-def _generate_once(url: str, model: str, inputs: list[Any], timeout: float) -> Iterator[Chunk]:
+def _generate_once(url: str, model: str, inputs: list[Any], timeout: float,
+                   conversation: str | None = None) -> Iterator[Chunk]:
     """One attempt: a new gRPC stream (so a load balancer routes it afresh)."""
-    for outs in stream_outputs(url, model, inputs, timeout=timeout):
+    for outs in stream_outputs(url, model, inputs, timeout=timeout, conversation=conversation):
         yield Chunk(output_str(outs), outs, time.monotonic())
 
 
@@ -329,6 +350,7 @@ async def agenerate(
     timeout: float = 600.0,
     retries: int = 0,
     client: Any = None,
+    conversation: str | None = None,
 ) -> AsyncIterator[Chunk]:
     """asyncio version (one gRPC stream per request), used by the load generator.
 
@@ -345,7 +367,7 @@ async def agenerate(
     for attempt in range(retries + 1):
         started = False
         try:
-            async for chunk in _agenerate_once(url, model, inputs, timeout, client):
+            async for chunk in _agenerate_once(url, model, inputs, timeout, client, conversation):
                 started = True
                 yield chunk
             return
@@ -354,9 +376,10 @@ async def agenerate(
 
 
 async def _agenerate_once(url: str, model: str, inputs: list[Any], timeout: float,
-                          client: Any) -> AsyncIterator[Chunk]:
+                          client: Any, conversation: str | None = None) -> AsyncIterator[Chunk]:
     """One attempt, as :func:`_generate_once`."""
-    async for outs in astream_outputs(url, model, inputs, timeout=timeout, client=client):
+    async for outs in astream_outputs(url, model, inputs, timeout=timeout, client=client,
+                                      conversation=conversation):
         yield Chunk(output_str(outs), outs, time.monotonic())
 
 
@@ -389,6 +412,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--no-stream", action="store_true", help="one response at the end")
+    ap.add_argument("--conversation", default=None,
+                    help=f"conversation key ({CONVERSATION_HEADER} metadata): behind the "
+                         "ingress, requests with the same key stay on one unit")
     a = ap.parse_args(argv)
     a.url = a.url or default_url()
     sampling = {"max_tokens": a.max_tokens, "temperature": a.temperature}
@@ -403,7 +429,8 @@ def main(argv: list[str] | None = None) -> int:
     n = 0
     try:
         for chunk in generate(a.url, a.model, prompt, messages, stream=not a.no_stream,
-                              sampling=sampling, flags={"exclude_input_in_output": True}):
+                              sampling=sampling, flags={"exclude_input_in_output": True},
+                              conversation=a.conversation):
             first = first or time.monotonic()
             n += 1
             sys.stdout.write(chunk.text)

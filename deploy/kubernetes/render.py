@@ -1,11 +1,13 @@
-"""Render the LeaderWorkerSet manifests for the three accelerator variants from one
-definition (what kustomize overlays would do, without needing kustomize here).
+"""Render the LeaderWorkerSet manifests, one per instance type of
+deploy/instance_types.toml (what kustomize overlays would do, without needing kustomize here).
 
-    python deploy/kubernetes/render.py          # rewrite lws-{cpu,cuda,neuron}.yaml
+    python deploy/kubernetes/render.py          # rewrite lws-<manifest>.yaml for every type
     python deploy/kubernetes/render.py --check  # exit 1 if a committed file is stale
 
 The committed YAML files are what `kubectl apply -f` takes; tests/unit/
-test_deploy_consistency.py fails when they differ from this script's output.
+test_deploy_consistency.py fails when they differ from this script's output. Each type's
+accelerator, nodes per cell (the LWS size), parallel degrees and engine arguments come from
+the data file (deploy/instance_types.py validates it); what every type shares is here.
 """
 
 from __future__ import annotations
@@ -22,50 +24,15 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 from deploy.contract import HEALTH, LEADER_MODELS, MODEL, PORTS  # noqa: E402
+from deploy.instance_types import CellType, InstanceTypes, load  # noqa: E402
 
 NAME = "rufus"
 
-VARIANTS: dict[str, dict[str, Any]] = {
-    "cpu": {
-        "image": "rufus-inference:cpu",
-        "python": "python",
-        "resources": {"requests": {"cpu": "2", "memory": "8Gi"},
-                      "limits": {"memory": "12Gi"}},
-        "engine_args": '{"pipeline_parallel_size": 2}',
-        "env": {"VLLM_CPU_KVCACHE_SPACE": "2"},
-        "node_selector": {"kubernetes.io/arch": "amd64"},
-        "tolerations": [],
-        "startup_failures": 120,  # x 10 s: first start compiles with torch.compile
-    },
-    "cuda": {
-        "image": "rufus-inference:cuda",
-        "python": "python3",
-        "resources": {"requests": {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "1"},
-                      "limits": {"memory": "64Gi", "nvidia.com/gpu": "1"}},
-        "engine_args": '{"pipeline_parallel_size": 2}',
-        "env": {"NCCL_SOCKET_IFNAME": "eth0"},
-        "node_selector": {"nvidia.com/gpu.present": "true"},
-        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-        "startup_failures": 120,
-    },
-    "neuron": {
-        "image": "rufus-inference:neuron",
-        "python": "python3",
-        # trn1.32xlarge: 16 Trainium chips and 8 EFA interfaces per node
-        "resources": {"requests": {"cpu": "96", "memory": "400Gi",
-                                   "aws.amazon.com/neuron": "16",
-                                   "vpc.amazonaws.com/efa": "8"},
-                      "limits": {"memory": "400Gi", "aws.amazon.com/neuron": "16",
-                                 "vpc.amazonaws.com/efa": "8"}},
-        "engine_args": '{"tensor_parallel_size": 32, "pipeline_parallel_size": 2}',
-        "env": {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1",
-                "NEURON_COMPILED_ARTIFACTS": "/opt/rufus/cache/neuron"},
-        "node_selector": {"node.kubernetes.io/instance-type": "trn1.32xlarge"},
-        "tolerations": [{"key": "aws.amazon.com/neuron", "operator": "Exists",
-                         "effect": "NoSchedule"}],
-        "startup_failures": 360,  # Neuron compilation of a large model takes long
-    },
-}
+
+def lws_name(cell: CellType) -> str:
+    """The LeaderWorkerSet's name (and its headless Service's): one per type, so cells of
+    several types run side by side in one namespace behind one Service."""
+    return f"{NAME}-{cell.manifest}"
 
 
 def probe(endpoint: str, period: int, failures: int) -> dict[str, Any]:
@@ -126,9 +93,12 @@ def container_ports(*names: str) -> list[dict[str, Any]]:
     return [{"name": label[n], "containerPort": PORTS[n], "protocol": "TCP"} for n in names]
 
 
-def manifest(variant: str) -> dict[str, Any]:
-    v = VARIANTS[variant]
-    py = v["python"]
+def manifest(types: InstanceTypes, type_name: str) -> dict[str, Any]:
+    cell = types[type_name]
+    variant = cell.manifest
+    name = lws_name(cell)
+    py = cell.accel.python
+    resources = cell.resources()
     security = {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001,
                 "allowPrivilegeEscalation": False}
     # LWS injects LWS_LEADER_ADDRESS, LWS_GROUP_SIZE and LWS_WORKER_INDEX into every pod;
@@ -136,12 +106,12 @@ def manifest(variant: str) -> dict[str, Any]:
     common_env = {"RUFUS_LEADER_PORT": str(PORTS["RUFUS_LEADER_PORT"]),
                   "RUFUS_CONTROL_PORT": str(PORTS["RUFUS_CONTROL_PORT"]),
                   "RUFUS_HEALTH_PORT": str(PORTS["RUFUS_HEALTH_PORT"]),
-                  "RUFUS_RUFUS_LLM_ENGINE_ARGS": v["engine_args"],
-                  **v["env"]}
-    startup = probe("leader_ready", 10, v["startup_failures"])
+                  "RUFUS_RUFUS_LLM_ENGINE_ARGS": cell.engine_args_json(),
+                  **cell.env}
+    startup = probe("leader_ready", 10, cell.startup_failures)
     leader = {
         "name": "leader",
-        "image": v["image"],
+        "image": cell.accel.image,
         "command": [py, "-m", "rufus.harness.server"],
         "env": [*env_list({"GRPC_PORT": str(PORTS["GRPC_PORT"]),
                            "HTTP_PORT": str(PORTS["HTTP_PORT"]),
@@ -151,7 +121,7 @@ def manifest(variant: str) -> dict[str, Any]:
                 copy.deepcopy(UNIT_SECRET), copy.deepcopy(ADMIN_KEY)],
         "ports": container_ports("GRPC_PORT", "HTTP_PORT", "METRICS_PORT", "RUFUS_LEADER_PORT",
                                  "RUFUS_CONTROL_PORT"),
-        "resources": with_extra_memory(v["resources"], LEADER_EXTRA_MEMORY_GI),
+        "resources": with_extra_memory(resources, LEADER_EXTRA_MEMORY_GI),
         "startupProbe": startup,
         "readinessProbe": probe("model_ready", 5, 2),
         # the model unloads itself when the multi-node engine dies: restart -> LWS
@@ -160,21 +130,25 @@ def manifest(variant: str) -> dict[str, Any]:
         "securityContext": security,
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
     }
+    agent_env: list[dict[str, Any]] = [
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "RUFUS_AGENT_PORT", "value": str(PORTS["RUFUS_AGENT_PORT"])},
+        {"name": "RUFUS_LEADER_HTTP", "value": f"http://127.0.0.1:{PORTS['HTTP_PORT']}"},
+        # the unit is healthy only while everything its leader serves is ready
+        {"name": "RUFUS_UNIT_MODELS", "value": ",".join(LEADER_MODELS)},
+        # the capacity that weighs 100 % at the ingress: the same for every type
+        {"name": "RUFUS_CAPACITY_REFERENCE", "value": str(types.capacity_reference)},
+    ]
+    if cell.nodes_per_cell > 1:
+        # worker pods are <leader pod>-<index> in the LWS headless service <name>
+        agent_env.append({"name": "RUFUS_FOLLOWER_HEALTH_URLS", "value": ",".join(
+            f"http://$(POD_NAME)-{r}.{name}:{PORTS['RUFUS_HEALTH_PORT']}"
+            f"{HEALTH['follower_health'].path}" for r in range(1, cell.nodes_per_cell))})
     agent = {
         "name": "agent",
-        "image": v["image"],
+        "image": cell.accel.image,
         "command": [py, "-m", "proxy.agent"],
-        "env": [
-            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-            {"name": "RUFUS_AGENT_PORT", "value": str(PORTS["RUFUS_AGENT_PORT"])},
-            {"name": "RUFUS_LEADER_HTTP", "value": f"http://127.0.0.1:{PORTS['HTTP_PORT']}"},
-            # the unit is healthy only while everything its leader serves is ready
-            {"name": "RUFUS_UNIT_MODELS", "value": ",".join(LEADER_MODELS)},
-            # worker pods are <leader pod>-<index> in the LWS headless service <name>
-            {"name": "RUFUS_FOLLOWER_HEALTH_URLS",
-             "value": f"http://$(POD_NAME)-1.{NAME}:{PORTS['RUFUS_HEALTH_PORT']}"
-                      f"{HEALTH['follower_health'].path}"},
-        ],
+        "env": agent_env,
         "ports": container_ports("RUFUS_AGENT_PORT"),
         "resources": {"requests": {"cpu": "100m", "memory": "128Mi"},
                       "limits": {"memory": "256Mi"}},
@@ -201,12 +175,12 @@ def manifest(variant: str) -> dict[str, Any]:
     }
     worker = {
         "name": "follower",
-        "image": v["image"],
+        "image": cell.accel.image,
         "command": [py, "-m", "follower"],
         "env": [*env_list(common_env), copy.deepcopy(UNIT_SECRET)],
         "ports": container_ports("RUFUS_HEALTH_PORT"),
-        "resources": copy.deepcopy(v["resources"]),
-        "startupProbe": probe("follower_health", 10, v["startup_failures"]),
+        "resources": copy.deepcopy(resources),
+        "startupProbe": probe("follower_health", 10, cell.startup_failures),
         "readinessProbe": probe("follower_health", 5, 2),
         "livenessProbe": probe("follower_health", 10, 3),
         "securityContext": security,
@@ -217,9 +191,9 @@ def manifest(variant: str) -> dict[str, Any]:
     def pod(role: str, containers: list[dict[str, Any]]) -> dict[str, Any]:
         spec: dict[str, Any] = {"containers": containers, "volumes": copy.deepcopy(volumes),
                                 "terminationGracePeriodSeconds": 40,
-                                "nodeSelector": dict(v["node_selector"])}
-        if v["tolerations"]:
-            spec["tolerations"] = copy.deepcopy(v["tolerations"])
+                                "nodeSelector": dict(cell.node_selector)}
+        if cell.tolerations():
+            spec["tolerations"] = cell.tolerations()
         return {"metadata": {"labels": {"app.kubernetes.io/name": NAME,
                                         "app.kubernetes.io/component": role,
                                         "rufus.dev/variant": variant}},
@@ -228,8 +202,14 @@ def manifest(variant: str) -> dict[str, Any]:
     return {
         "apiVersion": "leaderworkerset.x-k8s.io/v1",
         "kind": "LeaderWorkerSet",
-        "metadata": {"name": NAME, "labels": {"app.kubernetes.io/name": NAME,
-                                              "rufus.dev/variant": variant}},
+        "metadata": {"name": name,
+                     "labels": {"app.kubernetes.io/name": NAME, "rufus.dev/variant": variant},
+                     "annotations": {
+                         "rufus.dev/instance-type": cell.name,
+                         # the weight its agents report, idle, relative to the other types
+                         "rufus.dev/capacity-sequences": str(cell.capacity),
+                         "rufus.dev/relative-weight-percent":
+                             str(types.relative_weight(cell.name))}},
         "spec": {
             "replicas": 2,  # units ("cells"); a rolling update replaces one at a time
             "startupPolicy": "LeaderCreated",
@@ -237,7 +217,7 @@ def manifest(variant: str) -> dict[str, Any]:
                                 "rollingUpdateConfiguration": {"maxUnavailable": 0,
                                                                "maxSurge": 1}},
             "leaderWorkerTemplate": {
-                "size": 2,
+                "size": cell.nodes_per_cell,
                 "restartPolicy": "RecreateGroupOnPodRestart",
                 "leaderTemplate": pod("leader", [leader, agent, openai]),
                 "workerTemplate": pod("follower", [worker]),
@@ -246,10 +226,16 @@ def manifest(variant: str) -> dict[str, Any]:
     }
 
 
-def render(variant: str) -> str:
-    head = (f"# LeaderWorkerSet, {variant} variant. GENERATED by deploy/kubernetes/render.py: "
-            "edit that, then run it.\n")
-    return head + yaml.safe_dump(manifest(variant), sort_keys=False, width=100)
+def render(types: InstanceTypes, type_name: str) -> str:
+    cell = types[type_name]
+    head = (f"# LeaderWorkerSet for instance type {cell.name}. GENERATED by deploy/kubernetes/"
+            "render.py\n# from deploy/instance_types.toml: edit those, then run it.\n")
+    return head + yaml.safe_dump(manifest(types, type_name), sort_keys=False, width=100)
+
+
+def outputs(types: InstanceTypes) -> dict[Path, str]:
+    """Every manifest file and its text."""
+    return {HERE / f"lws-{t.manifest}.yaml": render(types, n) for n, t in types.types.items()}
 
 
 def main() -> int:
@@ -257,21 +243,24 @@ def main() -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--check", action="store_true")
     a = ap.parse_args()
+    files = outputs(load())
     stale = []
-    for variant in VARIANTS:
-        path = HERE / f"lws-{variant}.yaml"
-        text = render(variant)
+    for path, text in files.items():
         if a.check:
             if not path.exists() or path.read_text() != text:
                 stale.append(path.name)
         else:
             path.write_text(text)
             print(f"wrote {path.relative_to(ROOT)}")
+    # a manifest whose type left the data file would still be applied by `kubectl -f dir`
+    orphans = sorted(p.name for p in HERE.glob("lws-*.yaml") if p not in files)
+    if orphans:
+        print(f"no instance type renders {', '.join(orphans)}: delete it or add its type to "
+              "deploy/instance_types.toml", file=sys.stderr)
     if stale:
         print(f"stale: {', '.join(stale)}; run python deploy/kubernetes/render.py",
               file=sys.stderr)
-        return 1
-    return 0
+    return 1 if stale or orphans else 0
 
 
 if __name__ == "__main__":

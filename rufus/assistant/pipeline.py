@@ -161,7 +161,8 @@ class Assistant:
             await self._io.close()
             self._io = None
 
-    async def plan(self, question: str, history: list[dict[str, str]]) -> tuple[dict[str, Any], bool, str]:
+    async def plan(self, question: str, history: list[dict[str, str]],
+                   conversation: str | None = None) -> tuple[dict[str, Any], bool, str]:
         """(plan, fallback, reason). A planner that fails or is slower than the timeout
         gives the fallback plan: the assistant still answers."""
         tensors: dict[str, Any] = {"question": question}
@@ -172,7 +173,8 @@ class Assistant:
         last: dict[str, Any] = {}
         try:
             async with asyncio.timeout(self.plan_timeout_s):
-                async with contextlib.aclosing(self.streams().stream(self.planner_model, tensors)) as s:
+                async with contextlib.aclosing(self.streams().stream(
+                        self.planner_model, tensors, conversation=conversation)) as s:
                     async for outs in s:
                         last = outs
             plan = json.loads(output_str(last, "plan"))
@@ -188,18 +190,20 @@ class Assistant:
             return fallback_plan(question), True, reason
         return with_stated_price_cap(plan, question), False, ""
 
-    async def _prewarm(self, turns: list[dict[str, str]]) -> None:
+    async def _prewarm(self, turns: list[dict[str, str]], conversation: str | None) -> None:
         """A one-token rufus_llm request for the answer prompt's prefix (system message and
         earlier turns), sent with the plan request. On a follow-up that prefix is most of
         the answer prompt and is not in vLLM's prefix cache yet; prefilled here, on the
         core the planner does not use, it is cached by the time the answer request comes,
         which then prefills only the products and the question. Best effort: any failure
-        only means the answer request prefills it itself."""
+        only means the answer request prefills it itself. Behind an ingress it pays only
+        where the answer request lands on the same unit: the conversation key does that."""
         tensors = {"messages": answer_prefix_messages(turns), "stream": False,
                    "exclude_input_in_output": True,
                    "sampling_parameters": {"max_tokens": 1, "temperature": 0.0}}
         try:
-            async with contextlib.aclosing(self.streams().stream(self.answer_model, tensors)) as s:
+            async with contextlib.aclosing(self.streams().stream(
+                    self.answer_model, tensors, conversation=conversation)) as s:
                 async for _ in s:
                     pass
         except Exception as exc:  # noqa: BLE001 - best effort by design, never the turn's failure
@@ -211,13 +215,20 @@ class Assistant:
                                       Filters.from_plan(plan.get("filters")), 4 * self.k)
         return diversify(found, self.k)
 
-    async def stream(self, question: str, history: list[dict[str, str]] | None = None
-                     ) -> AsyncIterator[AssistantEvent]:
+    async def stream(self, question: str, history: list[dict[str, str]] | None = None,
+                     conversation: str | None = None) -> AsyncIterator[AssistantEvent]:
+        """One turn, as events. ``conversation``: the conversation key, passed on to the
+        answer model's requests (prefill and answer) so that behind an ingress they land on
+        the unit holding this conversation's prefix (rufus.client.CONVERSATION_HEADER). The
+        plan request goes without it, to the least busy unit: the planner keeps no prefix
+        cache across requests, so the key would only pile plans onto one unit (measured:
+        docs/benchmarks.md, "Conversation affinity")."""
         turns = validate_request(question, history)
         t0 = time.monotonic()
         timings: dict[str, float] = {}
         path, outcome = "none", "error"
-        warm = asyncio.create_task(self._prewarm(turns)) if turns and self.prewarm else None
+        warm = asyncio.create_task(self._prewarm(turns, conversation)) \
+            if turns and self.prewarm else None
         try:
             plan, fallback, reason = await self.plan(question, turns)
             timings["plan_s"] = time.monotonic() - t0
@@ -244,7 +255,8 @@ class Assistant:
                 # aclosing: closing this generator must close the answer stream at once
                 # (an unclosed async generator is only finalized by the garbage collector)
                 async with contextlib.aclosing(self._answer(
-                        question, products, turns, path == "general", t0, timings)) as answer:
+                        question, products, turns, path == "general", t0, timings,
+                        conversation)) as answer:
                     async for ev in answer:
                         if ev.type == "done":
                             finish = ev.finish_reason
@@ -264,8 +276,8 @@ class Assistant:
                 self.metrics.observe(stage.removesuffix("_s"), secs)
 
     async def _answer(self, question: str, products: list[Product], turns: list[dict[str, str]],
-                      general: bool, t0: float, timings: dict[str, float]
-                      ) -> AsyncIterator[AssistantEvent]:
+                      general: bool, t0: float, timings: dict[str, float],
+                      conversation: str | None = None) -> AsyncIterator[AssistantEvent]:
         renderer = LinkRenderer(products)
         tensors = {
             "messages": answer_messages(question, products, turns, general=general),
@@ -274,7 +286,8 @@ class Assistant:
         }
         sent = time.monotonic()
         finish = ""
-        async with contextlib.aclosing(self.streams().stream(self.answer_model, tensors)) as s:
+        async with contextlib.aclosing(self.streams().stream(
+                self.answer_model, tensors, conversation=conversation)) as s:
             async for outs in s:
                 delta = output_str(outs, "text_output")
                 finish = output_str(outs, "finish_reason") or finish

@@ -24,7 +24,7 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -71,6 +71,7 @@ ASSISTANT_OUTPUT_SPECS: tuple[OutputSpec, ...] = (
 class AssistantRequest:
     question: str
     history: list[dict[str, str]]
+    conversation: str = ""  # the conversation key, passed on to the answer-model calls
 
 
 def parse_assistant_request(inputs: dict[str, np.ndarray | None],
@@ -210,6 +211,9 @@ class AssistantModel(TritonModel):
               ) -> AssistantRequest:
         return parse_assistant_request(inputs, self.limits, parameters)
 
+    def with_conversation(self, parsed: AssistantRequest, key: str) -> AssistantRequest:
+        return replace(parsed, conversation=key)
+
     def submit(self, parsed: AssistantRequest, sink: TritonSink, arrival: float) -> None:
         self.loop.call_soon_threadsafe(self._start, parsed, sink)
 
@@ -227,7 +231,8 @@ class AssistantModel(TritonModel):
         first: dict[str, np.ndarray] = {}
         key = asyncio.current_task()
         try:
-            async with contextlib.aclosing(self.assistant.stream(req.question, req.history)) as events:
+            async with contextlib.aclosing(self.assistant.stream(
+                    req.question, req.history, req.conversation or None)) as events:
                 async for ev in events:
                     if ev.type == "plan":
                         first["plan"] = _bytes(json.dumps(ev.plan))

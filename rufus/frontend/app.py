@@ -31,7 +31,7 @@ from prometheus_client import (
 )
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from rufus.client import RequestFailed
+from rufus.client import CONVERSATION_HEADER, RequestFailed
 from rufus.frontend import render, targets
 from rufus.frontend.protocol import (
     APIError,
@@ -381,7 +381,8 @@ def create_app(settings: Settings) -> FastAPI:
         return error_response(APIError(exc.status_code, str(exc.detail)))
 
     async def handle(request: Request, endpoint: str,
-                     build: Callable[[bytes], tuple[ParsedRequest, bool]]) -> Response:
+                     build: Callable[[bytes, str | None], tuple[ParsedRequest, bool]]
+                     ) -> Response:
         arrival = time.monotonic()
         model = "-"
         status = 500
@@ -391,7 +392,7 @@ def create_app(settings: Settings) -> FastAPI:
             body = await request.body()
             if len(body) > MAX_BODY_BYTES:
                 raise APIError(413, f"request body over {MAX_BODY_BYTES} bytes")
-            parsed, chat = build(body)
+            parsed, chat = build(body, request.headers.get(CONVERSATION_HEADER))
             model = parsed.model
             hook = fe.hooks.get(parsed.model) if chat else None
             if hook is not None:
@@ -431,15 +432,15 @@ def create_app(settings: Settings) -> FastAPI:
                 fe.metrics.requests.labels(endpoint, model, str(status)).inc()
                 fe.metrics.latency.labels(endpoint, model).observe(time.monotonic() - arrival)
 
-    def build_chat(body: bytes) -> tuple[ParsedRequest, bool]:
+    def build_chat(body: bytes, conversation: str | None) -> tuple[ParsedRequest, bool]:
         req = parse_body(ChatCompletionRequest, body)
         fe.check_model(req.model, chat=True)
-        return parse_chat(req), True
+        return parse_chat(req, conversation), True
 
-    def build_completion(body: bytes) -> tuple[ParsedRequest, bool]:
+    def build_completion(body: bytes, conversation: str | None) -> tuple[ParsedRequest, bool]:
         req = parse_body(CompletionRequest, body)
         fe.check_model(req.model, chat=False)
-        return parse_completion(req), False
+        return parse_completion(req, conversation), False
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:

@@ -69,7 +69,8 @@ class AssistantHook:
         question, history = split_messages(messages)
         assistant = await self.assistant()
         try:
-            async with contextlib.aclosing(assistant.stream(question, history)) as events:
+            async with contextlib.aclosing(assistant.stream(question, history,
+                                                            parsed.conversation)) as events:
                 plan_info: dict[str, Any] = {}
                 async for ev in events:
                     if ev.type == "plan":

@@ -9,6 +9,7 @@ rufus_llm applies (:func:`rufus.serving.sampling.validate_sampling`), so a bad v
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -48,6 +49,26 @@ class APIError(Exception):
 
 def bad_request(param: str | None, reason: str) -> APIError:
     return APIError(400, f"{param}: {reason}" if param else reason, param=param)
+
+
+# longest prompt_cache_key / user / x-rufus-conversation header accepted (hashed, never sent on)
+CONVERSATION_SOURCE_MAX = 1024
+
+
+def conversation_key(prompt_cache_key: str | None, header: str | None,
+                     user: str | None) -> str | None:
+    """The conversation key sent to Triton (rufus.client.CONVERSATION_HEADER): a hash of the
+    first of OpenAI's ``prompt_cache_key``, the ``x-rufus-conversation`` header and ``user``,
+    so the raw value (often a user id) never leaves the frontend and any string is a valid
+    key. Requests with the same key stay on one unit behind the ingress (its prefix cache)."""
+    for name, value in (("prompt_cache_key", prompt_cache_key),
+                        ("x-rufus-conversation", header), ("user", user)):
+        if value:
+            if len(value) > CONVERSATION_SOURCE_MAX:
+                raise bad_request(name, f"at most {CONVERSATION_SOURCE_MAX} characters, "
+                                        f"got {len(value)}")
+            return hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    return None
 
 
 class _Strict(BaseModel):
@@ -92,7 +113,10 @@ class _Sampling(_Strict):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     logit_bias: dict[str, float] | None = None
-    user: str | None = None  # accepted, ignored (no per-user accounting)
+    # conversation affinity (see conversation_key): OpenAI's prompt_cache_key ("requests
+    # that share a prefix"), else the x-rufus-conversation header, else user
+    user: str | None = Field(None, max_length=CONVERSATION_SOURCE_MAX)
+    prompt_cache_key: str | None = Field(None, max_length=CONVERSATION_SOURCE_MAX)
     # vLLM's extensions (its OpenAI server accepts them; vllm bench sends some)
     top_k: int | None = None
     min_p: float | None = None
@@ -196,6 +220,8 @@ class ParsedRequest:
     echo: bool = False
     # the raw request (chat), for targets that are not rufus_llm (rufus-assistant)
     messages: list[dict[str, str]] | None = None
+    # conversation affinity key (conversation_key), sent with every Triton call
+    conversation: str | None = None
 
 
 _UNSUPPORTED_CHAT = ("tools", "tool_choice", "parallel_tool_calls", "functions", "function_call",
@@ -293,7 +319,8 @@ def chat_messages(req: ChatCompletionRequest) -> list[dict[str, str]]:
         raise bad_request(exc.field, exc.reason) from None
 
 
-def parse_chat(req: ChatCompletionRequest) -> ParsedRequest:
+def parse_chat(req: ChatCompletionRequest, conversation: str | None = None) -> ParsedRequest:
+    """``conversation``: the x-rufus-conversation header, if the client sent one."""
     for name in _UNSUPPORTED_CHAT:
         if getattr(req, name) is not None:
             raise bad_request(name, "not supported by this server")
@@ -316,10 +343,11 @@ def parse_chat(req: ChatCompletionRequest) -> ParsedRequest:
     messages = chat_messages(req)
     return ParsedRequest("chat", req.model, [TritonCall(messages=messages, sampling=sampling)],
                 n=req.n or 1, stream=stream, include_usage=include_usage,
-                logprobs=bool(req.logprobs), messages=messages)
+                logprobs=bool(req.logprobs), messages=messages,
+                conversation=conversation_key(req.prompt_cache_key, conversation, req.user))
 
 
-def parse_completion(req: CompletionRequest) -> ParsedRequest:
+def parse_completion(req: CompletionRequest, conversation: str | None = None) -> ParsedRequest:
     if req.suffix:
         raise bad_request("suffix", "not supported by this server")
     prompts = req.prompt
@@ -347,7 +375,8 @@ def parse_completion(req: CompletionRequest) -> ParsedRequest:
     return ParsedRequest("completion", req.model,
                 [TritonCall(prompt=p, sampling=dict(sampling)) for p in prompts],
                 n=req.n or 1, stream=stream, include_usage=include_usage,
-                logprobs=req.logprobs is not None, echo=bool(req.echo))
+                logprobs=req.logprobs is not None, echo=bool(req.echo),
+                conversation=conversation_key(req.prompt_cache_key, conversation, req.user))
 
 
 def openai_error(err: RufusError) -> APIError:

@@ -56,7 +56,7 @@ class TritonModelClient:
         async for chunk in agenerate(self.url, self.model, call.prompt, call.messages,
                                      stream=parsed.stream, sampling=call.sampling, flags=flags,
                                      timeout=self.timeout, retries=self.retries,
-                                     client=self.client):
+                                     client=self.client, conversation=parsed.conversation):
             yield parse_outputs(chunk.outputs)
 
 

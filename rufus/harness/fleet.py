@@ -32,7 +32,7 @@ from typing import Any
 
 from proxy.haproxy import Backend, HAProxy, render
 from rufus.env import EnvError, env_int
-from rufus.harness.rig import LocalUnit, Supervisor
+from rufus.harness.rig import MODEL, LocalUnit, Supervisor
 from rufus.harness.server import ROOT, free_port
 
 log = logging.getLogger("rufus.harness.fleet")
@@ -118,7 +118,7 @@ class FleetUnit:
             "RUFUS_LEADER_METRICS": f"http://127.0.0.1:{self.unit.metrics_port}/metrics",
             "RUFUS_FOLLOWER_HEALTH_URLS": ",".join(
                 self.unit.health_url(r) for r in range(1, self.unit.nnodes)),
-            "RUFUS_UNIT_MODELS": "rufus_llm",
+            "RUFUS_UNIT_MODELS": ",".join(self.unit.models),
             "RUFUS_AGENT_PORT": str(self.ports.agent),
             "RUFUS_AGENT_CHECK_PORT": str(self.ports.agent_check),
         }
@@ -155,6 +155,13 @@ class Fleet:
     fixed_ports: bool = False
     ingress_port: int = 0
     rr_port: int | None = None  # add a round-robin frontend (benchmark)
+    # add a plain-leastconn frontend with equal static weights (the capacity benchmark's
+    # baseline): same units and health as units_lor, without the agents' weights
+    equal_port: int | None = None
+    # per-unit engine-arg overrides over ``engine_args`` (heterogeneous units), index = unit
+    unit_engine_args: list[dict[str, Any]] = field(default_factory=list)
+    # models every unit's leader loads (the assistant benchmark adds the planner)
+    models: list[str] = field(default_factory=lambda: [MODEL])
     stats_port: int | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
     units: list[FleetUnit] = field(default_factory=list)
@@ -171,6 +178,12 @@ class Fleet:
     @property
     def url(self) -> str:
         return f"127.0.0.1:{self.ingress_port}"
+
+    @property
+    def equal_url(self) -> str:
+        if self.equal_port is None:
+            raise ValueError("fleet started without an equal-weights frontend")
+        return f"127.0.0.1:{self.equal_port}"
 
     @property
     def rr_url(self) -> str:
@@ -195,8 +208,11 @@ class Fleet:
             args.setdefault("pipeline_parallel_size", self.nnodes)
         for i in range(self.n_units):
             ports = FleetPorts.fixed(i) if self.fixed_ports else FleetPorts.free()
+            unit_args = {**args, **(self.unit_engine_args[i] if i < len(self.unit_engine_args)
+                                    else {})}
             unit = LocalUnit(
-                nnodes=self.nnodes, engine_args=args, log_dir=self.log_dir / f"unit{i}",
+                nnodes=self.nnodes, engine_args=unit_args, models=list(self.models),
+                log_dir=self.log_dir / f"unit{i}",
                 grpc_port=ports.grpc, http_port=ports.http, metrics_port=ports.metrics,
                 leader_port=ports.leader, control_port=ports.control,
                 health_ports=[ports.follower_health + r for r in range(self.nnodes - 1)],
@@ -206,7 +222,8 @@ class Fleet:
             fu.sup.start()
             self._start_agent(fu)
         cfg = render([u.backend() for u in self.units], port=self.ingress_port,
-                     rr_port=self.rr_port, stats_port=self.stats_port,
+                     rr_port=self.rr_port, equal_port=self.equal_port,
+                     stats_port=self.stats_port,
                      stats_socket=str(self.log_dir / "haproxy" / "haproxy.sock"),
                      bind="127.0.0.1")
         self.haproxy = HAProxy(cfg, self.log_dir / "haproxy",
@@ -247,6 +264,8 @@ class Fleet:
         lines = [f"ingress (gRPC, least outstanding): {self.url}"]
         if self.rr_port:
             lines.append(f"ingress (gRPC, round robin):       {self.rr_url}")
+        if self.equal_port:
+            lines.append(f"ingress (gRPC, equal weights):     {self.equal_url}")
         if self.stats_port:
             lines.append(f"HAProxy stats: http://127.0.0.1:{self.stats_port}/stats  "
                          f"Prometheus: http://127.0.0.1:{self.stats_port}/metrics")

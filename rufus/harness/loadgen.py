@@ -96,8 +96,10 @@ async def closed_loop(stream: Stream, prompts: list[str], concurrency: int, requ
     stats: list[RequestStats] = []
     counter = iter(range(requests))
     t0 = time.monotonic()
+    finished = 0
 
     async def worker() -> None:
+        nonlocal finished
         for i in counter:
             s = RequestStats(start=time.monotonic())
             stats.append(s)
@@ -114,8 +116,9 @@ async def closed_loop(stream: Stream, prompts: list[str], concurrency: int, requ
                     last = t
             except Exception as exc:  # noqa: BLE001 - counted, reported
                 s.error = f"{type(exc).__name__}: {exc}"
-            if progress and len(stats) % max(requests // 4, 1) == 0:
-                print(f"  .. {len(stats)}/{requests} requests", file=sys.stderr, flush=True)
+            finished += 1  # counted at the end: len(stats) counts started requests
+            if progress and finished % max(requests // 4, 1) == 0:
+                print(f"  .. {finished}/{requests} requests", file=sys.stderr, flush=True)
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     out = summarize(stats, time.monotonic() - t0)

@@ -122,6 +122,8 @@ class LocalUnit:
     health_ports: list[int] = field(default_factory=list)
     extra_env: dict[str, str] = field(default_factory=dict)
     bind_cores: bool = True
+    # models the leader loads (rufus_llm spans every node; the planner runs on the leader)
+    models: list[str] = field(default_factory=lambda: [MODEL])
     # the control channel's shared secret (every node gets the same; SECURITY.md)
     unit_secret: str = field(repr=False, default_factory=lambda: os.environ.get(
         "RUFUS_UNIT_SECRET") or secrets.token_hex(32))
@@ -184,7 +186,7 @@ class LocalUnit:
                 raise ValueError("netns mode wires one follower (nnodes=2)")
             self._netns = {1: Netns(f"rufus-f1-{os.getpid()}", 1).create()}
         self.leader = TritonServer(
-            models=[MODEL], grpc_port=self.grpc_port, http_port=self.http_port,
+            models=list(self.models), grpc_port=self.grpc_port, http_port=self.http_port,
             metrics_port=self.metrics_port, extra_env=self.node_env(0),
             log_path=self.log_dir / "rig-leader.log")
         self.leader.start()
@@ -214,7 +216,7 @@ class LocalUnit:
     def leader_ready(self) -> bool:
         """The leader's model is loaded and its engine serves (``rufus_engine_ready``: the
         model stays loaded when its engine dies, so Triton's readiness alone stays true)."""
-        return self.leader is not None and self.leader.serving(MODEL)
+        return self.leader is not None and all(self.leader.serving(m) for m in self.models)
 
     def follower_health(self, rank: int) -> tuple[int, dict[str, Any]]:
         try:
@@ -232,6 +234,9 @@ class LocalUnit:
             dead = self.exited()
             if dead:
                 raise RuntimeError(f"unit failed to start: {dead} (logs in {self.log_dir})")
+            stalled = self.leader.stalled_loads() if self.leader is not None else []
+            if stalled:
+                raise RuntimeError(f"unit failed to start: {self.leader.stall_message(stalled)}")
             if self.leader_ready() and all(self.follower_health(r)[0] == 200
                                            for r in self.followers):
                 return time.monotonic() - t0

@@ -30,10 +30,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rufus.client import CONVERSATION_HEADER
 from rufus.env import EnvError, env_port, exits_on_env_error, help_text
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV_FILE = ROOT / "build" / "triton" / "env.json"
+
+# A model whose initialize() returned this long ago and that tritonserver still does not
+# report ready is a load tritonserver has given up on without saying so (see
+# TritonServer.stalled_loads); the parent takes milliseconds once the stub answers.
+LOAD_STALL_S = 60.0
+# Where each model's stub marks "initialize() returned" (rufus/serving/triton_backend.py).
+INIT_MARKERS_ENV = "RUFUS_INIT_MARKERS"
 
 # Triton API groups a public client never needs: health, metadata, the read-only model
 # config and inference stay open (the official backend serves them; perf_analyzer and many
@@ -138,6 +146,8 @@ class TritonServer:
     proc: subprocess.Popen[bytes] | None = None
     reaper: subprocess.Popen[bytes] | None = None
     admin_key: str = field(default_factory=admin_key_from_env, repr=False)
+    # per start: one file per model whose initialize() returned (INIT_MARKERS_ENV)
+    markers: Path | None = None
 
     def admin_headers(self, protocol: str = "grpc") -> dict[str, str]:
         """Headers that open the restricted APIs (tritonclient ``headers=``)."""
@@ -165,6 +175,10 @@ class TritonServer:
             "--exit-timeout-secs=20",
             f"--grpc-restricted-protocol={apis}:{ADMIN_HEADER}={key}",
             f"--http-restricted-api={apis}:{ADMIN_HEADER}={key}",
+            # the conversation key reaches the models as a request parameter (the assistant
+            # passes it on to its answer-model calls); no other header is forwarded
+            f"--grpc-header-forward-pattern=^{CONVERSATION_HEADER}$",
+            f"--http-header-forward-pattern=^{CONVERSATION_HEADER}$",
         ]
         cmd += [f"--load-model={m}" for m in self.models]
         return cmd
@@ -180,12 +194,20 @@ class TritonServer:
         # rufus_assistant calls the planner and answer models on this same server over gRPC
         host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
         env["RUFUS_TRITON_GRPC_URL"] = f"{host}:{self.grpc_port}"
+        if self.markers is not None:
+            env[INIT_MARKERS_ENV] = str(self.markers)
         env.update(self.extra_env)
         # the key is on tritonserver's command line; nothing inside the models needs it
         env.pop(ADMIN_KEY_ENV, None)
         return env
 
     def start(self) -> TritonServer:
+        import shutil
+        import tempfile
+
+        if self.markers is not None:
+            shutil.rmtree(self.markers, ignore_errors=True)
+        self.markers = Path(tempfile.mkdtemp(prefix="rufus-init-"))
         out = open(self.log_path, "ab") if self.log_path else None
         self.proc = subprocess.Popen(
             self.command(reveal_key=True), env=self.environment(), stdout=out or None,
@@ -253,9 +275,41 @@ class TritonServer:
                 if m.get("name") in self.models and m.get("state") == "UNAVAILABLE"
                 and m.get("reason")}
 
+    def stalled_loads(self, after_s: float = LOAD_STALL_S) -> list[str]:
+        """Models whose stub finished ``initialize()`` more than ``after_s`` ago and that
+        tritonserver still does not report ready.
+
+        Seen on an oversubscribed 2-core host: the Python backend's parent checks the stub's
+        health in 1-s windows while it waits for ``initialize()``; a stub starved for a
+        window is declared unhealthy, and the parent then waits for that stub process to
+        exit (``StubLauncher::WaitForStubProcess``) while the stub, done with
+        ``initialize()``, waits for its next command: the model stays LOADING forever,
+        silently (triton-inference-server/server#7192 removes that wait). Only meaningful
+        until the model was first ready (a model unloaded later is not a stall)."""
+        if self.markers is None:
+            return []
+        now = time.time()
+        out = []
+        for m in self.models:
+            marker = self.markers / m
+            try:
+                age = now - marker.stat().st_mtime
+            except OSError:
+                continue
+            if age > after_s and not self.is_ready(m):
+                out.append(m)
+        return out
+
+    def stall_message(self, stalled: list[str]) -> str:
+        return (f"{', '.join(stalled)}: initialize() returned over {LOAD_STALL_S:.0f} s ago but "
+                "tritonserver never marked the model loaded: its Python backend gave up on the "
+                "stub (1-s health windows on a starved CPU) and waits forever "
+                f"(triton-inference-server/server#7192); log: {self.log_path}")
+
     def wait_ready(self, timeout: float = 900.0, progress: bool = True) -> float:
-        """Block until every model is ready; fail early if the process exits or a model
-        fails to load (explicit mode keeps the server up with the model unavailable)."""
+        """Block until every model is ready; fail early if the process exits, a model
+        fails to load (explicit mode keeps the server up with the model unavailable) or a
+        load stalls (:meth:`stalled_loads`)."""
         t0 = time.monotonic()
         last = 0.0
         while time.monotonic() - t0 < timeout:
@@ -267,6 +321,9 @@ class TritonServer:
             failed = self.load_failures()
             if failed:
                 raise RuntimeError(f"model(s) failed to load: {failed} (log: {self.log_path})")
+            stalled = self.stalled_loads()
+            if stalled:
+                raise RuntimeError(self.stall_message(stalled))
             if progress and time.monotonic() - last > 15:
                 last = time.monotonic()
                 print(f"[rufus.harness.server] waiting for {self.models} "
@@ -276,6 +333,11 @@ class TritonServer:
 
     def stop(self, timeout: float = 40.0) -> None:
         self._stop(timeout)
+        if self.markers is not None:
+            import shutil
+
+            shutil.rmtree(self.markers, ignore_errors=True)
+            self.markers = None
         if self.reaper is not None and self.reaper.poll() is None:
             self.reaper.kill()
             self.reaper.wait(5)
@@ -331,13 +393,54 @@ def stop_group(proc: subprocess.Popen[bytes], grace_s: float) -> None:
         pass
 
 
+# serve(): tritonserver restarts after stalled loads, then this exit code (a supervisor's turn)
+MAX_STALL_RESTARTS = 2
+EXIT_LOAD_STALLED = 75
+
+
+class LoadWatch:
+    """Polled from a serving loop until every model was ready once: a stalled load
+    (:meth:`TritonServer.stalled_loads`) restarts tritonserver, at most
+    ``MAX_STALL_RESTARTS`` times (compile caches are warm by then, so the next start is
+    shorter and less starved)."""
+
+    def __init__(self, srv: TritonServer, grace_s: float = 6.0, who: str = "rufus.harness.server"
+                 ) -> None:
+        self.srv, self.grace_s, self.who = srv, grace_s, who
+        self.loading, self.restarts, self.checked = True, 0, 0.0
+
+    def poll(self) -> bool:
+        """False once it gave up (tritonserver stopped); True otherwise."""
+        if not self.loading or time.monotonic() - self.checked < 2.0:
+            return True
+        self.checked = time.monotonic()
+        srv = self.srv
+        self.loading = not all(srv.is_ready(m) for m in srv.models)
+        stalled = srv.stalled_loads() if self.loading else []
+        if not stalled:
+            return True
+        if self.restarts >= MAX_STALL_RESTARTS:
+            print(f"[{self.who}] ERROR {srv.stall_message(stalled)}; giving up after "
+                  f"{self.restarts} restarts", file=sys.stderr, flush=True)
+            srv.stop(timeout=self.grace_s)
+            return False
+        self.restarts += 1
+        print(f"[{self.who}] ERROR {srv.stall_message(stalled)}; restarting tritonserver "
+              f"({self.restarts}/{MAX_STALL_RESTARTS})", file=sys.stderr, flush=True)
+        srv.stop(timeout=self.grace_s)
+        srv.start()
+        return True
+
+
 def serve(srv: TritonServer, grace_s: float = 6.0,
           others: list[subprocess.Popen[bytes]] | None = None) -> int:
     """Run tritonserver until it exits or we get SIGINT/SIGTERM/SIGHUP; then end every
     process it started (its own process group: stubs, vLLM engine cores and workers)
     within ``grace_s`` + a moment. tritonserver runs in its own session, so a terminal's
     Ctrl-C reaches only this process, which does the orderly stop. ``others``: more
-    children in their own sessions (e.g. a frontend), ended the same way, first."""
+    children in their own sessions (e.g. a frontend), ended the same way, first.
+    A load that stalls (:meth:`TritonServer.stalled_loads`) restarts tritonserver, at most
+    ``MAX_STALL_RESTARTS`` times; then the exit code is ``EXIT_LOAD_STALLED``."""
     got: list[int] = []
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -347,8 +450,11 @@ def serve(srv: TritonServer, grace_s: float = 6.0,
         signal.signal(sig, on_signal)
     srv.start()
     assert srv.proc is not None
+    watch = LoadWatch(srv, grace_s)
     while not got and srv.proc.poll() is None:
         time.sleep(0.2)
+        if not watch.poll():
+            return EXIT_LOAD_STALLED
     if got:
         print(f"[rufus.harness.server] {signal.Signals(got[0]).name}: stopping tritonserver "
               f"and everything it started (at most {grace_s:.0f} s)", file=sys.stderr,

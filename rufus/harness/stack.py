@@ -18,7 +18,14 @@ import time
 from types import FrameType
 
 from rufus.env import env_port, exits_on_env_error, help_text
-from rufus.harness.server import ROOT, TritonServer, die_with_parent, stop_group
+from rufus.harness.server import (
+    EXIT_LOAD_STALLED,
+    ROOT,
+    LoadWatch,
+    TritonServer,
+    die_with_parent,
+    stop_group,
+)
 
 
 def start_frontend(grpc_url: str, port: int, models: str = "rufus_llm",
@@ -82,9 +89,13 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     code = 0
+    watch = LoadWatch(srv, who="rufus.harness.stack")
     try:
         ready_said = False
         while not stopping:
+            if not watch.poll():
+                code = EXIT_LOAD_STALLED
+                break
             assert srv.proc is not None
             if srv.proc.poll() is not None:
                 print(f"[rufus.harness.stack] tritonserver exited ({srv.proc.returncode})",

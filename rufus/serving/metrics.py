@@ -71,6 +71,60 @@ class VllmIteration:
         )
 
 
+@dataclass(frozen=True)
+class EngineCapacity:
+    """What the engine was configured and sized to hold, read once from vLLM's config.
+
+    Exported so the unit agent (proxy/agent.py) can weigh units of different sizes against
+    each other; the agent, not the leader, turns these into one capacity figure.
+    ``kv_cache_tokens`` is 0 when vLLM has not sized its cache (never after start-up: the
+    engine client learns ``num_gpu_blocks`` in its handshake, before stat loggers exist).
+    """
+
+    sequences: int  # max_num_seqs x data-parallel engines: the most it batches at once
+    kv_cache_tokens: int  # num_gpu_blocks x block_size (summed over data-parallel engines)
+    max_model_len: int
+    nodes: int
+    tensor_parallel: int
+    pipeline_parallel: int
+
+    @classmethod
+    def from_vllm_config(cls, cfg: Any) -> EngineCapacity | None:
+        """None for a config without a scheduler (nothing to report)."""
+        sched = getattr(cfg, "scheduler_config", None)
+        if sched is None or not getattr(sched, "max_num_seqs", None):
+            return None
+        par = getattr(cfg, "parallel_config", None)
+        cache = getattr(cfg, "cache_config", None)
+        model = getattr(cfg, "model_config", None)
+
+        def num(obj: Any, name: str, default: int = 0) -> int:
+            value = getattr(obj, name, None)
+            return int(value) if value else default
+
+        return cls(
+            sequences=int(sched.max_num_seqs) * num(par, "data_parallel_size", 1),
+            kv_cache_tokens=num(cache, "num_gpu_blocks") * num(cache, "block_size"),
+            max_model_len=num(model, "max_model_len"),
+            nodes=num(par, "nnodes", 1),
+            tensor_parallel=num(par, "tensor_parallel_size", 1),
+            pipeline_parallel=num(par, "pipeline_parallel_size", 1),
+        )
+
+
+# EngineCapacity field -> (metric family, description): the unit agent parses these names
+CAPACITY_GAUGES: dict[str, tuple[str, str]] = {
+    "sequences": ("rufus_engine_capacity_sequences",
+                  "Sequences the engine batches at most (max_num_seqs x data-parallel engines)"),
+    "kv_cache_tokens": ("rufus_engine_kv_cache_tokens",
+                        "Tokens the KV cache holds (num_gpu_blocks x block_size)"),
+    "max_model_len": ("rufus_engine_max_model_len", "Longest sequence the engine accepts, tokens"),
+    "nodes": ("rufus_engine_nodes", "Nodes the engine spans (the unit's size)"),
+    "tensor_parallel": ("rufus_engine_tensor_parallel_size", "Tensor-parallel degree"),
+    "pipeline_parallel": ("rufus_engine_pipeline_parallel_size", "Pipeline-parallel degree"),
+}
+
+
 class Metrics:
     """No-op base: used in unit tests and when the server runs with metrics disabled."""
 
@@ -82,8 +136,10 @@ class Metrics:
     def set_outstanding(self, n: int) -> None: ...
     def set_scheduler(self, running: int, waiting: int, kv_usage: float) -> None: ...
     def set_engine_requests(self, n: int) -> None: ...
+    def set_capacity(self, cap: EngineCapacity) -> None: ...
     def init_vllm(self, max_model_len: int) -> None: ...
     def record_vllm(self, it: VllmIteration) -> None: ...
+    def record_prefix_cache(self, queries: int, hits: int) -> None: ...
     def close(self) -> None: ...
 
 
@@ -136,6 +192,7 @@ class TritonMetrics(Metrics):
                                "cores (value 1)", gauge).Metric(labels={**labels, **cpu})
         self.cpu_info.set(1)
         self.vllm: dict[str, Any] = {}
+        self.capacity: dict[str, Any] = {}  # rufus_engine_* capacity gauges, once known
         # vLLM's own gauge names (the official backend does not report these)
         self.vllm_running = family("vllm:num_requests_running",
                                    "Number of requests in model execution batches.", gauge
@@ -143,6 +200,13 @@ class TritonMetrics(Metrics):
         self.vllm_waiting = family("vllm:num_requests_waiting",
                                    "Number of requests waiting to be processed.", gauge
                                    ).Metric(labels=labels)
+        # vLLM's prefix-cache counters (tokens): the hit rate conversation affinity buys
+        self.prefix_queries = family("vllm:prefix_cache_queries_total",
+                                     "Prefix cache queries, in terms of number of queried "
+                                     "tokens.", fam.COUNTER).Metric(labels=labels)
+        self.prefix_hits = family("vllm:prefix_cache_hits_total",
+                                  "Prefix cache hits, in terms of number of cached tokens.",
+                                  fam.COUNTER).Metric(labels=labels)
 
     def init_vllm(self, max_model_len: int) -> None:
         """The official backend's vllm:* families; created once vLLM says max_model_len."""
@@ -214,6 +278,21 @@ class TritonMetrics(Metrics):
     def set_outstanding(self, n: int) -> None:
         self.outstanding.set(n)
 
+    def set_capacity(self, cap: EngineCapacity) -> None:
+        """Created on first report, so no scrape shows a capacity of 0 before the engine
+        has one (a reader could take 0 for a unit that can take nothing)."""
+        for key, (name, desc) in CAPACITY_GAUGES.items():
+            if key not in self.capacity:
+                self.capacity[key] = self._family(name, desc, self._fam.GAUGE).Metric(
+                    labels=self._labels)
+            self.capacity[key].set(getattr(cap, key))
+
+    def record_prefix_cache(self, queries: int, hits: int) -> None:
+        if queries:
+            self.prefix_queries.increment(queries)
+        if hits:
+            self.prefix_hits.increment(hits)
+
     def close(self) -> None:
         """Drop metrics, then families, while the stub's shared memory still exists.
 
@@ -222,10 +301,14 @@ class TritonMetrics(Metrics):
         self.set_outstanding = lambda n: None  # type: ignore[method-assign]
         self.set_scheduler = lambda *a: None  # type: ignore[method-assign]
         self.set_engine_requests = lambda n: None  # type: ignore[method-assign]
+        self.set_capacity = lambda cap: None  # type: ignore[method-assign]
+        self.capacity.clear()
         for name in ("ttft", "itl", "latency", "prompt_tokens", "gen_tokens", "outstanding",
-                     "running", "waiting", "kv", "engine_reqs", "vllm_running", "vllm_waiting"):
+                     "running", "waiting", "kv", "engine_reqs", "vllm_running", "vllm_waiting",
+                     "prefix_queries", "prefix_hits"):
             setattr(self, name, None)
         self.record_vllm = lambda it: None  # type: ignore[method-assign]
+        self.record_prefix_cache = lambda q, h: None  # type: ignore[method-assign]
         self.vllm.clear()
         self._request_metrics.clear()
         self._requests = None
@@ -333,11 +416,17 @@ class BufferedMetrics(Metrics):
     def set_engine_requests(self, n: int) -> None:
         self.buffer.gauge("set_engine_requests", n)
 
+    def set_capacity(self, cap: EngineCapacity) -> None:
+        self.buffer.gauge("set_capacity", cap)
+
     def init_vllm(self, max_model_len: int) -> None:
         self.buffer.event("init_vllm", max_model_len)
 
     def record_vllm(self, it: VllmIteration) -> None:
         self.buffer.event("record_vllm", it)
+
+    def record_prefix_cache(self, queries: int, hits: int) -> None:
+        self.buffer.event("record_prefix_cache", queries, hits)
 
     def flush(self) -> None:
         self.buffer.flush()
@@ -358,6 +447,12 @@ def scheduler_stat_logger(metrics: Metrics) -> Any:
                 metrics.init_vllm(int(vllm_config.model_config.max_model_len))
             except AttributeError:  # a config without a model: no vllm:* token histograms
                 pass
+            # the engine's configured size, for the unit agent's capacity weight; vLLM has
+            # sized the KV cache by now (num_gpu_blocks comes in the engine handshake, which
+            # AsyncLLM completes before it builds its stat loggers)
+            cap = EngineCapacity.from_vllm_config(vllm_config)
+            if cap is not None:
+                metrics.set_capacity(cap)
 
         def record(self, scheduler_stats: Any, iteration_stats: Any = None,
                    *args: Any, **kwargs: Any) -> None:
@@ -365,6 +460,9 @@ def scheduler_stat_logger(metrics: Metrics) -> Any:
                 metrics.record_vllm(VllmIteration.from_stats(iteration_stats))
             if scheduler_stats is None:
                 return
+            pcs = getattr(scheduler_stats, "prefix_cache_stats", None)
+            if pcs is not None and (pcs.queries or pcs.hits):
+                metrics.record_prefix_cache(int(pcs.queries), int(pcs.hits))
             metrics.set_scheduler(
                 int(getattr(scheduler_stats, "num_running_reqs", 0)),
                 int(getattr(scheduler_stats, "num_waiting_reqs", 0)),

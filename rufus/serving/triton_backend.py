@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from rufus.client import CONVERSATION_HEADER
 from rufus.errors import InvalidInput, RufusError, Unavailable, client_error
 from rufus.serving import caches, machine
 from rufus.serving.cancel import CancelWatcher
@@ -33,7 +34,7 @@ from rufus.serving.config import load_engine_config
 from rufus.serving.engine import FAILED, READY, EngineHost, RestartPolicy
 from rufus.serving.generation import new_request_id
 from rufus.serving.metrics import BufferedMetrics, Metrics, TritonMetrics, scheduler_stat_logger
-from rufus.serving.validation import InputSpec, Limits, OutputSpec
+from rufus.serving.validation import InputSpec, Limits, OutputSpec, split_conversation
 
 try:  # only importable inside the Triton Python backend stub
     import triton_python_backend_utils as pb_utils
@@ -188,6 +189,18 @@ class CollectingSink:
         return False
 
 
+def mark_initialized(name: str) -> None:
+    """Tell the launcher that this stub's ``initialize()`` returned (a file named after the
+    model in ``$RUFUS_INIT_MARKERS``), so it can tell a load tritonserver silently gave up on
+    from a slow one (rufus/harness/server.py ``TritonServer.stalled_loads``). Best effort."""
+    where = os.environ.get("RUFUS_INIT_MARKERS")
+    if where:
+        try:
+            (Path(where) / name).write_text(f"{time.time():.3f}\n")
+        except OSError as exc:
+            log.warning("%s: could not write the init marker in %s: %s", name, where, exc)
+
+
 class TritonModel:
     """Base ``TritonPythonModel``: the request path every model shares.
 
@@ -221,6 +234,7 @@ class TritonModel:
                 f"{self.name}: config.pbtxt must set model_transaction_policy.decoupled=true"
             )
         self.start()
+        mark_initialized(self.name)
 
     def param(self, name: str, default: str = "") -> str:
         """A config.pbtxt ``parameters`` entry (``RUFUS_<NAME>`` in the environment wins)."""
@@ -243,6 +257,11 @@ class TritonModel:
     def count_refused(self, err: RufusError) -> None:
         """Hook: count a request answered with ``err`` before it started."""
 
+    def with_conversation(self, parsed: Any, key: str) -> Any:
+        """Hook: a request that carried the conversation key (routing metadata, already
+        validated). Leaf models ignore it: the ingress used it to pick this unit."""
+        return parsed
+
     def parameters_json(self, request: Any) -> str | None:
         raw = request.parameters()
         return raw if raw and raw != "{}" else None
@@ -252,8 +271,11 @@ class TritonModel:
         for request in requests:
             sink = TritonSink(request.get_response_sender())
             try:
-                parsed = self.parse(read_inputs(request, self.input_names),
-                                    self.parameters_json(request))
+                params, conversation = split_conversation(self.parameters_json(request),
+                                                          CONVERSATION_HEADER)
+                parsed = self.parse(read_inputs(request, self.input_names), params)
+                if conversation:
+                    parsed = self.with_conversation(parsed, conversation)
                 self.submit(parsed, sink, arrival)
             except Exception as exc:  # noqa: BLE001 - every failure gets a client error
                 err = client_error(exc, log, f"{self.name}: parsing a request")

@@ -323,3 +323,38 @@ def read_conversation(values: Mapping[str, Any], limits: Limits = DEFAULT_LIMITS
     history = None if text is None else load_json("history", text, limits,
                                                    max_bytes=limits.max_input_bytes)
     return question, check_history(history)
+
+
+# The conversation key (rufus.client.CONVERSATION_HEADER): an opaque routing key, never
+# shown to a model; short printable ASCII so it is safe in headers, logs and hashes.
+CONVERSATION_KEY_MAX = 128
+_CONVERSATION_KEY = re.compile(r"[\x21-\x7e]+")
+
+
+def check_conversation_key(value: Any, field_name: str) -> str:
+    if not isinstance(value, str):
+        raise InvalidInput(field_name, f"must be a string, got {type(value).__name__}")
+    if not 1 <= len(value) <= CONVERSATION_KEY_MAX:
+        raise InvalidInput(field_name, f"must be 1-{CONVERSATION_KEY_MAX} characters, "
+                                       f"got {len(value)}")
+    if not _CONVERSATION_KEY.fullmatch(value):
+        raise InvalidInput(field_name, f"must be printable ASCII without spaces, got "
+                                       f"{quote(value, 40)}")
+    return value
+
+
+def split_conversation(parameters_json: str | None, name: str,
+                       limits: Limits = DEFAULT_LIMITS) -> tuple[str | None, str]:
+    """Request parameters -> (the other parameters' JSON or None, the conversation key or "").
+
+    tritonserver forwards the conversation header as a request parameter named ``name``
+    (``--grpc-header-forward-pattern``); it is routing metadata, so it is taken out here,
+    before any model reads its parameters. Hot path: requests without it are not parsed
+    twice."""
+    if not parameters_json or name not in parameters_json:
+        return parameters_json, ""
+    params = load_json("parameters", parameters_json, limits)
+    if not isinstance(params, dict) or name not in params:
+        return parameters_json, ""
+    key = check_conversation_key(params.pop(name), name)
+    return (json.dumps(params) if params else None), key

@@ -24,6 +24,7 @@ import pytest
 
 from proxy.haproxy import find_haproxy
 from rufus.client import RequestFailed, generate
+from rufus.errors import InvalidInput
 from rufus.harness.fleet import Fleet
 
 from .conftest import metric_value, wait_for
@@ -170,6 +171,63 @@ def test_traffic_reaches_both_units(fleet):
     # the leaders publish metrics from a background thread every 0.5 s
     assert wait_for(lambda: all(unit_requests(fleet, i) > before[i] for i in range(2)),
                     timeout=10), before
+
+
+def unit_metric(fleet: Fleet, i: int, name: str) -> float:
+    import urllib.request
+
+    u = fleet.units[i].unit
+    with urllib.request.urlopen(f"http://127.0.0.1:{u.metrics_port}/metrics", timeout=5) as r:
+        return metric_value(r.read().decode(), name, model=MODEL)
+
+
+def test_a_conversation_stays_on_one_unit_and_hits_its_prefix_cache(fleet):
+    """Requests carrying the conversation key (gRPC metadata through HAProxy, forwarded by
+    tritonserver as a parameter, taken out before rufus_llm reads its parameters) all land
+    on one unit, whose vLLM prefix cache then serves the shared history."""
+    history = "I am planning a week of hiking in the Alps in September with my family. " * 20
+    for key in ("conv-a", "conv-b", "conv-c"):
+        before = fleet.served("units_affinity")
+        hits0 = [unit_metric(fleet, i, "vllm:prefix_cache_hits_total") for i in range(2)]
+        for turn in range(3):
+            assert ask(fleet.url, f"{history} Question {turn}: what should I pack?",
+                       conversation=key)
+            # a customer's next turn comes seconds later; back to back, the stream just
+            # ended (clients cancel a decoupled stream after its final response) can still
+            # count on the unit, and at near-zero load bounded-load hashing then moves the
+            # next request (proxy/README.md, "Conversation affinity")
+            time.sleep(1.0)
+        after = fleet.served("units_affinity")
+        per_unit = sorted(after[k] - before.get(k, 0) for k in after)
+        assert per_unit == [0, 3], (key, per_unit)
+        unit = next(i for i, k in enumerate(sorted(after)) if after[k] > before.get(k, 0))
+        assert wait_for(lambda u=unit, h=hits0[unit]: unit_metric(
+            fleet, u, "vllm:prefix_cache_hits_total") > h, timeout=10), key
+
+
+def test_a_hot_conversation_key_spills_over_instead_of_overloading_one_unit(fleet):
+    """12 concurrent requests with one key: bounded-load hashing (factor 150 %) keeps the
+    key's unit at most ~75 % of them (+1 for rounding) and sends the rest to the other."""
+    before = fleet.served("units_affinity")
+    with ThreadPoolExecutor(12) as ex:
+        answers = list(ex.map(lambda i: ask(fleet.url, f"Tent number {i}?", {
+            "max_tokens": 24, "temperature": 0.0}, conversation="hot-key"), range(12)))
+    assert all(answers)
+    after = fleet.served("units_affinity")
+    per_unit = sorted(after[k] - before.get(k, 0) for k in after)
+    assert sum(per_unit) == 12 and per_unit[0] >= 2 and per_unit[1] <= 10, per_unit
+
+
+def test_a_bad_conversation_key_is_refused_by_name_while_a_good_stream_runs(fleet):
+    with ThreadPoolExecutor(1) as ex:
+        good = ex.submit(ask, fleet.url, "Which sleeping bag for summer?",
+                         {"max_tokens": 24, "temperature": 0.0}, conversation="fine-key")
+        with pytest.raises(RequestFailed) as info:
+            ask(fleet.url, "hello", conversation="has a space")
+        assert good.result(timeout=300)
+    assert isinstance(info.value.error, InvalidInput)
+    assert "x-rufus-conversation" in str(info.value)
+    assert "has a sp" in str(info.value) and "Traceback" not in str(info.value)
 
 
 def test_agent_reports_health_and_load(fleet):

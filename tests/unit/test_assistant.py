@@ -126,10 +126,12 @@ class FakeStreams:
                  hang: bool = False) -> None:
         self.plan, self.answer, self.plan_error, self.hang = plan, answer, plan_error, hang
         self.calls: list[tuple[str, dict]] = []
+        self.keys: list[tuple[str, str | None]] = []
         self.closed: list[str] = []
 
-    async def stream(self, model: str, tensors: dict[str, Any]):
+    async def stream(self, model: str, tensors: dict[str, Any], conversation: str | None = None):
         self.calls.append((model, tensors))
+        self.keys.append((model, conversation))
         try:
             if model == "rufus_qp_medusa":
                 if self.plan_error:
@@ -146,11 +148,12 @@ class FakeStreams:
             self.closed.append(model)
 
 
-def run(assistant: Assistant, fake: FakeStreams, question: str, history=None) -> list:
+def run(assistant: Assistant, fake: FakeStreams, question: str, history=None,
+        conversation: str | None = None) -> list:
     assistant.streams = lambda: fake  # type: ignore[method-assign]
 
     async def go():
-        return [ev async for ev in assistant.stream(question, history)]
+        return [ev async for ev in assistant.stream(question, history, conversation)]
 
     return asyncio.run(go())
 
@@ -417,3 +420,18 @@ def test_adapter_cancels_on_client_disconnect(monkeypatch, retriever):
     asyncio.run(go())
     assert s.sent[-1][1].code == "CANCELLED" and s.sent[-1][2]
     assert "rufus_llm" in fake.closed and s.polls_after_final == 0
+
+
+def test_conversation_key_goes_with_every_call_of_the_turn(retriever):
+    """The answer-prefix prefill and the answer carry the key, so behind the ingress they land
+    on the unit holding this conversation's prefix; the plan goes to the least busy unit
+    (no key); without a key none is sent."""
+    history = [{"role": "user", "content": "I need running shoes"},
+               {"role": "assistant", "content": "Here are some running shoes."}]
+    fake = FakeStreams(plan_of("product_search", ["running shoes"]), ["Try ", "these."])
+    run(Assistant("x", retriever), fake, "any in red?", history, conversation="c-42")
+    assert sorted(fake.keys, key=str) == sorted([("rufus_qp_medusa", None), ("rufus_llm", "c-42"),
+                                                  ("rufus_llm", "c-42")], key=str)
+    fake = FakeStreams(plan_of("product_search", ["running shoes"]), ["Try ", "these."])
+    run(Assistant("x", retriever), fake, "any in red?", history)
+    assert {k for _, k in fake.keys} == {None}

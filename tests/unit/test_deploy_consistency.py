@@ -224,8 +224,13 @@ def test_service_targets_leader_ports():
         assert p["targetPort"] in leader_ports, p
         assert p["port"] == leader_ports[p["targetPort"]], p
     sel = SERVICE["spec"]["selector"]
-    assert sel["leaderworkerset.sigs.k8s.io/worker-index"] == "0"
-    assert sel["leaderworkerset.sigs.k8s.io/name"] in {m["metadata"]["name"] for m in LWS.values()}
+    # every LWS's leader pods (cells of every instance type), and no follower pod
+    for v, m in LWS.items():
+        t = m["spec"]["leaderWorkerTemplate"]
+        leader = t["leaderTemplate"]["metadata"]["labels"]
+        worker = t["workerTemplate"]["metadata"]["labels"]
+        assert all(leader.get(k) == val for k, val in sel.items()), (v, leader)
+        assert not all(worker.get(k) == val for k, val in sel.items()), (v, worker)
     assert SERVICE["metadata"]["name"] not in {m["metadata"]["name"] for m in LWS.values()}, \
         "LWS creates a headless Service with its own name"
 
@@ -325,17 +330,23 @@ def test_healthcheck_script_matches_contract():
 
 # ---------------------------------------------------------------- structure of each path
 def test_lws_groups():
-    assert set(LWS) == {"cpu", "cuda", "neuron"}
+    from deploy.instance_types import load
+
+    types = {t.manifest: t for t in load().types.values()}  # one manifest per instance type
+    assert set(LWS) == set(types) >= {"cpu", "cuda", "neuron-inf2", "neuron-trn1"}
+    assert len({m["metadata"]["name"] for m in LWS.values()}) == len(LWS), "LWS names collide"
     for v, m in LWS.items():
         t = m["spec"]["leaderWorkerTemplate"]
-        assert t["size"] == 2 and t["restartPolicy"] == "RecreateGroupOnPodRestart", v
+        assert t["size"] == types[v].nodes_per_cell, v
+        assert t["restartPolicy"] == "RecreateGroupOnPodRestart", v
         leader = t["leaderTemplate"]["spec"]["containers"][0]
         worker = t["workerTemplate"]["spec"]["containers"][0]
         assert leader["command"][1:] == C.COMMANDS["leader"][1:]
         assert worker["command"][1:] == C.COMMANDS["follower"][1:]
         for c in (leader, worker):
             assert {"startupProbe", "readinessProbe", "livenessProbe"} <= set(c), (v, c["name"])
-        accel = {"cpu": None, "cuda": "nvidia.com/gpu", "neuron": "aws.amazon.com/neuron"}[v]
+        accel = {"cpu": None, "cuda": "nvidia.com/gpu",
+                 "neuron": "aws.amazon.com/neuron"}[types[v].accelerator]
         for c in (leader, worker):
             if accel:
                 assert accel in c["resources"]["limits"], (v, c["name"])

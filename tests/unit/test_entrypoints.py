@@ -89,3 +89,40 @@ def test_a_wrong_setting_names_the_variable(argv, env, variable):
     r = _run(argv, **env)
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
     assert variable in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+
+
+# ----------------------------------------------------------------- stalled loads
+def test_a_load_tritonserver_gave_up_on_is_detected_and_restarted(tmp_path, monkeypatch):
+    """initialize() returned (the stub's marker) but the model never became ready: after
+    LOAD_STALL_S the launcher restarts tritonserver, at most MAX_STALL_RESTARTS times, then
+    stops with EXIT_LOAD_STALLED; a slow load without a marker is never a stall."""
+    import time as _time
+
+    from rufus.harness import server as srv_mod
+    from rufus.serving.triton_backend import mark_initialized
+
+    srv = srv_mod.TritonServer(models=["rufus_llm", "rufus_qp_medusa"])
+    srv.markers = tmp_path
+    ready: set[str] = set()
+    monkeypatch.setattr(srv, "is_ready", lambda m="": m in ready)
+    starts: list[float] = []
+    monkeypatch.setattr(srv, "stop", lambda timeout=0: None)
+    monkeypatch.setattr(srv, "start", lambda: starts.append(_time.time()) or srv)
+    assert srv.stalled_loads() == []  # no stub finished initialize(): slow, not stalled
+    monkeypatch.setenv(srv_mod.INIT_MARKERS_ENV, str(tmp_path))
+    mark_initialized("rufus_llm")
+    assert srv.stalled_loads() == []  # just now: tritonserver takes milliseconds
+    old = _time.time() - srv_mod.LOAD_STALL_S - 1
+    os.utime(tmp_path / "rufus_llm", (old, old))
+    assert srv.stalled_loads() == ["rufus_llm"]
+    assert "#7192" in srv.stall_message(["rufus_llm"])
+    watch = srv_mod.LoadWatch(srv)
+    for _ in range(srv_mod.MAX_STALL_RESTARTS):
+        watch.checked = 0.0
+        assert watch.poll() is True
+    watch.checked = 0.0
+    assert watch.poll() is False and len(starts) == srv_mod.MAX_STALL_RESTARTS
+    ready.update(srv.models)  # a model unloaded after it was ready is not a stall
+    watch = srv_mod.LoadWatch(srv)
+    watch.checked = 0.0
+    assert watch.poll() is True and not watch.loading

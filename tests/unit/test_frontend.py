@@ -157,6 +157,28 @@ def test_ignored_openai_fields_are_accepted():
     assert plan.calls[0].sampling == {"max_tokens": UNTIL_CONTEXT_END}
 
 
+def test_conversation_key_from_prompt_cache_key_then_header_then_user():
+    """The key routes a conversation to one unit; it is a hash (a user id never leaves the
+    frontend) and the most specific source wins."""
+    from rufus.frontend.protocol import conversation_key
+
+    assert chat().conversation is None
+    by_user = chat(user="u1").conversation
+    assert by_user and len(by_user) == 32 and "u1" not in by_user
+    assert chat(user="u1", prompt_cache_key="conv-7").conversation == \
+        conversation_key("conv-7", None, None) != by_user
+    body = {"model": "rufus_llm", "messages": [{"role": "user", "content": "hi"}], "user": "u1"}
+    req = parse_body(ChatCompletionRequest, json.dumps(body).encode())
+    assert parse_chat(req, "hdr-1").conversation == conversation_key(None, "hdr-1", None)
+    assert completion(prompt="x", user="u1").conversation == by_user
+    with pytest.raises(APIError) as info:
+        conversation_key(None, "h" * 2000, None)
+    assert info.value.param == "x-rufus-conversation"
+    with pytest.raises(APIError) as info:
+        parse_body(ChatCompletionRequest, json.dumps({**body, "user": "u" * 2000}).encode())
+    assert info.value.param == "user"
+
+
 def test_vllm_extensions_pass_through():
     s = completion(ignore_eos=True, repetition_penalty=1.0, top_k=5, min_tokens=2,
                    max_tokens=8, logprobs=None).calls[0].sampling

@@ -23,9 +23,12 @@ CARD = {"id": "p1", "title": "Trail Runner [2]", "brand": "Acme", "price": 59.5,
 class FakeAssistant:
     def __init__(self) -> None:
         self.calls: list[tuple[str, list]] = []
+        self.keys: list[str | None] = []
 
-    async def stream(self, question, history) -> AsyncIterator[AssistantEvent]:
+    async def stream(self, question, history, conversation=None
+                     ) -> AsyncIterator[AssistantEvent]:
         self.calls.append((question, history))
+        self.keys.append(conversation)
         yield AssistantEvent("plan", plan={"intent": "product_search"})
         yield AssistantEvent("products", products=[CARD], path="products")
         yield AssistantEvent("text", text="Try [Trail Runner](https://shop.example/p1).")
@@ -98,6 +101,21 @@ def test_assistant_non_streaming(app_client):
     body = r.json()
     assert r.status_code == 200 and body["x_rufus_products"] == [CARD]
     assert "[Trail Runner (2)]" in body["choices"][0]["message"]["content"]
+
+
+def test_assistant_gets_the_conversation_key(app_client, fake_assistant):
+    """prompt_cache_key (or the x-rufus-conversation header, or user) becomes the hashed
+    key the assistant sends with its answer-model calls."""
+    from rufus.frontend.protocol import conversation_key
+
+    msgs = [{"role": "user", "content": "shoes"}]
+    app_client.post("/v1/chat/completions", json={
+        "model": "rufus-assistant", "messages": msgs, "prompt_cache_key": "conv-9"})
+    app_client.post("/v1/chat/completions", json={"model": "rufus-assistant", "messages": msgs},
+                    headers={"x-rufus-conversation": "conv-9"})
+    app_client.post("/v1/chat/completions", json={"model": "rufus-assistant", "messages": msgs})
+    assert fake_assistant.keys == [conversation_key("conv-9", None, None),
+                                   conversation_key(None, "conv-9", None), None]
 
 
 def test_assistant_is_chat_only(app_client):

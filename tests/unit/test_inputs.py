@@ -87,3 +87,25 @@ def test_multi_lora_json_convention(tmp_path):
     (tmp_path / "multi_lora.json").write_text('["a"]')
     with pytest.raises(ValueError, match="adapter name"):
         load_loras(tmp_path, {})
+
+
+# ----------------------------------------------------------------- conversation key (issue 27)
+def test_conversation_key_is_taken_out_of_the_request_parameters():
+    """tritonserver forwards the x-rufus-conversation header as a request parameter: it is
+    routing metadata, removed before a model reads its parameters, and validated."""
+    import json as _json
+
+    from rufus.client import CONVERSATION_HEADER as H
+    from rufus.errors import InvalidInput
+    from rufus.serving.validation import split_conversation
+
+    assert split_conversation(None, H) == (None, "")
+    plain = '{"temperature": 0.5}'
+    assert split_conversation(plain, H) == (plain, "")  # not parsed again: same text back
+    rest, key = split_conversation(_json.dumps({H: "conv-1", "temperature": 0.5}), H)
+    assert key == "conv-1" and _json.loads(rest) == {"temperature": 0.5}
+    assert split_conversation(_json.dumps({H: "c"}), H) == (None, "c")
+    for bad, why in (("a b", "printable ASCII"), ("x" * 129, "1-128"), (7, "string")):
+        with pytest.raises(InvalidInput) as info:
+            split_conversation(_json.dumps({H: bad}), H)
+        assert info.value.field == H and why in info.value.reason

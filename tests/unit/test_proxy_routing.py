@@ -161,7 +161,9 @@ def test_default_is_no_retry(mode):
 def test_one_defaults_block_and_one_balance_policy(cfg):
     assert cfg.count("\ndefaults\n") == 1
     balances = {line.strip() for line in cfg.splitlines() if line.strip().startswith("balance")}
-    assert balances <= {"balance leastconn", "balance roundrobin"}  # rr: benchmark baseline only
+    # rr: benchmark baseline only; hdr(...): conversation affinity (bounded consistent hash)
+    assert balances <= {"balance leastconn", "balance roundrobin",
+                        f"balance hdr({client.CONVERSATION_HEADER})"}
     assert "timeout http-request 10s" in cfg and "timeout client 10m" in cfg
     assert "sc0_conn_cur gt 256" in cfg and "proto h2\n" not in cfg.split("backend")[0]
 
@@ -211,3 +213,35 @@ def test_haproxy_accepts_custom_limits(tmp_path, monkeypatch):
     p.write_text(render_compose(1, limits=Limits(http_request="2s", per_source=8)))
     check_config(p)
     assert "timeout http-request 2s" in p.read_text()
+
+
+# ----------------------------------------------------------------- conversation affinity (issue 27)
+@pytest.mark.parametrize("cfg,frontends", [
+    (render(documented_units(2), rr_port=9001, equal_port=9002), {"grpc_lor": "units_affinity"}),
+    (render_compose(2), {"grpc_lor": "units_affinity", "triton_http": "units_http_affinity"})],
+    ids=["fleet", "compose"])
+def test_keyed_requests_hash_with_bounded_load_and_others_keep_leastconn(cfg, frontends):
+    """Only the main frontends route by the key; each affinity backend is bounded-load
+    consistent hashing over servers tracking the same health as least-outstanding."""
+    sections = {blk.split("\n", 1)[0].strip(): blk for blk in ("\n" + cfg).split("\n\n")}
+    rule = f"use_backend {{}} if {{{{ req.hdr({client.CONVERSATION_HEADER}) -m found }}}}"
+    for name, text in sections.items():
+        fe = name.removeprefix("frontend ")
+        if fe in frontends:
+            assert rule.format(frontends[fe]) in text
+        elif name.startswith("frontend "):
+            assert "use_backend" not in text, name  # rr/equal baselines: no affinity
+    for backend in frontends.values():
+        text = sections[f"backend {backend}"]
+        assert f"balance hdr({client.CONVERSATION_HEADER})" in text
+        assert "hash-type consistent" in text and "hash-balance-factor 150" in text
+        assert text.count(" track ") == 2
+
+
+@pytest.mark.skipif(not HAVE_HAPROXY, reason="haproxy not installed (scripts/setup.sh proxy)")
+def test_haproxy_accepts_the_equal_weights_frontend(tmp_path):
+    p = tmp_path / "h.cfg"
+    p.write_text(render([Backend("a", "127.0.0.1", 1, 2, 3)], port=5, equal_port=6,
+                        stats_socket=str(tmp_path / "s.sock")))
+    check_config(p)
+    assert "backend units_equal" in p.read_text()

@@ -1,0 +1,13 @@
+"""Conversation affinity vs least outstanding requests on two local units, same run.
+
+    python scripts/affinity_bench.py                 # ~10 minutes on 2 cores
+    python scripts/affinity_bench.py --help
+
+The same as ``python -m rufus.harness.affinity_bench`` (rufus/harness/affinity_bench.py);
+figures and the command: docs/benchmarks.md, "Conversation affinity".
+"""
+
+from rufus.harness.affinity_bench import main
+
+if __name__ == "__main__":
+    raise SystemExit(main())
