@@ -7,7 +7,7 @@ export HTTP_PORT ?= 8000
 export METRICS_PORT ?= 8002
 export OPENAI_PORT ?= 9000
 
-.PHONY: setup model serve test unit integration lint bench bench-openai clean check-deploy rig fleet fleet-bench fleet-sim capacity-bench image compose-up compose-down roll test-containers
+.PHONY: setup model serve test unit integration lint bench bench-openai clean check-deploy rig fleet fleet-bench fleet-sim capacity-bench image compose-up compose-down roll test-containers affinity-bench
 
 setup:            ## venv + pinned deps, tritonserver backend, default model (idempotent)
 	bash scripts/setup.sh all
@@ -56,6 +56,9 @@ fleet-bench: setup  ## least outstanding vs round robin through HAProxy, two uni
 
 fleet-sim:        ## fleet-scale routing simulation (100+ units, bursts), seeded, < 1 min
 	$(PY) scripts/fleet_sim.py $(SIM_ARGS)
+
+affinity-bench: setup  ## assistant conversations on two units: conversation affinity vs least outstanding, same run
+	$(PY) scripts/affinity_bench.py $(AFFINITY_ARGS)
 
 capacity-bench: setup  ## units of 8 and 2 sequences: capacity-weighted vs equal weights, same run
 	$(PY) scripts/capacity_bench.py $(CAPACITY_ARGS)

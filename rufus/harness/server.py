@@ -276,29 +276,30 @@ class TritonServer:
                 and m.get("reason")}
 
     def stalled_loads(self, after_s: float = LOAD_STALL_S) -> list[str]:
-        """Models whose stub finished ``initialize()`` more than ``after_s`` ago and that
-        tritonserver still does not report ready.
+        """The models tritonserver does not report ready although every model's stub
+        finished ``initialize()`` more than ``after_s`` ago (empty otherwise).
 
         Seen on an oversubscribed 2-core host: the Python backend's parent checks the stub's
         health in 1-s windows while it waits for ``initialize()``; a stub starved for a
         window is declared unhealthy, and the parent then waits for that stub process to
         exit (``StubLauncher::WaitForStubProcess``) while the stub, done with
         ``initialize()``, waits for its next command: the model stays LOADING forever,
-        silently (triton-inference-server/server#7192 removes that wait). Only meaningful
-        until the model was first ready (a model unloaded later is not a stall)."""
+        silently (triton-inference-server/server#7192 removes that wait). tritonserver opens
+        its HTTP port only once every model given at start has loaded, so the test is on
+        all of them: the last ``initialize()`` returned long ago and the server still does
+        not answer ready. Only meaningful until the models were first ready."""
         if self.markers is None:
             return []
         now = time.time()
-        out = []
+        newest = 0.0
         for m in self.models:
-            marker = self.markers / m
             try:
-                age = now - marker.stat().st_mtime
+                newest = max(newest, (self.markers / m).stat().st_mtime)
             except OSError:
-                continue
-            if age > after_s and not self.is_ready(m):
-                out.append(m)
-        return out
+                return []  # a model is still in initialize(): slow, not (yet) stalled
+        if now - newest <= after_s:
+            return []
+        return [m for m in self.models if not self.is_ready(m)]
 
     def stall_message(self, stalled: list[str]) -> str:
         return (f"{', '.join(stalled)}: initialize() returned over {LOAD_STALL_S:.0f} s ago but "
