@@ -5,9 +5,31 @@ without an engine: a leader's HTTP side (readiness + Prometheus text) and a unit
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from concurrent import futures
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+
+def serve_http(route: Callable[[str], tuple[int, bytes]]) -> tuple[ThreadingHTTPServer, str]:
+    """A quiet threaded HTTP server on a free loopback port answering every GET with
+    ``route(path)`` -> (status, body); returns it and its base URL. End it with
+    ``shutdown()`` + ``server_close()``."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # http.server naming
+            code, body = route(self.path)
+            self.send_response(code)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a: Any) -> None:
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv, f"http://127.0.0.1:{srv.server_address[1]}"
 
 
 class FakeLeader:
@@ -17,26 +39,13 @@ class FakeLeader:
     def __init__(self, metrics: str = 'rufus_requests_outstanding{model="rufus_llm"} 0\n') -> None:
         self.ready = True
         self.metrics = metrics
-        leader = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # http.server naming
-                if self.path == "/metrics":
-                    code, body = 200, leader.metrics.encode()
-                else:
-                    code, body = (200 if leader.ready else 503), b""
-                self.send_response(code)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *a: Any) -> None:
-                pass
-
-        self.srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.srv, self.url = serve_http(self._route)
         self.port = self.srv.server_address[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+
+    def _route(self, path: str) -> tuple[int, bytes]:
+        if path == "/metrics":
+            return 200, self.metrics.encode()
+        return (200 if self.ready else 503), b""
 
     def stop(self) -> None:
         self.srv.shutdown()

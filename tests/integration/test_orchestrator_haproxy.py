@@ -14,7 +14,6 @@ import shutil
 import threading
 from collections.abc import Iterator
 from concurrent import futures
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ import pytest
 from proxy.haproxy import Backend, HAProxy, render
 from proxy.orchestrator import Orchestrator, OrchestratorConfig, RuntimeAPI, render_global
 from rufus.harness.server import free_port
+from tests.fakes import serve_http
 
 HAVE_HAPROXY = shutil.which("haproxy") is not None or Path("/usr/sbin/haproxy").exists()
 pytestmark = pytest.mark.skipif(not HAVE_HAPROXY, reason="haproxy not installed (scripts/setup.sh proxy)")
@@ -59,26 +59,13 @@ class Region:
         self.port = self.grpc.add_insecure_port("127.0.0.1:0")
         self.grpc.start()
 
-        class Agent(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                if self.path == "/health":
-                    code = 200 if region.healthy else 503
-                    body = {"failing": [] if region.healthy else
-                            [{"node": "leader", "check": "server ready", "detail": "killed"}]}
-                else:
-                    code, body = 200, {"outstanding": 1}
-                data = json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+        self.agent, self.agent_url = serve_http(self._agent)
 
-            def log_message(self, *a: Any) -> None:
-                pass
-
-        self.agent = ThreadingHTTPServer(("127.0.0.1", 0), Agent)
-        self.agent_url = f"http://127.0.0.1:{self.agent.server_address[1]}"
-        threading.Thread(target=self.agent.serve_forever, daemon=True).start()
+    def _agent(self, path: str) -> tuple[int, bytes]:
+        if path == "/health":
+            return (200 if self.healthy else 503), json.dumps({"failing": [] if self.healthy else [
+                {"node": "leader", "check": "server ready", "detail": "killed"}]}).encode()
+        return 200, json.dumps({"outstanding": 1}).encode()
 
     def stop(self) -> None:
         self.grpc.stop(0)

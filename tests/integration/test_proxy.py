@@ -26,6 +26,7 @@ from proxy.haproxy import find_haproxy
 from rufus.client import RequestFailed, generate
 from rufus.errors import InvalidInput
 from rufus.harness.fleet import Fleet
+from tests.fakes import FakeLeader
 
 from .conftest import metric_value, wait_for
 
@@ -70,32 +71,6 @@ def fleet(log_dir):
         assert not left(), f"processes left 30 s after fleet stop: {left()}"
 
 
-class _FakeLeader:
-    """An HTTP server answering Triton's readiness and metrics URLs, ready or not."""
-
-    def __init__(self) -> None:
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-        self.ready = True
-        leader = self
-
-        class H(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                metrics = self.path == "/metrics"
-                body = b'rufus_requests_outstanding{model="rufus_llm"} 0\n' if metrics else b""
-                self.send_response(200 if metrics or leader.ready else 503)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *a) -> None:
-                pass
-
-        self.srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.port = self.srv.server_address[1]
-        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
-
-
 @pytest.mark.parametrize("flavor", ["fleet", "compose"])
 def test_real_haproxy_and_agent_take_a_unit_out_and_back_quickly(tmp_path, monkeypatch, flavor):
     """No engine needed: a fake leader behind the real agent and the real HAProxy config
@@ -104,7 +79,7 @@ def test_real_haproxy_and_agent_take_a_unit_out_and_back_quickly(tmp_path, monke
     from proxy.haproxy import Backend, HAProxy, render, render_compose
     from rufus.harness.server import free_port
 
-    leader = _FakeLeader()
+    leader = FakeLeader()
     cfg = AgentConfig(leader_http=f"http://127.0.0.1:{leader.port}",
                       leader_metrics=f"http://127.0.0.1:{leader.port}/metrics",
                       port=free_port(), check_port=free_port(), bind="127.0.0.1", unit="fake")
@@ -114,7 +89,7 @@ def test_real_haproxy_and_agent_take_a_unit_out_and_back_quickly(tmp_path, monke
                       port=free_port(), stats_port=None,
                       stats_socket=str(tmp_path / "haproxy.sock"), bind="127.0.0.1")
     else:  # the deployment config, with the contract's env vars pointing at the fakes
-        text = render_compose(1, grpc_port=free_port(), http_port=free_port(),
+        text = render_compose(1, grpc_port=free_port(), http_port=free_port(), stats_port=free_port(),
                               agent_check_port=cfg.check_port)
         text = text.replace("global\n", f"global\n    stats socket {tmp_path / 'haproxy.sock'}\n", 1)
         text = text.replace("bind :", "bind 127.0.0.1:")

@@ -130,7 +130,7 @@ def ingress(llm_server, tmp_path_factory, log_dir):
         leader_metrics=f"http://127.0.0.1:{llm_server.metrics_port}/metrics",
         port=free_port(), check_port=free_port(), bind="127.0.0.1", unit="security")).start()
     grpc_port, http_port = free_port(), free_port()
-    text = render_compose(1, grpc_port=grpc_port, http_port=http_port,
+    text = render_compose(1, grpc_port=grpc_port, http_port=http_port, stats_port=free_port(),
                           agent_check_port=agent.cfg.check_port, limits=INGRESS_LIMITS)
     work = tmp_path_factory.mktemp("ingress")
     text = (text.replace("bind :", "bind 127.0.0.1:")

@@ -12,7 +12,6 @@ import shutil
 import socketserver
 import threading
 from dataclasses import replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +35,7 @@ from proxy.orchestrator_policy import (
     initial_state,
     ttft_quantile,
 )
+from tests.fakes import serve_http
 
 BASE = {"a": 40.0, "b": 35.0, "c": 25.0}
 CFG = PolicyConfig()
@@ -274,30 +274,16 @@ class FakeUnit:
         self.healthy = True
         self.outstanding = 2.0
         self.hist = {"0.1": 0, "0.5": 0, "1.0": 0, "2.0": 0, "+Inf": 0}
-        unit = self
+        self.srv, self.url = serve_http(self._route)
 
-        class H(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                if self.path == "/health":
-                    code = 200 if unit.healthy else 503
-                    body = json.dumps({"healthy": unit.healthy, "failing": [] if unit.healthy else [
-                        {"node": "leader", "check": "server ready", "detail": "unreachable"}]})
-                elif self.path == "/load":
-                    code, body = 200, json.dumps({"outstanding": unit.outstanding})
-                else:
-                    code, body = 200, hist_text(unit.hist)
-                data = body.encode()
-                self.send_response(code)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *a: Any) -> None:
-                pass
-
-        self.srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.url = f"http://127.0.0.1:{self.srv.server_address[1]}"
-        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+    def _route(self, path: str) -> tuple[int, bytes]:
+        if path == "/health":
+            return (200 if self.healthy else 503), json.dumps(
+                {"healthy": self.healthy, "failing": [] if self.healthy else [
+                    {"node": "leader", "check": "server ready", "detail": "unreachable"}]}).encode()
+        if path == "/load":
+            return 200, json.dumps({"outstanding": self.outstanding}).encode()
+        return 200, hist_text(self.hist).encode()
 
     def observe(self, slow: int, fast: int) -> None:
         """``fast`` first tokens under 0.1 s, ``slow`` between 1 and 2 s."""
