@@ -49,7 +49,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -244,17 +244,29 @@ def judge_follower(url: str, status: int | None, body: str) -> NodeCheck:
     return NodeCheck(name, "health", False, f"HTTP {status} {detail}".strip())
 
 
+def prometheus_samples(text: str) -> Iterator[tuple[str, dict[str, str], float]]:
+    """(metric name, labels, value) of each sample line in Prometheus text; comments and
+    lines whose value does not parse are skipped. The one reader of leader metrics here and
+    in proxy/orchestrator.py."""
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        head, _, value = line.rpartition(" ")
+        try:
+            v = float(value)
+        except ValueError:
+            continue
+        yield head.split("{", 1)[0], dict(prometheus_labels(head)), v
+
+
 def judge_engines(text: str, models: Sequence[str]) -> list[NodeCheck]:
     """``rufus_engine_ready`` per model: a model whose engine died stays loaded (Triton's
     model readiness stays 200) while it replaces the engine, so this gauge is the check."""
     out = []
-    for line in text.splitlines():
-        if not line.startswith("rufus_engine_ready{"):
-            continue
-        head, _, value = line.rpartition(" ")
-        model = dict(_labels(head)).get("model")
-        if model in models:
-            ok = value.strip() not in ("0", "0.0")
+    for name, labels, value in prometheus_samples(text):
+        model = labels.get("model")
+        if name == "rufus_engine_ready" and model in models:
+            ok = value != 0
             out.append(NodeCheck("leader", f"engine {model}", ok,
                                  "serving" if ok else "engine down (restarting or given up)"))
     return out
@@ -270,19 +282,10 @@ def parse_load(text: str, models: Sequence[str]) -> Load:
             "rufus_requests_running": 0.0}
     kv = 0.0
     seen = False
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        head, _, value = line.rpartition(" ")
-        name = head.split("{", 1)[0]
+    for name, labels, v in prometheus_samples(text):
         if name not in sums and name != "rufus_kv_cache_usage_ratio":
             continue
-        labels = dict(_labels(head))
         if labels.get("model") not in wanted:
-            continue
-        try:
-            v = float(value)
-        except ValueError:
             continue
         seen = True
         if name == "rufus_kv_cache_usage_ratio":
@@ -304,17 +307,14 @@ def parse_capacity(text: str, models: Sequence[str]) -> Capacity | None:
     of the unit exports one (an older leader, an engine still starting): the weight then
     carries load alone, as before capacities were reported."""
     found: dict[str, dict[str, int]] = {}
-    for line in text.splitlines():
-        if not line.startswith("rufus_engine_"):
-            continue
-        head, _, value = line.rpartition(" ")
-        key = _CAPACITY_FIELDS.get(head.split("{", 1)[0])
-        model = dict(_labels(head)).get("model")
+    for name, labels, value in prometheus_samples(text):
+        key = _CAPACITY_FIELDS.get(name)
+        model = labels.get("model")
         if key is None or model not in models:
             continue
         try:
-            found.setdefault(model, {})[key] = int(float(value))
-        except ValueError:
+            found.setdefault(model, {})[key] = int(value)
+        except ValueError:  # NaN
             continue
     for model in models:
         got = found.get(model, {})
@@ -328,7 +328,7 @@ def parse_capacity(text: str, models: Sequence[str]) -> Capacity | None:
     return None
 
 
-def _labels(head: str) -> list[tuple[str, str]]:
+def prometheus_labels(head: str) -> list[tuple[str, str]]:
     if "{" not in head:
         return []
     inner = head[head.index("{") + 1: head.rindex("}")]

@@ -43,7 +43,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from proxy.agent import Fetch, _labels, http_fetch
+from proxy.agent import Fetch, http_fetch, prometheus_samples
 from proxy.haproxy import (
     HAProxy,
     Limits,
@@ -281,18 +281,14 @@ def parse_histogram(text: str, metric: str, model: str) -> dict[float, float] | 
     label sets (versions); None when the series is absent."""
     want = metric + "_bucket"
     out: dict[float, float] = {}
-    for line in text.splitlines():
-        if not line.startswith(want + "{"):
-            continue
-        head, _, value = line.rpartition(" ")
-        labels = dict(_labels(head))
-        if labels.get("model") != model or "le" not in labels:
+    for name, labels, value in prometheus_samples(text):
+        if name != want or labels.get("model") != model or "le" not in labels:
             continue
         try:
             le = float(labels["le"])  # "+Inf" parses
-            out[le] = out.get(le, 0.0) + float(value)
         except ValueError:
             continue
+        out[le] = out.get(le, 0.0) + value
     return out or None
 
 

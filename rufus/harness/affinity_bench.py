@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from proxy.agent import prometheus_samples
 from proxy.haproxy import AFFINITY_BALANCE_FACTOR
 from rufus.harness.fleet import Fleet
 from rufus.harness.loadgen import pct_nearest as pct
@@ -105,13 +106,13 @@ def prefix_counters(fleet: Fleet) -> tuple[float, float]:
     for fu in fleet.units:
         url = f"http://127.0.0.1:{fu.unit.metrics_port}/metrics"
         with urllib.request.urlopen(url, timeout=5) as r:
-            for line in r.read().decode().splitlines():
-                if 'model="rufus_llm"' not in line:
+            for name, labels, value in prometheus_samples(r.read().decode()):
+                if labels.get("model") != "rufus_llm":
                     continue
-                if line.startswith("vllm:prefix_cache_queries_total"):
-                    queries += float(line.rsplit(" ", 1)[1])
-                elif line.startswith("vllm:prefix_cache_hits_total"):
-                    hits += float(line.rsplit(" ", 1)[1])
+                if name == "vllm:prefix_cache_queries_total":
+                    queries += value
+                elif name == "vllm:prefix_cache_hits_total":
+                    hits += value
     return queries, hits
 
 

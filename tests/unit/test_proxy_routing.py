@@ -44,9 +44,10 @@ HAVE_HAPROXY = shutil.which("haproxy") is not None or Path("/usr/sbin/haproxy").
 @pytest.mark.skipif(not HAVE_HAPROXY, reason="haproxy not installed (scripts/setup.sh proxy)")
 def test_haproxy_accepts_rendered_config(tmp_path):
     p = tmp_path / "h.cfg"
-    p.write_text(render([Backend("a", "127.0.0.1", 1, 2, 3)], port=5, rr_port=6,
+    p.write_text(render([Backend("a", "127.0.0.1", 1, 2, 3)], port=5, rr_port=6, equal_port=7,
                         stats_socket=str(tmp_path / "s.sock")))
     check_config(p)
+    assert "backend units_equal" in p.read_text()
 
 
 def test_checked_in_config_is_the_compose_flavor(monkeypatch, tmp_path):
@@ -236,12 +237,3 @@ def test_keyed_requests_hash_with_bounded_load_and_others_keep_leastconn(cfg, fr
         assert f"balance hdr({client.CONVERSATION_HEADER})" in text
         assert "hash-type consistent" in text and "hash-balance-factor 150" in text
         assert text.count(" track ") == 2
-
-
-@pytest.mark.skipif(not HAVE_HAPROXY, reason="haproxy not installed (scripts/setup.sh proxy)")
-def test_haproxy_accepts_the_equal_weights_frontend(tmp_path):
-    p = tmp_path / "h.cfg"
-    p.write_text(render([Backend("a", "127.0.0.1", 1, 2, 3)], port=5, equal_port=6,
-                        stats_socket=str(tmp_path / "s.sock")))
-    check_config(p)
-    assert "backend units_equal" in p.read_text()
