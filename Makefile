@@ -20,7 +20,7 @@ serve: setup      ## serve model_repository on GRPC_PORT/HTTP_PORT/METRICS_PORT 
 
 test: setup check-deploy  ## lint + deploy checks + unit + integration tests
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q -p no:cacheprovider --durations=15 tests
+	$(PY) -m pytest -q -p no:cacheprovider --durations=60 tests
 
 check-deploy: setup  ## static checks of docker/ and deploy/ (no Docker engine needed)
 	$(VENV)/bin/hadolint docker/Dockerfile

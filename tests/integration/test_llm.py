@@ -175,21 +175,40 @@ def test_bad_inputs_do_not_disturb_a_running_stream(url, reference):
     assert got["text"] == reference and got["n"] > 1
 
 
+def _settled(server, names: tuple[str, ...], labels: dict[str, str]) -> str:
+    """A scrape taken once no request is in flight and the buffered metrics of earlier tests
+    have all been replayed (two scrapes a flush interval apart agree)."""
+    assert wait_for(lambda: _engine_idle(server), timeout=60)
+    last = scrape(server)
+    for _ in range(20):
+        time.sleep(1.0)  # > the stub's 0.5 s metric flush interval
+        now = scrape(server)
+        if all(metric_value(now, n, **labels) == metric_value(last, n, **labels) for n in names):
+            return now
+        last = now
+    return last
+
+
 def test_metrics_present_and_increasing(llm_server, url):
-    before = scrape(llm_server)
-    run(url, stream=True, sampling={"max_tokens": 8, "temperature": 0, "ignore_eos": True})
     labels = {"model": MODEL, "version": "1"}
+    counters = ("rufus_time_to_first_token_seconds_count",
+                "rufus_inter_token_latency_seconds_count",
+                "rufus_generation_tokens_total", "rufus_prompt_tokens_total")
+    before = _settled(llm_server, counters, labels)
+    run(url, stream=True, sampling={"max_tokens": 8, "temperature": 0, "ignore_eos": True})
 
-    def flushed() -> bool:  # metrics are published by a background thread every 0.5 s
-        return metric_value(scrape(llm_server), "rufus_generation_tokens_total", **labels) >= (
-            metric_value(before, "rufus_generation_tokens_total", **labels) + 8)
+    def flushed() -> bool:
+        """Metrics are replayed to Triton by a background thread every 0.5 s, so one scrape
+        can see part of a request's updates: wait until every counter has moved."""
+        now = scrape(llm_server)
+        return all(metric_value(now, name, **labels) > metric_value(before, name, **labels)
+                   for name in counters) and metric_value(
+            now, "rufus_generation_tokens_total", **labels) >= metric_value(
+            before, "rufus_generation_tokens_total", **labels) + 8
 
-    assert wait_for(flushed, timeout=10)
+    assert wait_for(flushed, timeout=20), {name: metric_value(scrape(llm_server), name, **labels)
+                                           for name in counters}
     after = scrape(llm_server)
-    for name in ("rufus_time_to_first_token_seconds_count",
-                 "rufus_inter_token_latency_seconds_count",
-                 "rufus_generation_tokens_total", "rufus_prompt_tokens_total"):
-        assert metric_value(after, name, **labels) > metric_value(before, name, **labels), name
     assert metric_value(after, "rufus_generation_tokens_total", **labels) - metric_value(
         before, "rufus_generation_tokens_total", **labels) == 8
     for gauge in ("rufus_requests_running", "rufus_requests_waiting",
