@@ -194,6 +194,9 @@ ENV: dict[str, Var] = {
                               "that its initialize() returned (stalled-load restart, README)"),
     "RUFUS_WARMUP": Var(("rufus/serving/triton_backend.py",),
                         "serve warm-up requests before reporting ready (true; false skips)"),
+    "RUFUS_GC_FREEZE": Var(("rufus/serving/triton_backend.py",),
+                           "freeze each stub's start-up heap out of the garbage collector's "
+                           "scans (1; 0 turns it off, the benchmark's baseline)"),
     "RUFUS_PREBUILD": Var(("docker/Dockerfile",),
                           "build arg: start the models once in the build stage so the image "
                           "ships warm compile caches (1; 0 skips)"),

@@ -4,11 +4,14 @@ Starts a real tritonserver (``make serve``'s three models by default), waits unt
 ready, then at once sends the first plain chat (rufus_llm, time to first token), the first
 plan (rufus_qp_medusa, latency) and the first assistant question (rufus_assistant, time to
 first answer text), then ``--steady`` more of each, one at a time, and reports each first
-request against the median of the later ones. With ``--compare`` the same is done on a
-second start with the warm-up turned off (``RUFUS_WARMUP=false``), in the same run, as the
-baseline. Results: docs/benchmarks.md.
+request against the median of the later ones. With ``--compare`` the same is done on
+starts with a baseline setting (``--baseline``: the warm-up turned off, ``RUFUS_WARMUP=false``,
+or the stubs' heap freeze turned off, ``RUFUS_GC_FREEZE=0``), in the same run, starts of the
+two settings alternating; ``--starts N`` repeats each setting's start N times, so that the
+first request, one sample per start, is seen more than once. Results: docs/benchmarks.md.
 
     .venv/bin/python scripts/bench_first_request.py [--steady 20] [--compare]
+        [--baseline nowarmup|nofreeze] [--starts 1]
 """
 
 from __future__ import annotations
@@ -77,16 +80,20 @@ KINDS = {"chat TTFT": (chat_ttft, "rufus_llm"), "plan": (plan_latency, "rufus_qp
          "assistant first answer token": (assistant_first_token, "rufus_assistant")}
 
 
-def one_run(models: list[str], warmup: bool, steady: int, log: Path) -> dict[str, Any]:
+# the served setting and the baselines it is compared with (--baseline)
+SETTINGS: dict[str, dict[str, str]] = {"served": {}, "nowarmup": {"RUFUS_WARMUP": "false"},
+                                       "nofreeze": {"RUFUS_GC_FREEZE": "0"}}
+
+
+def one_run(models: list[str], setting: str, steady: int, log: Path) -> dict[str, Any]:
     srv = TritonServer(models=models, grpc_port=free_port(), http_port=free_port(),
-                       metrics_port=free_port(), log_path=log,
-                       extra_env={} if warmup else {"RUFUS_WARMUP": "false"})
+                       metrics_port=free_port(), log_path=log, extra_env=SETTINGS[setting])
     t0 = time.monotonic()
     srv.start()
     try:
         ready = srv.wait_ready(timeout=1800, progress=False)
         url = f"127.0.0.1:{srv.grpc_port}"
-        out: dict[str, Any] = {"warmup": warmup, "ready_s": round(ready, 1)}
+        out: dict[str, Any] = {"setting": setting, "ready_s": round(ready, 1)}
         kinds = [(k, f) for k, (f, m) in KINDS.items() if m in models]
         firsts = {k: f(url, 0) for k, f in kinds}  # each kind's very first request
         for k, f in kinds:
@@ -94,7 +101,7 @@ def one_run(models: list[str], warmup: bool, steady: int, log: Path) -> dict[str
             med = statistics.median(later)
             out[k] = {"first_ms": round(firsts[k] * 1e3), "median_ms": round(med * 1e3),
                       "first_over_median": round(firsts[k] / med, 2)}
-            say(f"warm-up {'on' if warmup else 'off'}: {k}: first {firsts[k] * 1e3:.0f} ms, "
+            say(f"{setting}: {k}: first {firsts[k] * 1e3:.0f} ms, "
                 f"median of {steady} {med * 1e3:.0f} ms ({firsts[k] / med:.2f}x)")
         out["total_s"] = round(time.monotonic() - t0, 1)
         return out
@@ -108,26 +115,38 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default="rufus_llm,rufus_qp_medusa,rufus_assistant")
     ap.add_argument("--steady", type=int, default=20, help="later requests of each kind")
     ap.add_argument("--compare", action="store_true",
-                    help="also a start with the warm-up off (the baseline), same run")
+                    help="also starts with the --baseline setting, same run")
+    ap.add_argument("--baseline", choices=[k for k in SETTINGS if k != "served"],
+                    default="nowarmup")
+    ap.add_argument("--starts", type=int, default=1, help="starts per setting")
     ap.add_argument("--logs", type=Path, default=Path("bench-results"))
     ap.add_argument("--json", type=Path, default=None, help="write the results here")
     a = ap.parse_args(argv)
     a.logs.mkdir(parents=True, exist_ok=True)
     models = a.models.split(",")
+    settings = ["served", a.baseline] if a.compare else ["served"]
     runs = []
-    for warmup in ([True, False] if a.compare else [True]):
-        say(f"start with warm-up {'on' if warmup else 'off'} ({','.join(models)})")
-        runs.append(one_run(models, warmup, a.steady,
-                            a.logs / f"first-request-{'warm' if warmup else 'cold'}.log"))
+    for n in range(a.starts):
+        for setting in (settings if n % 2 == 0 else list(reversed(settings))):
+            say(f"start {n + 1}/{a.starts}, {setting} ({','.join(models)})")
+            runs.append(one_run(models, setting, a.steady,
+                                a.logs / f"first-request-{setting}-{n}.log"))
     print(json.dumps(runs, indent=1))
-    print("\n| warm-up | ready s | " + " | ".join(f"{k}: first / median (ratio)"
-                                                for k in KINDS) + " |")
-    print("|---|---|" + "---|" * len(KINDS))
-    for r in runs:
+    print("\n| setting | start | ready s | " + " | ".join(f"{k}: first / median (ratio)"
+                                                         for k in KINDS) + " |")
+    print("|---|---|---|" + "---|" * len(KINDS))
+    for i, r in enumerate(runs):
         cells = [f"{r[k]['first_ms']} / {r[k]['median_ms']} ms ({r[k]['first_over_median']}x)"
                  if k in r else "-" for k in KINDS]
-        print(f"| {'on' if r['warmup'] else 'off'} | {r['ready_s']} | " + " | ".join(cells)
-              + " |")
+        print(f"| {r['setting']} | {i // len(settings) + 1} | {r['ready_s']} | "
+              + " | ".join(cells) + " |")
+    for setting in settings:
+        rs = [r for r in runs if r["setting"] == setting]
+        cells = [f"median {statistics.median(r[k]['first_over_median'] for r in rs):.2f}x, "
+                 f"worst {max(r[k]['first_over_median'] for r in rs):.2f}x"
+                 if all(k in r for r in rs) else "-" for k in KINDS]
+        print(f"| {setting}, {len(rs)} starts | | "
+              f"{statistics.median(r['ready_s'] for r in rs):.1f} | " + " | ".join(cells) + " |")
     if a.json:
         a.json.write_text(json.dumps(runs, indent=1))
     return 0

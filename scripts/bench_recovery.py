@@ -44,6 +44,12 @@ VARIANTS: dict[str, dict[str, str]] = {
     # a smaller prefill budget: the start's profile run is one batch of this many tokens
     "tok512": {"VLLM_USE_AOT_COMPILE": "1",
                "RUFUS_RUFUS_LLM_ENGINE_ARGS": json.dumps({"max_num_batched_tokens": 512})},
+    # vLLM's worker inside its EngineCore process: one process fewer to spawn and import
+    # (rufus/serving/engine.py inproc_worker)
+    "uni": {"VLLM_USE_AOT_COMPILE": "1",
+            "RUFUS_RUFUS_LLM_ENGINE_ARGS": json.dumps({"distributed_executor_backend": "uni"})},
+    "mp": {"VLLM_USE_AOT_COMPILE": "1",
+           "RUFUS_RUFUS_LLM_ENGINE_ARGS": json.dumps({"distributed_executor_backend": "mp"})},
     "eager": {"VLLM_USE_AOT_COMPILE": "0",
               "RUFUS_RUFUS_LLM_ENGINE_ARGS": json.dumps({"enforce_eager": True})},
 }

@@ -180,6 +180,35 @@ def summarize(results: list[TurnResult]) -> dict[str, Any]:
             "first_turn_answer_ttft_s": stats(first, "answer_ttft_s")}
 
 
+def difference_ci(a: list[float], b: list[float], q: float, n: int = 2000,
+                  seed: int = 0) -> dict[str, float]:
+    """Quantile ``q`` of ``a`` minus that of ``b``, with a 90 % bootstrap interval (both
+    samples resampled, seeded): whether a difference between the arms is larger than what
+    resampling the same turns gives, on a machine whose timings are noisy."""
+    import random
+
+    rng = random.Random(seed)
+    diffs = sorted(pct(rng.choices(a, k=len(a)), q) - pct(rng.choices(b, k=len(b)), q)
+                   for _ in range(n))
+    return {"diff": round(pct(a, q) - pct(b, q), 3), "lo": round(diffs[int(0.05 * n)], 3),
+            "hi": round(diffs[int(0.95 * n) - 1], 3)}
+
+
+def compare_arms(arms: dict[str, Arm]) -> dict[str, dict[str, float]]:
+    """Affinity minus least outstanding, follow-up turns: negative is better for affinity."""
+    def vals(arm: Arm, attr: str) -> list[float]:
+        return [getattr(r, attr) for r in arm.turns
+                if not r.error and r.turn > 0 and getattr(r, attr) == getattr(r, attr)]
+
+    out = {}
+    for attr in ("first_token_s", "answer_ttft_s", "plan_s"):
+        a, b = vals(arms["affinity"], attr), vals(arms["lor"], attr)
+        if a and b:
+            for q, name in ((0.5, "p50"), (0.99, "p99")):
+                out[f"follow_up_{attr}_{name}"] = difference_ci(a, b, q)
+    return out
+
+
 def hot_key_phase(fleet: Fleet, assistant: Any, loop_run: Any, n_conv: int,
                   concurrency: int, turns: int) -> dict[str, Any]:
     """Every conversation carries the same key; sample HAProxy's streams per unit."""
@@ -280,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
                    "prefix_cache_hit_rate": round(arm.prefix_hits / max(arm.prefix_queries, 1), 3),
                    "prefix_cache_queries_tokens": arm.prefix_queries}
             for name, arm in arms.items()}
+        result["affinity_minus_lor"] = compare_arms(arms)
         say(f"hot key: {a.hot_conversations} concurrent conversations, one key")
         result["hot_key"] = hot_key_phase(fleet, assistant, loop.run_until_complete,
                                           a.hot_conversations, a.hot_conversations, 2)
@@ -290,7 +320,8 @@ def main(argv: list[str] | None = None) -> int:
         fleet.stop()
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(result, indent=1))
-    print(json.dumps({"arms": result.get("arms"), "hot_key": result.get("hot_key")}, indent=1))
+    print(json.dumps({k: result.get(k) for k in ("arms", "affinity_minus_lor", "hot_key")},
+                     indent=1))
     say(f"results in {a.out}")
     return 0
 

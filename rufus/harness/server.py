@@ -64,10 +64,21 @@ def admin_key_from_env(env: Mapping[str, str] | None = None) -> str:
     return key or secrets.token_hex(32)
 
 
+_GIVEN_PORTS: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port free now and not handed out before by this process: the kernel may return the
+    same ephemeral port to two binds in a row once the first socket is closed, and a server
+    given it twice (gRPC and HTTP) refuses to start (seen once in a benchmark)."""
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _GIVEN_PORTS:
+            _GIVEN_PORTS.add(port)
+            return port
+    raise RuntimeError("no free port that was not handed out before")
 
 
 def die_with_parent() -> None:

@@ -520,6 +520,29 @@ def unit_model_name(env: dict[str, str] | None = None) -> str:
     return (env if env is not None else os.environ).get("RUFUS_UNIT_MODEL", "rufus_llm")
 
 
+ABORT_POLL_S = 0.5
+
+
+def abort_start(host: Any, model_name: str, limit_s: float = 1800.0) -> int:
+    """The unit broke while this leader's engine was still starting: keep killing vLLM's
+    processes until the start has failed. One kill is not enough: an engine core spawned
+    just after it would start anyway and wait in torch.distributed's rendezvous for a
+    follower the control channel now rejects ("unit already failed"), a load that never
+    ends and that no supervisor restarts (seen in the compose rig's rolling update). A
+    failed load ends tritonserver's start, so the node's supervisor restarts it and the
+    unit forms again. Returns how many processes it killed."""
+    n = 0
+    deadline = time.monotonic() + limit_s
+    while host.starting and time.monotonic() < deadline:
+        killed = kill_vllm_children()
+        if killed:
+            n += len(killed)
+            log.error("%s: the unit broke during the start; killed vLLM processes %s",
+                      model_name, killed)
+        time.sleep(ABORT_POLL_S)
+    return n
+
+
 def attach_leader(model_name: str, host: Any, topo: Topology | None = None) -> LeaderControl | None:
     """Leader side of the unit for a Triton model, called before its engine starts.
 
@@ -546,6 +569,9 @@ def attach_leader(model_name: str, host: Any, topo: Topology | None = None) -> L
                   else "engine start fails, model load fails")
         if started:
             host.mark_dead(UnitError(f"multi-node unit broken: {reason}"))
+        else:
+            threading.Thread(target=abort_start, args=(host, model_name), daemon=True,
+                             name=f"{model_name}-abort-start").start()
 
     join_timeout = env_float("RUFUS_FOLLOWER_WAIT_S", 600.0, minimum=0.0)
     control = LeaderControl(topo, fingerprint(host.engine_args), on_fail,

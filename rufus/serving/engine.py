@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,6 +68,45 @@ class RestartPolicy:
             backoff_s=float(get("engine_restart_backoff_s", str(d.backoff_s))),
             backoff_max_s=float(get("engine_restart_backoff_max_s", str(d.backoff_max_s))),
         )
+
+
+@contextlib.contextmanager
+def engine_process_env(engine_args: dict[str, Any]) -> Iterator[None]:
+    """The environment vLLM's processes are started in; make ``"uni"`` mean what it says.
+
+    ``"distributed_executor_backend": "uni"`` runs the model in the EngineCore process (as
+    vLLM does on a GPU with one device) instead of a separate worker process that is spawned
+    and imports torch and vLLM again, and that the EngineCore drives through shared-memory
+    queues: a start spawns one process fewer and a step crosses no process boundary
+    (docs/benchmarks.md). The EngineCore stays a process of its own, which the engine-death
+    handling watches. On CPU two things are needed for it: vLLM's CPU platform turns "uni"
+    into "mp" unless V1 multiprocessing is off (for ``AsyncLLM`` that switch only decides where
+    the worker runs), and only the "mp" executor binds the worker's OpenMP threads
+    (``VLLM_CPU_OMP_THREADS_BIND``, one core kept for the scheduler). So here, around the
+    engine's construction (its processes inherit this environment), the same binding vLLM
+    would give the worker is set: same cores, same thread count, on any machine."""
+    if engine_args.get("distributed_executor_backend") != "uni":
+        yield
+        return
+    from vllm.platforms import current_platform
+
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    if not current_platform.is_cpu():
+        yield
+        return
+    from types import SimpleNamespace
+
+    from vllm.utils.ompmultiprocessing import OMPProcessManager
+
+    one_worker = SimpleNamespace(
+        parallel_config=SimpleNamespace(local_world_size=1, data_parallel_rank_local=None,
+                                        _api_process_count=1),
+        kv_transfer_config=None)
+    with OMPProcessManager(one_worker).configure_omp_envs(rank=0, local_rank=0):
+        log.info("vLLM worker inside the engine core; OpenMP: %s", {
+            k: os.environ[k] for k in ("OMP_NUM_THREADS", "OMP_PLACES", "OMP_PROC_BIND",
+                                       "KMP_AFFINITY", "GOMP_CPU_AFFINITY") if k in os.environ})
+        yield
 
 
 class EngineHost:
@@ -156,8 +196,9 @@ class EngineHost:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        return AsyncLLM.from_engine_args(AsyncEngineArgs(**self.engine_args),
-                                         stat_loggers=self.stat_loggers or None)
+        with engine_process_env(self.engine_args):
+            return AsyncLLM.from_engine_args(AsyncEngineArgs(**self.engine_args),
+                                             stat_loggers=self.stat_loggers or None)
 
     def _adopt(self, engine: Engine) -> None:
         self.tokenizer = engine.tokenizer
@@ -212,6 +253,11 @@ class EngineHost:
                     self.on_poll(self)
                 except Exception:
                     log.exception("%s: poll callback failed", self.name)
+
+    @property
+    def starting(self) -> bool:
+        """start() has been called and has not returned or failed yet."""
+        return self._thread is not None and not self._ready.is_set()
 
     def mark_dead(self, err: BaseException) -> None:
         """Refuse new requests now; the watch loop reports and replaces the engine once

@@ -281,3 +281,27 @@ def test_a_failed_warm_up_fails_the_start():
     with pytest.raises(RuntimeError, match="warm-up"):
         host.start()
     host.shutdown(5)
+
+
+def test_uni_backend_keeps_the_worker_in_the_engine_core_bound_like_vllms_worker(
+        monkeypatch):
+    """"uni" turns V1 multiprocessing off (else vLLM's CPU platform makes it "mp") and, while
+    the engine is built, sets the OpenMP binding vLLM's "mp" executor gives its worker
+    (explicit cores here); afterwards the stub's own environment is as it was. Any other
+    backend, or none, changes nothing."""
+    import os
+
+    from rufus.serving.engine import engine_process_env
+
+    for k in ("VLLM_ENABLE_V1_MULTIPROCESSING", "OMP_NUM_THREADS", "OMP_PLACES"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0")
+    for args in ({"distributed_executor_backend": "mp"}, {}):
+        with engine_process_env(args):
+            assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ
+            assert "OMP_NUM_THREADS" not in os.environ
+    with engine_process_env({"distributed_executor_backend": "uni"}):
+        assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+        assert os.environ["OMP_NUM_THREADS"] == "1"
+        assert os.environ["OMP_PLACES"] == "{0}"
+    assert "OMP_NUM_THREADS" not in os.environ and "OMP_PLACES" not in os.environ

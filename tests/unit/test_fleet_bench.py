@@ -62,3 +62,23 @@ def test_summarize_pools_by_wall_time_and_applies_the_bar():
 def test_summarize_one_policy_has_no_ratio():
     s = fb.summarize_policies([_phase("lor", 100, 1, 400)])
     assert "lor" in s and "bar_met" not in s
+
+
+def test_affinity_difference_interval_brackets_a_real_shift_and_zero_without_one():
+    from rufus.harness.affinity_bench import Arm, TurnResult, compare_arms, difference_ci
+
+    base = [1.0 + 0.01 * i for i in range(60)]
+    shifted = difference_ci([v - 0.5 for v in base], base, 0.5)
+    assert shifted["diff"] == -0.5 and shifted["lo"] <= -0.5 <= shifted["hi"] < 0
+    same = difference_ci(base, list(reversed(base)), 0.5)
+    assert same["diff"] == 0 and same["lo"] <= 0 <= same["hi"]
+    assert difference_ci(base, base, 0.5, seed=1) == difference_ci(base, base, 0.5, seed=1)
+
+    def arm(offset: float) -> Arm:
+        return Arm(turns=[TurnResult("x", t % 4, first_token_s=v + offset, answer_ttft_s=v,
+                                     plan_s=v) for t, v in enumerate(base)]
+                   + [TurnResult("x", 1, error="failed")])
+
+    out = compare_arms({"affinity": arm(-0.2), "lor": arm(0.0)})
+    assert out["follow_up_first_token_s_p50"]["diff"] == -0.2  # first turns and errors left out
+    assert out["follow_up_answer_ttft_s_p50"]["diff"] == 0

@@ -275,3 +275,22 @@ def _wait(pred, timeout: float) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+def test_a_unit_broken_during_the_start_keeps_killing_the_engine_until_the_start_fails(
+        monkeypatch):
+    """An engine core spawned after the first kill would wait in rendezvous for a follower
+    the leader now rejects: abort_start kills until the host's start has ended."""
+    from rufus.multinode import control
+
+    polls = iter([True, True, True, False])
+
+    class Host:
+        @property
+        def starting(self) -> bool:
+            return next(polls)
+
+    spawned = iter([[], [4242], []])
+    monkeypatch.setattr(control, "kill_vllm_children", lambda: next(spawned))
+    monkeypatch.setattr(control, "ABORT_POLL_S", 0.0)
+    assert control.abort_start(Host(), "rufus_llm") == 1
