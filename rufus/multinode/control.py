@@ -260,12 +260,14 @@ class LeaderControl:
         except Exception:
             log.exception("unit leader: on_fail callback failed")
         for sock, stop in members:
-            stop.set()
+            # bye first: once ``stop`` is set the member's heartbeat thread closes the socket,
+            # and a bye sent after that never reaches the follower, which then sees only
+            # "connection closed" instead of the reason (a flaky unit test showed the race)
             try:
                 _send(sock, {"type": "bye", "reason": reason})
-                sock.close()
             except OSError:
                 pass
+            stop.set()
 
     def close(self) -> None:
         self._closed.set()
