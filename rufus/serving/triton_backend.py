@@ -69,10 +69,10 @@ def freeze_heap(name: str) -> None:
     """Collect once, then move every object alive after the start into the collector's
     permanent generation (``gc.freeze``), as vLLM's own server does after its start.
 
-    A stub holds torch, vLLM and transformers: over half a million objects, which a full
-    collection walks for a few hundred milliseconds (measured: docs/benchmarks.md). Without
-    this, the first full collection falls on a client's request (the first request after
-    ready was 1.6x the steady state) and later ones on the p99. Objects made after the freeze
+    A stub holds torch, vLLM and transformers, and a full collection walks every object they
+    made (its cost and the effect on the first request: docs/benchmarks.md). Without this,
+    the first full collection falls on a client's request and later ones on the p99.
+    Objects made after the freeze
     are collected as usual; frozen ones are still freed by reference counting.
     ``RUFUS_GC_FREEZE=0`` turns it off (the benchmark's baseline)."""
     if os.environ.get("RUFUS_GC_FREEZE", "1") == "0":
