@@ -45,7 +45,7 @@ VARIANTS: dict[str, dict[str, str]] = {
     "tok512": {"VLLM_USE_AOT_COMPILE": "1",
                "RUFUS_RUFUS_LLM_ENGINE_ARGS": json.dumps({"max_num_batched_tokens": 512})},
     # vLLM's worker inside its EngineCore process: one process fewer to spawn and import
-    # (rufus/serving/engine.py inproc_worker)
+    # (rufus/serving/engine.py engine_process_env)
     "uni": {"VLLM_USE_AOT_COMPILE": "1",
             "RUFUS_RUFUS_LLM_ENGINE_ARGS": json.dumps({"distributed_executor_backend": "uni"})},
     "mp": {"VLLM_USE_AOT_COMPILE": "1",

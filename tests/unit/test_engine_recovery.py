@@ -294,7 +294,11 @@ def test_uni_backend_keeps_the_worker_in_the_engine_core_bound_like_vllms_worker
     from rufus.serving.engine import engine_process_env
 
     for k in ("VLLM_ENABLE_V1_MULTIPROCESSING", "OMP_NUM_THREADS", "OMP_PLACES"):
-        monkeypatch.delenv(k, raising=False)
+        # set, then delete: monkeypatch then restores the variable's original state at
+        # teardown, also when the code under test set it (engine_process_env leaves
+        # VLLM_ENABLE_V1_MULTIPROCESSING set in the process on purpose)
+        monkeypatch.setenv(k, "unset-by-test")
+        monkeypatch.delenv(k)
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0")
     for args in ({"distributed_executor_backend": "mp"}, {}):
         with engine_process_env(args):

@@ -134,8 +134,8 @@ def test_a_load_tritonserver_gave_up_on_is_detected_and_restarted(tmp_path, monk
 
 
 def test_freeze_heap_takes_what_exists_out_of_the_collectors_scans():
-    """After a stub's start the objects it built are frozen (a full collection of a stub
-    walks ~600k objects: hundreds of ms on a client's request otherwise)."""
+    """After a stub's start the objects it built are frozen, so a full collection does not
+    walk them on a client's request (its cost: docs/benchmarks.md)."""
     import gc
 
     from rufus.serving.triton_backend import freeze_heap
