@@ -149,6 +149,9 @@ ENV: dict[str, Var] = {
     "RUFUS_CAPACITY_REFERENCE": Var(("proxy/",),
                                     "unit agent: the capacity (sequences) that weighs 100 % at the "
                                     "ingress; the same on every agent (LWS: INSTANCE_TYPES' largest)"),
+    "RUFUS_AGENT_DRAIN_S": Var(("proxy/", "rufus/harness/fleet.py"),
+                               "unit agent: seconds it answers 'down' on SIGTERM before exiting "
+                               "(default 4.5; the local fleet sets 0)"),
     "RUFUS_FLEET_NNODES": Var(("rufus/harness/fleet.py",), "local fleet (make fleet): nodes per unit"),
     **{f"RUFUS_UNIT{i}_{kind}": Var((HAPROXY_CONFIG,),
                                     f"ingress: unit {i}'s {kind.lower()} address (host:port)")

@@ -15,9 +15,12 @@ loaded is it?* — from the facts the unit's nodes publish:
   configuration: max_num_seqs, KV-cache tokens, max_model_len, nodes; :class:`Capacity`).
 
 The unit is healthy iff every one of those health probes passes. A background thread probes
-all nodes in parallel every 0.5 s with a short timeout, so a broken unit is reported within
-about one second and HAProxy (one agent ``down``, or 2 failed HTTP checks) takes it out well
-inside the 5 s budget (figures: docs/benchmarks.md, "Failover"). Probe results are cached:
+all nodes in parallel every 0.5 s with a short timeout, so a broken unit (refused, or
+answering not ready) is reported within about one second, a hung one (no answer: three
+timed-out polls in a row, since one slow answer on a busy host is not a failure) within
+about three, and HAProxy (one agent ``down``, or 3 failed HTTP checks) takes it out inside
+the 5 s budget (figures: docs/benchmarks.md, "Failover"). On SIGTERM the agent answers
+``down`` for a few seconds before exiting (:meth:`UnitAgent.drain`). Probe results are cached:
 the endpoints below never block on the unit, so a hung leader cannot hang the load
 balancer's checks.
 
@@ -56,7 +59,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
-from rufus.env import env_int, env_port, help_text
+from rufus.env import env_float, env_int, env_port, help_text
 from rufus.serving.metrics import CAPACITY_GAUGES
 
 log = logging.getLogger("proxy.agent")
@@ -64,6 +67,11 @@ log = logging.getLogger("proxy.agent")
 # The capacity (sequences) that weighs 100 % unless RUFUS_CAPACITY_REFERENCE says otherwise:
 # the default model.json's max_num_seqs, so a fleet of default units weighs as before.
 DEFAULT_CAPACITY_REFERENCE = 64
+
+# Seconds an agent told to stop keeps answering ``down`` before it exits (UnitAgent.drain),
+# unless RUFUS_AGENT_DRAIN_S says otherwise: four or more of HAProxy's 1 s agent checks,
+# well inside compose's 10 s and Kubernetes' 30 s stop grace.
+DRAIN_S = 4.5
 
 # A probe returns (HTTP status or None when unreachable, body text or the error).
 Fetch = Callable[[str, float], tuple[int | None, str]]
@@ -83,6 +91,11 @@ class AgentConfig:
     # on them. Tests construct faster agents directly.
     poll_s: float = 0.5
     probe_timeout_s: float = 0.8
+    # A node that answered before and now lets a probe time out is slow (its host busy: a
+    # cell next door loading models), not yet failed: it counts as failing at this many
+    # timed-out polls in a row (~2.6 s; a hung node is still out inside the 5 s budget).
+    # A refused connection or a non-200 answer counts at once.
+    slow_polls: int = 3
     unit: str = ""
     # sequences of capacity that weigh 100 %: the same on every agent behind one ingress
     capacity_reference: int = DEFAULT_CAPACITY_REFERENCE
@@ -194,6 +207,11 @@ class Snapshot:
         return bool(self.checks) and not self.failing
 
 
+# The reason :func:`http_fetch` gives for a probe that got no answer in time (a slow or hung
+# node) rather than a refused connection: the agent gives a slow node ``slow_polls`` polls.
+TIMED_OUT = "timed out"
+
+
 def http_fetch(url: str, timeout: float) -> tuple[int | None, str]:
     """GET ``url``; (status, body) for any HTTP answer, (None, reason) when unreachable."""
     try:
@@ -202,9 +220,17 @@ def http_fetch(url: str, timeout: float) -> tuple[int | None, str]:
     except urllib.error.HTTPError as exc:
         body = exc.read().decode("utf-8", errors="replace") if exc.fp else ""
         return exc.code, body
+    except TimeoutError:
+        return None, f"{TIMED_OUT} after {timeout:g} s"
     except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
+        if isinstance(reason, TimeoutError):
+            return None, f"{TIMED_OUT} after {timeout:g} s"
         return None, f"{type(reason).__name__}: {reason}" if not isinstance(reason, str) else reason
+
+
+def timed_out(status: int | None, body: str) -> bool:
+    return status is None and body.startswith(TIMED_OUT)
 
 
 def _short(text: str, n: int = 160) -> str:
@@ -418,6 +444,10 @@ class UnitAgent:
         self._last_load_error = ""
         self._last_failing: set[tuple[str, str, str]] = set()
         self._capacity: Capacity | None = None
+        # per probe: its last verdict and how many polls in a row it has timed out
+        self._last_check: dict[str, NodeCheck] = {}
+        self._slow: dict[str, int] = {}
+        self._draining = ""
 
     # ---------------------------------------------------------------- polling
     def poll_once(self) -> Snapshot:
@@ -438,11 +468,12 @@ class UnitAgent:
         for key, fut in jobs:
             status, body = fut.result()
             if key == "leader":
-                checks.append(judge_leader(status, body, "server ready"))
+                check = judge_leader(status, body, "server ready")
             elif key.startswith("model:"):
-                checks.append(judge_leader(status, body, f"model {key[6:]} ready"))
+                check = judge_leader(status, body, f"model {key[6:]} ready")
             else:
-                checks.append(judge_follower(key[9:], status, body))
+                check = judge_follower(key[9:], status, body)
+            checks.append(self._tolerate_slow(key, check, timed_out(status, body)))
         status, body = metrics.result()
         if status == 200:
             checks.extend(judge_engines(body, cfg.models))
@@ -462,6 +493,23 @@ class UnitAgent:
         snap.poll_s = time.monotonic() - t0
         self._publish(snap)
         return snap
+
+    def _tolerate_slow(self, key: str, check: NodeCheck, slow: bool) -> NodeCheck:
+        """A probe that timed out keeps its node's last good verdict for up to
+        ``slow_polls - 1`` polls in a row: on a busy host one slow answer must not take the
+        unit out of rotation (with every other cell out, that is every request failing)."""
+        slow_n = self._slow.get(key, 0) + 1 if slow else 0
+        self._slow[key] = slow_n
+        last = self._last_check.get(key)
+        if slow and last is not None and last.ok and slow_n < self.cfg.slow_polls:
+            if slow_n == 1:
+                log.info("unit %s: %s (%s) answered no probe within %.1f s; still counted "
+                         "ready unless %d polls in a row time out", self.cfg.unit, check.node,
+                         check.check, self.cfg.probe_timeout_s, self.cfg.slow_polls)
+            return NodeCheck(last.node, last.check, True,
+                             f"{last.detail} (slow: {slow_n} probe(s) timed out)")
+        self._last_check[key] = check
+        return check
 
     def _publish(self, snap: Snapshot) -> None:
         with self._lock:
@@ -527,9 +575,26 @@ class UnitAgent:
     # ---------------------------------------------------------------- views
     def current(self) -> tuple[Snapshot, bool]:
         with self._lock:
-            snap = self.snapshot
+            snap, draining = self.snapshot, self._draining
+        if draining:  # answered as a fresh, failing snapshot: never "stale"
+            return Snapshot(checks=[NodeCheck("agent", "drain", False, draining)],
+                            load=snap.load, capacity=snap.capacity, at=time.time()), False
         stale = (time.time() - snap.at) > self.cfg.stale_after_s
         return snap, stale
+
+    def drain(self, reason: str = "agent stopping: unit drained for a restart or update") -> None:
+        """Report the unit down from now on (the agent is about to exit).
+
+        Said before exiting, not left to the checks failing: an agent that only disappears
+        leaves HAProxy's *agent* health up, and when the unit's containers are recreated
+        (rolling update) HAProxy takes the server out of DNS maintenance as UP before its
+        first check, sending requests to a unit still loading its models. Answering
+        ``down`` to a few agent checks first brings the agent health to zero, so the
+        recreated unit stays DOWN until its new agent says ``up``."""
+        with self._lock:
+            self._draining = reason
+        log.info("unit %s: draining -- reporting down to the load balancer (%s)",
+                 self.cfg.unit, reason)
 
     def health(self) -> tuple[int, dict[str, Any]]:
         snap, stale = self.current()
@@ -706,6 +771,8 @@ ENVIRONMENT = {
     "RUFUS_AGENT_CHECK_PORT": "HAProxy agent-check port (default 8091)",
     "RUFUS_CAPACITY_REFERENCE": "unit capacity (sequences) that weighs 100 %; the same on every "
                                 "agent behind one ingress (default 64)",
+    "RUFUS_AGENT_DRAIN_S": "on SIGTERM, answer 'down' this long before exiting, so HAProxy "
+                           "keeps the unit out until its next agent says 'up' (default 4.5)",
 }
 
 
@@ -720,6 +787,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         cfg = AgentConfig.from_env()
+        drain_s = env_float("RUFUS_AGENT_DRAIN_S", DRAIN_S, minimum=0.0, maximum=60.0)
     except ValueError as exc:
         log.error("bad configuration: %s", exc)
         return 2
@@ -732,6 +800,11 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     stop.wait()
+    if drain_s > 0:
+        agent.drain()
+        # HAProxy asks every agent-inter (1 s); its agent health falls to zero after three
+        # failed answers (rise 2 + fall 3 - 1 = 4, then 3, 2, below rise: 0)
+        time.sleep(drain_s)
     log.info("unit agent for %s stopping", cfg.unit)
     agent.stop()
     return 0

@@ -234,6 +234,8 @@ class Fleet:
 
     def _start_agent(self, fu: FleetUnit) -> None:
         env = {**os.environ, **fu.agent_env()}
+        # the fleet stops HAProxy before its agents: no drain to announce
+        env.setdefault("RUFUS_AGENT_DRAIN_S", "0")
         env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"]
                                          if env.get("PYTHONPATH") else "")
         out = open(self.log_dir / f"agent{fu.index}.log", "ab")

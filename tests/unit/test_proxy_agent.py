@@ -25,6 +25,7 @@ from proxy.agent import (
     http_fetch,
     judge_follower,
     parse_load,
+    timed_out,
     weight_percent,
 )
 from rufus.harness.server import free_port
@@ -97,6 +98,72 @@ def test_any_failing_node_makes_the_unit_unhealthy_and_is_named(url, answer, nod
     reply = agent_reply(*agent.current())
     assert reply.startswith("down #") and node in reply and reply.endswith("\n")
     assert reply.count("\n") == 1
+
+
+def test_a_slow_node_that_was_ready_gets_two_polls_of_grace_then_counts_as_failing():
+    """On a busy host (a cell next door loading its models) one probe past the timeout
+    must not take the unit out: with the other cell out for its update that would be every
+    request failing. A node that keeps timing out is failing at the third poll."""
+    nodes = FakeNodes()
+    agent = make_agent(nodes)
+    assert agent.poll_once().healthy
+    nodes.answers[f"{LEADER}/v2/health/ready"] = (None, "timed out after 0.8 s")
+    for _ in range(agent.cfg.slow_polls - 1):
+        snap = agent.poll_once()
+        assert snap.healthy
+        assert "slow" in next(c.detail for c in snap.checks if c.check == "server ready")
+    assert agent_reply(*agent.current()).startswith("up ")
+    snap = agent.poll_once()
+    assert not snap.healthy and "timed out" in snap.failing[0].detail
+    # an answer resets the count: the next slow probe gets its grace again
+    nodes.answers[f"{LEADER}/v2/health/ready"] = (200, "")
+    assert agent.poll_once().healthy
+    nodes.answers[f"{LEADER}/v2/health/ready"] = (None, "timed out after 0.8 s")
+    assert agent.poll_once().healthy
+
+
+def test_a_refusing_node_counts_at_once_and_a_never_ready_one_gets_no_grace():
+    nodes = FakeNodes()
+    agent = make_agent(nodes)
+    assert agent.poll_once().healthy
+    nodes.answers["http://f1:8081/health"] = (None, "ConnectionRefusedError: refused")
+    assert not agent.poll_once().healthy
+    # failing, then slow: still failing (grace is for nodes whose last answer was good)
+    nodes.answers["http://f1:8081/health"] = (None, "timed out after 0.8 s")
+    assert not agent.poll_once().healthy
+    fresh = FakeNodes()
+    fresh.answers[f"{LEADER}/v2/health/ready"] = (None, "timed out after 0.8 s")
+    assert not make_agent(fresh).poll_once().healthy
+
+
+def test_http_fetch_names_a_timeout_apart_from_a_refusal():
+    silent = socket.socket()  # accepts (the kernel's backlog) but never answers
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(4)
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))  # bound, not listening: refused
+    try:
+        status, body = http_fetch(f"http://127.0.0.1:{silent.getsockname()[1]}/", 0.3)
+        assert timed_out(status, body), body
+        status, body = http_fetch(f"http://127.0.0.1:{closed.getsockname()[1]}/", 0.3)
+        assert status is None and not timed_out(status, body), body
+    finally:
+        silent.close()
+        closed.close()
+
+
+def test_drain_reports_down_on_both_checks_and_never_stale():
+    """A stopping agent says ``down`` first (HAProxy's agent health must fall to zero, or
+    the recreated unit is shown UP before its first check; proxy.agent.UnitAgent.drain)."""
+    agent = make_agent(FakeNodes())
+    agent.poll_once()
+    agent.drain()
+    code, body = agent.health()
+    assert code == 503 and body["failing"][0]["node"] == "agent"
+    assert "draining" in body["failing"][0]["detail"] or "drained" in body["failing"][0]["detail"]
+    agent.snapshot.at -= 60  # the poller may stop meanwhile: still "down #...drain", fresh
+    reply = agent_reply(*agent.current())
+    assert reply.startswith("down #agent: ") and "stale" not in reply
 
 
 def test_missing_metrics_is_not_unhealthy_but_load_is_unknown():
@@ -307,3 +374,34 @@ def test_probe_of_a_hung_node_does_not_block_endpoints():
 def test_empty_snapshot_is_unhealthy():
     assert not Snapshot().healthy
     assert agent_reply(Snapshot(at=time.time()), stale=False).startswith("down #")
+
+
+def test_sigterm_makes_the_agent_process_answer_down_then_exit():
+    """``python -m proxy.agent`` on SIGTERM (compose stop, a rolling update's drain) answers
+    ``down`` to HAProxy's agent check for RUFUS_AGENT_DRAIN_S, then exits 0."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    port, check_port = free_port(), free_port()
+    env = {**os.environ, "RUFUS_AGENT_PORT": str(port), "RUFUS_AGENT_CHECK_PORT": str(check_port),
+           "RUFUS_LEADER_HTTP": f"http://127.0.0.1:{free_port()}", "RUFUS_AGENT_DRAIN_S": "3"}
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen([sys.executable, "-m", "proxy.agent"], cwd=root, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        def listening() -> bool:
+            try:
+                return _agent_check(check_port).startswith("down #")  # no leader: down
+            except OSError:
+                return False
+        _wait_for(listening, "agent listening", timeout=30)
+        proc.send_signal(signal.SIGTERM)
+        _wait_for(lambda: "drain" in _agent_check(check_port), "a 'down #agent: ...drain' line")
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
