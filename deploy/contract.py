@@ -197,6 +197,10 @@ ENV: dict[str, Var] = {
                               "that its initialize() returned (stalled-load restart, README)"),
     "RUFUS_WARMUP": Var(("rufus/serving/triton_backend.py",),
                         "serve warm-up requests before reporting ready (true; false skips)"),
+    "RUFUS_ENGINE_START_METHOD": Var(("rufus/serving/engine.py",),
+                                     "how vLLM's EngineCore starts when its worker runs inside "
+                                     "it (\"uni\"): fork (default, starts with vLLM imported) "
+                                     "or spawn (vLLM's CPU choice)"),
     "RUFUS_GC_FREEZE": Var(("rufus/serving/triton_backend.py",),
                            "freeze each stub's start-up heap out of the garbage collector's "
                            "scans (1; 0 turns it off, the benchmark's baseline)"),

@@ -11,7 +11,7 @@ two settings alternating; ``--starts N`` repeats each setting's start N times, s
 first request, one sample per start, is seen more than once. Results: docs/benchmarks.md.
 
     .venv/bin/python scripts/bench_first_request.py [--steady 20] [--compare]
-        [--baseline nowarmup|nofreeze] [--starts 1]
+        [--baseline nowarmup|nofreeze|spawn] [--starts 1]
 """
 
 from __future__ import annotations
@@ -82,7 +82,9 @@ KINDS = {"chat TTFT": (chat_ttft, "rufus_llm"), "plan": (plan_latency, "rufus_qp
 
 # the served setting and the baselines it is compared with (--baseline)
 SETTINGS: dict[str, dict[str, str]] = {"served": {}, "nowarmup": {"RUFUS_WARMUP": "false"},
-                                       "nofreeze": {"RUFUS_GC_FREEZE": "0"}}
+                                       "nofreeze": {"RUFUS_GC_FREEZE": "0"},
+                                       # rufus_llm's EngineCore spawned, as vLLM's CPU default
+                                       "spawn": {"RUFUS_ENGINE_START_METHOD": "spawn"}}
 
 
 def one_run(models: list[str], setting: str, steady: int, log: Path) -> dict[str, Any]:

@@ -48,6 +48,10 @@ VARIANTS: dict[str, dict[str, str]] = {
     # (rufus/serving/engine.py engine_process_env)
     "uni": {"VLLM_USE_AOT_COMPILE": "1",
             "RUFUS_RUFUS_LLM_ENGINE_ARGS": json.dumps({"distributed_executor_backend": "uni"})},
+    # the same with the EngineCore spawned (a new interpreter importing torch and vLLM) as
+    # vLLM's CPU platform does, instead of forked from the stub (engine_start_method)
+    "spawn": {"VLLM_USE_AOT_COMPILE": "1", "RUFUS_ENGINE_START_METHOD": "spawn",
+              "RUFUS_RUFUS_LLM_ENGINE_ARGS": json.dumps({"distributed_executor_backend": "uni"})},
     "mp": {"VLLM_USE_AOT_COMPILE": "1",
            "RUFUS_RUFUS_LLM_ENGINE_ARGS": json.dumps({"distributed_executor_backend": "mp"})},
     "eager": {"VLLM_USE_AOT_COMPILE": "0",

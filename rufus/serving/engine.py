@@ -98,15 +98,78 @@ def engine_process_env(engine_args: dict[str, Any]) -> Iterator[None]:
 
     from vllm.utils.ompmultiprocessing import OMPProcessManager
 
+    global _uni_cores
     one_worker = SimpleNamespace(
         parallel_config=SimpleNamespace(local_world_size=1, data_parallel_rank_local=None,
                                         _api_process_count=1),
         kv_transfer_config=None)
-    with OMPProcessManager(one_worker).configure_omp_envs(rank=0, local_rank=0):
+    omp = OMPProcessManager(one_worker)
+    with omp.configure_omp_envs(rank=0, local_rank=0):
+        _uni_cores = None if omp.skip_setup or not omp.cpu_lists else list(omp.cpu_lists[0])
         log.info("vLLM worker inside the engine core; OpenMP: %s", {
             k: os.environ[k] for k in ("OMP_NUM_THREADS", "OMP_PLACES", "OMP_PROC_BIND",
                                        "KMP_AFFINITY", "GOMP_CPU_AFFINITY") if k in os.environ})
-        yield
+        try:
+            yield
+        finally:
+            _uni_cores = None
+
+
+# The cores engine_process_env gives a "uni" engine's worker (None: vLLM binds nothing), and
+# the ones a forked EngineCore must bind itself to (set only while engine_start_method forks).
+_uni_cores: list[int] | None = None
+_fork_cores: list[int] | None = None
+
+
+def _bind_forked_engine_core() -> None:
+    """In a child forked while the EngineCore starts: its OpenMP binding.
+
+    A spawned EngineCore reads the binding from the environment (OMP_NUM_THREADS,
+    OMP_PLACES) when its OpenMP runtime loads; a forked one inherits the runtime this
+    process loaded before that environment was set, so it applies the same cores and
+    thread count itself. Without this the model ran on every core (docs/benchmarks.md)."""
+    cores = _fork_cores
+    if cores is None:
+        return
+    os.sched_setaffinity(0, cores)
+    import torch
+
+    torch.set_num_threads(len(cores))
+
+
+os.register_at_fork(after_in_child=_bind_forked_engine_core)
+
+
+@contextlib.contextmanager
+def engine_start_method(engine_args: dict[str, Any]) -> Iterator[str]:
+    """How vLLM starts its EngineCore process; yields ``"fork"`` or ``"spawn"``.
+
+    vLLM's CPU platform sets ``spawn`` while it builds the config, so the EngineCore starts
+    a new interpreter that imports torch and vLLM again, which this process has just done.
+    With the worker inside the EngineCore (``"uni"``: no process of its own to start and
+    no OpenMP pool yet in this one), the EngineCore can be forked from here instead, as
+    vLLM does on a GPU: it starts with everything imported, and binds itself to the cores
+    engine_process_env chose (:func:`_bind_forked_engine_core`). ``RUFUS_ENGINE_START_METHOD``
+    (``fork`` / ``spawn``) overrides; multi-node units (``"mp"``) keep vLLM's choice. Used
+    between building the config and building the engine (the env var is read then)."""
+    method = os.environ.get("RUFUS_ENGINE_START_METHOD", "fork")
+    if method not in ("fork", "spawn"):
+        raise ValueError(f"RUFUS_ENGINE_START_METHOD must be fork or spawn, not {method[:20]!r}")
+    if engine_args.get("distributed_executor_backend") != "uni" or method == "spawn":
+        yield os.environ.get("VLLM_WORKER_MULTIPROC_METHOD", "fork")
+        return
+    global _fork_cores
+    before = os.environ.get("VLLM_WORKER_MULTIPROC_METHOD")
+    os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
+    _fork_cores = _uni_cores
+    try:
+        yield "fork"
+    finally:
+        _fork_cores = None
+        if before is None:
+            os.environ.pop("VLLM_WORKER_MULTIPROC_METHOD", None)
+        else:
+            os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = before
 
 
 class EngineHost:
@@ -194,11 +257,18 @@ class EngineHost:
         if self.engine_factory is not None:
             return self.engine_factory(self.engine_args)
         from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.async_llm import AsyncLLM
 
         with engine_process_env(self.engine_args):
-            return AsyncLLM.from_engine_args(AsyncEngineArgs(**self.engine_args),
-                                             stat_loggers=self.stat_loggers or None)
+            args = AsyncEngineArgs(**self.engine_args)
+            config = args.create_engine_config(UsageContext.ENGINE_CONTEXT)
+            with engine_start_method(self.engine_args) as method:
+                log.info("%s: starting vLLM's EngineCore by %s", self.name, method)
+                return AsyncLLM.from_vllm_config(
+                    config, stat_loggers=self.stat_loggers or None,
+                    enable_log_requests=args.enable_log_requests,
+                    disable_log_stats=args.disable_log_stats)
 
     def _adopt(self, engine: Engine) -> None:
         self.tokenizer = engine.tokenizer
