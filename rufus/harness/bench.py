@@ -94,13 +94,10 @@ async def run_phases(args: argparse.Namespace, engine_args: dict, extra_env: dic
 
     ``args``: ``rounds``, ``concurrency`` (list), ``gap``, ``requests_per_worker``,
     ``max_tokens`` as scripts/bench.py parses them."""
-    from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.v1.engine.async_llm import AsyncLLM
+    from rufus.serving.engine import build_vllm_engine
 
-    from rufus.serving.engine import engine_process_env
-
-    with engine_process_env(engine_args):  # the same process layout as the served engine
-        engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args))
+    # the same process layout as the served engine
+    engine = build_vllm_engine(engine_args, name="in-process baseline")
     prompts = loadgen.render_chat(engine.tokenizer, loadgen.SHOPPING_PROMPTS)
     baseline = loadgen.vllm_stream(engine, engine.tokenizer, chat=False)
     phases: dict[str, list[dict]] = {}

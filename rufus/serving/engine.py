@@ -172,6 +172,25 @@ def engine_start_method(engine_args: dict[str, Any]) -> Iterator[str]:
             os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = before
 
 
+def build_vllm_engine(engine_args: dict[str, Any], stat_loggers: list[Any] | None = None,
+                      name: str = "engine") -> Any:
+    """vLLM's ``AsyncLLM`` in the served process layout (:func:`engine_process_env`,
+    :func:`engine_start_method`); the benchmarks' in-process engine is built the same way."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.usage.usage_lib import UsageContext
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    with engine_process_env(engine_args):
+        args = AsyncEngineArgs(**engine_args)
+        config = args.create_engine_config(UsageContext.ENGINE_CONTEXT)
+        with engine_start_method(engine_args) as method:
+            log.info("%s: starting vLLM's EngineCore by %s", name, method)
+            return AsyncLLM.from_vllm_config(
+                config, stat_loggers=stat_loggers,
+                enable_log_requests=args.enable_log_requests,
+                disable_log_stats=args.disable_log_stats)
+
+
 class EngineHost:
     """One engine (vLLM's ``AsyncLLM`` by default) plus the loop thread it lives on."""
 
@@ -256,19 +275,7 @@ class EngineHost:
     def _build(self) -> Engine:
         if self.engine_factory is not None:
             return self.engine_factory(self.engine_args)
-        from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.usage.usage_lib import UsageContext
-        from vllm.v1.engine.async_llm import AsyncLLM
-
-        with engine_process_env(self.engine_args):
-            args = AsyncEngineArgs(**self.engine_args)
-            config = args.create_engine_config(UsageContext.ENGINE_CONTEXT)
-            with engine_start_method(self.engine_args) as method:
-                log.info("%s: starting vLLM's EngineCore by %s", self.name, method)
-                return AsyncLLM.from_vllm_config(
-                    config, stat_loggers=self.stat_loggers or None,
-                    enable_log_requests=args.enable_log_requests,
-                    disable_log_stats=args.disable_log_stats)
+        return build_vllm_engine(self.engine_args, self.stat_loggers or None, self.name)
 
     def _adopt(self, engine: Engine) -> None:
         self.tokenizer = engine.tokenizer
