@@ -4,9 +4,10 @@ and engine death to serving again, each through a real tritonserver.
 Compile settings compared in the same run (``--variants``):
 
 * ``aot``    the served setting: vLLM 0.32's AOT compile cache (``VLLM_USE_AOT_COMPILE=1``)
-  with our fix (rufus/serving/vllm_aot_fix.py, named in model.json), so a cached start
-  loads the compiled model. Without the fix vLLM's loader fails on CPU ("'function' object
-  has no attribute 'finalize_loading'") and every start compiles again.
+  with our fix (rufus/serving/vllm_aot_fix.py, applied by the worker extension named in
+  model.json), so a cached start loads the compiled model. Without the fix vLLM's loader
+  fails on CPU ("'function' object has no attribute 'finalize_loading'") and every start
+  compiles again.
 * ``inductor`` ``VLLM_USE_AOT_COMPILE=0``: torch.compile each start, inductor's FX-graph and
   AOTAutograd caches (``TORCHINDUCTOR_CACHE_DIR``) skip code generation.
 * ``eager``  ``enforce_eager``: no compilation at all.
@@ -52,6 +53,11 @@ VARIANTS: dict[str, dict[str, str]] = {
     # vLLM's CPU platform does, instead of forked from the stub (engine_start_method)
     "spawn": {"VLLM_USE_AOT_COMPILE": "1", "RUFUS_ENGINE_START_METHOD": "spawn",
               "RUFUS_RUFUS_LLM_ENGINE_ARGS": json.dumps({"distributed_executor_backend": "uni"})},
+    # the served setting with vLLM's full compile warm-up batch (max_num_batched_tokens
+    # dummy tokens) instead of rufus's short one (rufus/serving/vllm_warmup.py)
+    "fullwarmup": {"VLLM_USE_AOT_COMPILE": "1", "RUFUS_VLLM_WARMUP_TOKENS": "0",
+                   "RUFUS_RUFUS_LLM_ENGINE_ARGS": json.dumps(
+                       {"distributed_executor_backend": "uni"})},
     "mp": {"VLLM_USE_AOT_COMPILE": "1",
            "RUFUS_RUFUS_LLM_ENGINE_ARGS": json.dumps({"distributed_executor_backend": "mp"})},
     "eager": {"VLLM_USE_AOT_COMPILE": "0",

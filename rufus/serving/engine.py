@@ -137,7 +137,19 @@ def _bind_forked_engine_core() -> None:
     torch.set_num_threads(len(cores))
 
 
-os.register_at_fork(after_in_child=_bind_forked_engine_core)
+def _before_engine_core_fork() -> None:
+    """In this process, just before it forks (only while build_vllm_engine forks the
+    EngineCore): the caller's ``before_fork`` (the stub's heap freeze)."""
+    hook = _before_fork
+    if hook is not None:
+        hook()
+
+
+# set only while build_vllm_engine forks the EngineCore (its ``before_fork``)
+_before_fork: Callable[[], None] | None = None
+
+os.register_at_fork(before=_before_engine_core_fork,
+                    after_in_child=_bind_forked_engine_core)
 
 
 @contextlib.contextmanager
@@ -173,9 +185,16 @@ def engine_start_method(engine_args: dict[str, Any]) -> Iterator[str]:
 
 
 def build_vllm_engine(engine_args: dict[str, Any], stat_loggers: list[Any] | None = None,
-                      name: str = "engine") -> Any:
+                      name: str = "engine",
+                      before_fork: Callable[[], None] | None = None) -> Any:
     """vLLM's ``AsyncLLM`` in the served process layout (:func:`engine_process_env`,
-    :func:`engine_start_method`); the benchmarks' in-process engine is built the same way."""
+    :func:`engine_start_method`); the benchmarks' in-process engine is built the same way.
+    ``before_fork`` runs in this process right before it forks the EngineCore (not when
+    it is spawned): the place for :func:`gc.freeze`, as Python's documentation advises,
+    so that the child inherits the heap frozen (vLLM's EngineCore collects and freezes its
+    heap at the end of its start: over the inherited objects too, unless they are frozen)
+    and neither process's collections write to the pages they share."""
+    global _before_fork
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.usage.usage_lib import UsageContext
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -185,10 +204,14 @@ def build_vllm_engine(engine_args: dict[str, Any], stat_loggers: list[Any] | Non
         config = args.create_engine_config(UsageContext.ENGINE_CONTEXT)
         with engine_start_method(engine_args) as method:
             log.info("%s: starting vLLM's EngineCore by %s", name, method)
-            return AsyncLLM.from_vllm_config(
-                config, stat_loggers=stat_loggers,
-                enable_log_requests=args.enable_log_requests,
-                disable_log_stats=args.disable_log_stats)
+            _before_fork = before_fork if method == "fork" else None
+            try:
+                return AsyncLLM.from_vllm_config(
+                    config, stat_loggers=stat_loggers,
+                    enable_log_requests=args.enable_log_requests,
+                    disable_log_stats=args.disable_log_stats)
+            finally:
+                _before_fork = None
 
 
 class EngineHost:
@@ -210,6 +233,7 @@ class EngineHost:
         engine_factory: Callable[[dict[str, Any]], Engine] | None = None,
         restart: RestartPolicy | None = None,
         warmup: Callable[[], Awaitable[None]] | None = None,
+        before_fork: Callable[[], None] | None = None,
     ) -> None:
         self.engine_args = dict(engine_args)
         # None: vLLM's AsyncLLM. Otherwise a callable building an Engine, e.g. the query
@@ -225,6 +249,8 @@ class EngineHost:
         self.restart = restart or RestartPolicy()
         # Awaited on the loop after every engine build, before READY (the model's warm-up).
         self.warmup = warmup
+        # run right before a forked EngineCore is started (build_vllm_engine), every build
+        self.before_fork = before_fork
         self.warmup_seconds = 0.0
         self.engine: Any = None
         self.tokenizer: Any = None
@@ -275,7 +301,8 @@ class EngineHost:
     def _build(self) -> Engine:
         if self.engine_factory is not None:
             return self.engine_factory(self.engine_args)
-        return build_vllm_engine(self.engine_args, self.stat_loggers or None, self.name)
+        return build_vllm_engine(self.engine_args, self.stat_loggers or None, self.name,
+                                 before_fork=self.before_fork)
 
     def _adopt(self, engine: Engine) -> None:
         self.tokenizer = engine.tokenizer

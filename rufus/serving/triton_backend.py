@@ -72,8 +72,9 @@ def freeze_heap(name: str) -> None:
     A stub holds torch, vLLM and transformers, and a full collection walks every object they
     made (its cost and the effect on the first request: docs/benchmarks.md). Without this,
     the first full collection falls on a client's request and later ones on the p99.
-    Objects made after the freeze
-    are collected as usual; frozen ones are still freed by reference counting.
+    Objects made after the freeze are collected as usual; frozen ones are still freed by
+    reference counting. Calling it again is cheap: a collection skips frozen objects (an
+    engine model freezes before it forks its EngineCore, then once more when initialize() ends).
     ``RUFUS_GC_FREEZE=0`` turns it off (the benchmark's baseline)."""
     if os.environ.get("RUFUS_GC_FREEZE", "1") == "0":
         return
@@ -340,6 +341,9 @@ class EngineModel(TritonModel):
             name=self.name,
             restart=RestartPolicy.from_settings(self.param),
             warmup=self.warm_up if self.warmup_enabled() else None,
+            # frozen before the EngineCore is forked from this process, so the child inherits
+            # it frozen; initialize() freezes again at its end, walking only what came since
+            before_fork=lambda: freeze_heap(self.name),
         )
         self.watcher = CancelWatcher()
         self.setup()

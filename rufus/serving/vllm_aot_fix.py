@@ -12,10 +12,9 @@ and vLLM traces and compiles the model again.
 
 The fix gives torch's bundled callable a ``finalize_loading`` that does nothing (there is
 nothing left to finalize), so the cached function is used. It must run in the process that
-compiles the model (vLLM's worker), which is why it is packaged as a worker extension class:
-``"worker_extension_cls": "rufus.serving.vllm_aot_fix.AotCacheFix"`` in model.json makes
-every worker, the multi-node follower's included, import this module before the model is
-loaded. Guarded: it does nothing if torch or vLLM changed the classes involved.
+compiles the model (vLLM's worker): rufus's worker extension (rufus/serving/vllm_worker.py,
+named in model.json) imports it there, the multi-node follower's worker included. Guarded:
+it does nothing if torch or vLLM changed the classes involved.
 """
 
 from __future__ import annotations
@@ -43,7 +42,8 @@ def apply() -> bool:
 
 
 class AotCacheFix:
-    """Empty on purpose: importing this module in the worker applies :func:`apply`."""
+    """Empty on purpose: importing this module in the worker applies :func:`apply` (the
+    extension class earlier model.json files name; rufus.serving.vllm_worker supersedes it)."""
 
 
 apply()

@@ -334,3 +334,47 @@ def test_engine_core_is_forked_for_uni_unless_told_otherwise(monkeypatch):
     with pytest.raises(ValueError, match="RUFUS_ENGINE_START_METHOD"):
         with engine_start_method(uni):
             pass
+
+
+def test_before_fork_runs_only_while_the_builder_forks_the_engine_core():
+    """build_vllm_engine's ``before_fork`` (the stub's heap freeze) runs in this process
+    right before the fork, and only while the builder has set it: no other fork of the
+    process runs it."""
+    import os
+
+    import rufus.serving.engine as eng
+
+    def fork_and_reap() -> None:
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+
+    calls: list[int] = []
+    fork_and_reap()
+    assert calls == []
+    eng._before_fork = lambda: calls.append(os.getpid())
+    try:
+        fork_and_reap()
+    finally:
+        eng._before_fork = None
+    assert calls == [os.getpid()]
+
+
+def test_engine_host_hands_before_fork_to_the_builder(monkeypatch):
+    seen: dict[str, Any] = {}
+
+    def fake_build(args: Any, loggers: Any, name: str, before_fork: Any = None) -> FakeEngine:
+        seen["before_fork"] = before_fork
+        return FakeEngine()
+
+    import rufus.serving.engine as eng
+
+    monkeypatch.setattr(eng, "build_vllm_engine", fake_build)
+    hook = lambda: None  # noqa: E731
+    host = EngineHost({}, name="t", before_fork=hook)
+    try:
+        host.start()
+        assert seen["before_fork"] is hook
+    finally:
+        host.shutdown(5)

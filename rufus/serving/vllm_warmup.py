@@ -1,0 +1,81 @@
+"""A short compile warm-up in vLLM's CPU worker (applied by the worker extension,
+rufus/serving/vllm_worker.py).
+
+Why: before it sizes the KV cache, vLLM's CPU worker runs ``warming_up_model``, whose only
+job on CPU is to make torch.compile trace and compile (or, cached, load) the model's one
+generic-shape graph; it does so with a dummy batch of ``max_num_batched_tokens`` tokens
+(2,048 for rufus_llm). On a cached start the graph is loaded, not compiled, and that batch is
+pure arithmetic: the largest single step of a cached start on a CPU without native bf16
+(docs/benchmarks.md, "Start time"). A short dummy batch traces, compiles or loads the same
+graph (on CPU vLLM traces once, with the token dimension dynamic), and the model's own
+warm-up (rufus/serving/llm.py ``warmup_requests``: a long prompt among them) then runs the
+real shapes before the model reports ready.
+
+Only where the KV cache size is given (``VLLM_CPU_KVCACHE_SPACE`` or
+``kv_cache_memory_bytes``; ``make serve`` and the rigs set it): without it vLLM sizes the
+cache from the process's memory after this run, which a shorter run would change.
+``RUFUS_VLLM_WARMUP_TOKENS`` sets the batch (default 256; 0 keeps vLLM's full run).
+Guarded: it does nothing if vLLM's CPU runner changed the method it wraps.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+log = logging.getLogger("rufus.serving.vllm_warmup")
+
+DEFAULT_TOKENS = 256
+
+
+def warmup_tokens(env: dict[str, str] | os._Environ[str] = os.environ) -> int:
+    """The dummy batch's token count from ``RUFUS_VLLM_WARMUP_TOKENS`` (0: vLLM's own)."""
+    raw = env.get("RUFUS_VLLM_WARMUP_TOKENS", "").strip()
+    if not raw:
+        return DEFAULT_TOKENS
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"RUFUS_VLLM_WARMUP_TOKENS: expected a whole number of tokens, "
+                         f"got {raw[:20]!r}") from None
+    if value < 0:
+        raise ValueError(f"RUFUS_VLLM_WARMUP_TOKENS: must be >= 0, got {value}")
+    return value
+
+
+def short_warmup(original: Any) -> Any:
+    """``warming_up_model`` with ``max_num_tokens`` capped for the dummy run only."""
+
+    def warming_up_model(self: Any) -> None:
+        tokens = warmup_tokens()
+        full = int(getattr(self, "max_num_tokens", 0) or 0)
+        explicit_kv = getattr(getattr(self, "cache_config", None), "kv_cache_memory_bytes",
+                              None) is not None
+        if tokens == 0 or not explicit_kv or not 0 < tokens < full:
+            return original(self)
+        log.info("compile warm-up with %d dummy tokens instead of %d (explicit KV cache "
+                 "size; RUFUS_VLLM_WARMUP_TOKENS=0 runs vLLM's full batch)", tokens, full)
+        self.max_num_tokens = tokens
+        try:
+            return original(self)
+        finally:
+            self.max_num_tokens = full
+
+    warming_up_model._rufus_original = original  # type: ignore[attr-defined]
+    return warming_up_model
+
+
+def apply() -> bool:
+    """Wrap vLLM's CPU ``warming_up_model``; True if wrapped (or already)."""
+    try:
+        from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+    except ImportError:  # not vLLM's CPU build: nothing to shorten
+        return False
+    current = vars(CPUModelRunner).get("warming_up_model")
+    if current is None:
+        return False
+    if hasattr(current, "_rufus_original"):  # (vLLM's own decorator sets __wrapped__)
+        return True
+    CPUModelRunner.warming_up_model = short_warmup(current)  # type: ignore[method-assign]
+    return True

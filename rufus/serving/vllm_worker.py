@@ -1,0 +1,28 @@
+"""rufus's vLLM worker extension: what it changes inside vLLM's worker process.
+
+``"worker_extension_cls": "rufus.serving.vllm_worker.WorkerExtension"`` in model.json makes
+every vLLM worker (the engine core's own on CPU, a multi-node follower's too) import this
+module before it loads the model, so both patches below run where the model is compiled:
+
+- rufus/serving/vllm_aot_fix.py: vLLM 0.32's AOT compile cache loads on CPU;
+- rufus/serving/vllm_warmup.py: the compile warm-up runs a short dummy batch.
+
+(vLLM leaves ``worker_extension_cls`` out of its compile-cache key, so naming this class
+does not invalidate compiled artefacts.)
+"""
+
+from __future__ import annotations
+
+import logging
+
+from rufus.serving import vllm_aot_fix, vllm_warmup
+
+log = logging.getLogger("rufus.serving.vllm_worker")
+
+
+class WorkerExtension:
+    """Empty on purpose: importing this module in the worker applies the patches."""
+
+
+APPLIED = {"aot_cache_fix": vllm_aot_fix.apply(), "short_warmup": vllm_warmup.apply()}
+log.debug("vLLM worker patches: %s", APPLIED)

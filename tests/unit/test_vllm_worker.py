@@ -1,0 +1,93 @@
+"""rufus's vLLM worker extension: the short compile warm-up (against a fake CPU runner) and
+that model.json names an extension that applies both patches to the installed vLLM."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from rufus.serving import vllm_warmup
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class FakeRunner:
+    """What vLLM's CPUModelRunner.warming_up_model reads: the dummy batch is max_num_tokens."""
+
+    def __init__(self, max_num_tokens: int, kv_bytes: int | None) -> None:
+        self.max_num_tokens = max_num_tokens
+        self.cache_config = SimpleNamespace(kv_cache_memory_bytes=kv_bytes)
+        self.seen: list[int] = []
+
+    def warming_up_model(self) -> None:  # vLLM's: profile_run() -> _dummy_run(max_num_tokens)
+        self.seen.append(self.max_num_tokens)
+
+
+def run(runner: FakeRunner, monkeypatch: pytest.MonkeyPatch, env: str | None) -> list[int]:
+    if env is None:
+        monkeypatch.delenv("RUFUS_VLLM_WARMUP_TOKENS", raising=False)
+    else:
+        monkeypatch.setenv("RUFUS_VLLM_WARMUP_TOKENS", env)
+    vllm_warmup.short_warmup(FakeRunner.warming_up_model)(runner)
+    return runner.seen
+
+
+def test_explicit_kv_cache_gets_the_short_batch_and_the_budget_back(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    runner = FakeRunner(2048, 2 << 30)
+    assert run(runner, monkeypatch, None) == [vllm_warmup.DEFAULT_TOKENS]
+    assert runner.max_num_tokens == 2048  # the scheduler's budget is untouched afterwards
+
+
+def test_auto_kv_cache_keeps_vllms_full_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    # without an explicit size vLLM sizes the KV cache from memory used after this run
+    assert run(FakeRunner(2048, None), monkeypatch, None) == [2048]
+
+
+@pytest.mark.parametrize(("env", "budget", "expected"), [
+    ("0", 2048, 2048),      # off: vLLM's own run
+    ("512", 2048, 512),
+    ("4096", 2048, 2048),   # never more than the budget
+    ("256", 128, 128),      # a budget smaller than the short batch
+])
+def test_the_setting(monkeypatch: pytest.MonkeyPatch, env: str, budget: int,
+                     expected: int) -> None:
+    assert run(FakeRunner(budget, 1 << 30), monkeypatch, env) == [expected]
+
+
+@pytest.mark.parametrize("bad", ["many", "-5", "1.5"])
+def test_a_bad_setting_is_named(monkeypatch: pytest.MonkeyPatch, bad: str) -> None:
+    with pytest.raises(ValueError, match="RUFUS_VLLM_WARMUP_TOKENS"):
+        run(FakeRunner(2048, 1 << 30), monkeypatch, bad)
+
+
+def test_the_budget_is_restored_when_the_run_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Failing(FakeRunner):
+        def warming_up_model(self) -> None:
+            raise RuntimeError("compile failed")
+
+    runner = Failing(2048, 1 << 30)
+    monkeypatch.delenv("RUFUS_VLLM_WARMUP_TOKENS", raising=False)
+    with pytest.raises(RuntimeError):
+        vllm_warmup.short_warmup(Failing.warming_up_model)(runner)
+    assert runner.max_num_tokens == 2048
+
+
+def test_model_json_names_the_extension_and_it_patches_the_installed_vllm() -> None:
+    pytest.importorskip("vllm")
+    for model in ("rufus_llm", "rufus_qp_medusa"):
+        cfg = json.loads((ROOT / f"model_repository/{model}/1/model.json").read_text())
+        assert cfg["worker_extension_cls"] == "rufus.serving.vllm_worker.WorkerExtension"
+    from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+
+    from rufus.serving import vllm_worker
+
+    assert vllm_worker.APPLIED == {"aot_cache_fix": True, "short_warmup": True}
+    method: Any = vars(CPUModelRunner)["warming_up_model"]
+    assert hasattr(method, "_rufus_original")
+    assert vllm_warmup.apply()  # applying twice wraps once
+    assert vars(CPUModelRunner)["warming_up_model"] is method
