@@ -197,6 +197,10 @@ ENV: dict[str, Var] = {
                               "that its initialize() returned (stalled-load restart, README)"),
     "RUFUS_WARMUP": Var(("rufus/serving/triton_backend.py",),
                         "serve warm-up requests before reporting ready (true; false skips)"),
+    "RUFUS_VLLM_WARMUP_TOKENS": Var(("rufus/serving/vllm_warmup.py",),
+                                    "dummy tokens of vLLM's CPU compile warm-up where the KV "
+                                    "cache size is explicit (256; 0: vLLM's full "
+                                    "max_num_batched_tokens batch)"),
     "RUFUS_ENGINE_START_METHOD": Var(("rufus/serving/engine.py",),
                                      "how vLLM's EngineCore starts when its worker runs inside "
                                      "it (\"uni\"): fork (default, starts with vLLM imported) "
