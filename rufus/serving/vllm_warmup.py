@@ -11,9 +11,13 @@ graph (on CPU vLLM traces once, with the token dimension dynamic), and the model
 warm-up (rufus/serving/llm.py ``warmup_requests``: a long prompt among them) then runs the
 real shapes before the model reports ready.
 
-Only where the KV cache size is given (``VLLM_CPU_KVCACHE_SPACE`` or
-``kv_cache_memory_bytes``; ``make serve`` and the rigs set it): without it vLLM sizes the
-cache from the process's memory after this run, which a shorter run would change.
+Only for an engine of one worker with no speculative decoding, where the KV cache size is
+given (``VLLM_CPU_KVCACHE_SPACE`` or ``kv_cache_memory_bytes``; ``make serve`` and the rigs
+set it): without an explicit size vLLM sizes the cache from the process's memory after this
+run, which a shorter run would change; and the dummy run also sizes buffers that outlive
+it, which with more than one worker a short batch would make too small (a pipeline stage's
+intermediate tensors: a two-node unit's first long request failed in CI with a short
+batch), and likewise a drafter's.
 ``RUFUS_VLLM_WARMUP_TOKENS`` sets the batch (default 256; 0 keeps vLLM's full run).
 Guarded: it does nothing if vLLM's CPU runner changed the method it wraps.
 """
@@ -44,18 +48,26 @@ def warmup_tokens(env: dict[str, str] | os._Environ[str] = os.environ) -> int:
     return value
 
 
+def short_run_is_safe(runner: Any) -> bool:
+    """One worker (no pipeline stages, no tensor-parallel peers), no speculative decoding,
+    and an explicit KV cache size: nothing that outlives the dummy run is sized by it."""
+    world = getattr(getattr(runner, "parallel_config", None), "world_size", None)
+    explicit_kv = getattr(getattr(runner, "cache_config", None), "kv_cache_memory_bytes",
+                          None) is not None
+    return world == 1 and getattr(runner, "speculative_config", None) is None and explicit_kv
+
+
 def short_warmup(original: Any) -> Any:
     """``warming_up_model`` with ``max_num_tokens`` capped for the dummy run only."""
 
     def warming_up_model(self: Any) -> None:
         tokens = warmup_tokens()
         full = int(getattr(self, "max_num_tokens", 0) or 0)
-        explicit_kv = getattr(getattr(self, "cache_config", None), "kv_cache_memory_bytes",
-                              None) is not None
-        if tokens == 0 or not explicit_kv or not 0 < tokens < full:
+        if tokens == 0 or not 0 < tokens < full or not short_run_is_safe(self):
             return original(self)
-        log.info("compile warm-up with %d dummy tokens instead of %d (explicit KV cache "
-                 "size; RUFUS_VLLM_WARMUP_TOKENS=0 runs vLLM's full batch)", tokens, full)
+        log.info("compile warm-up with %d dummy tokens instead of %d (one worker, explicit "
+                 "KV cache size; RUFUS_VLLM_WARMUP_TOKENS=0 runs vLLM's full batch)",
+                 tokens, full)
         self.max_num_tokens = tokens
         try:
             return original(self)

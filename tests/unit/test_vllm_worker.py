@@ -18,9 +18,12 @@ ROOT = Path(__file__).resolve().parents[2]
 class FakeRunner:
     """What vLLM's CPUModelRunner.warming_up_model reads: the dummy batch is max_num_tokens."""
 
-    def __init__(self, max_num_tokens: int, kv_bytes: int | None) -> None:
+    def __init__(self, max_num_tokens: int, kv_bytes: int | None, world_size: int = 1,
+                 speculative: bool = False) -> None:
         self.max_num_tokens = max_num_tokens
         self.cache_config = SimpleNamespace(kv_cache_memory_bytes=kv_bytes)
+        self.parallel_config = SimpleNamespace(world_size=world_size)
+        self.speculative_config = SimpleNamespace(method="medusa") if speculative else None
         self.seen: list[int] = []
 
     def warming_up_model(self) -> None:  # vLLM's: profile_run() -> _dummy_run(max_num_tokens)
@@ -46,6 +49,16 @@ def test_explicit_kv_cache_gets_the_short_batch_and_the_budget_back(
 def test_auto_kv_cache_keeps_vllms_full_run(monkeypatch: pytest.MonkeyPatch) -> None:
     # without an explicit size vLLM sizes the KV cache from memory used after this run
     assert run(FakeRunner(2048, None), monkeypatch, None) == [2048]
+
+
+@pytest.mark.parametrize("runner", [
+    FakeRunner(2048, 1 << 30, world_size=2),  # a pipeline stage sizes its intermediate
+                                              # tensors in this run (the CI failure)
+    FakeRunner(2048, 1 << 30, speculative=True),  # a drafter's buffers, likewise
+], ids=["two workers", "speculative decoding"])
+def test_engines_whose_buffers_the_run_sizes_keep_vllms_full_run(
+        monkeypatch: pytest.MonkeyPatch, runner: FakeRunner) -> None:
+    assert run(runner, monkeypatch, None) == [2048]
 
 
 @pytest.mark.parametrize(("env", "budget", "expected"), [
