@@ -26,27 +26,19 @@ Guarded: it does nothing if vLLM's CPU runner changed the method it wraps.
 from __future__ import annotations
 
 import logging
-import os
+from collections.abc import Mapping
 from typing import Any
+
+from rufus.env import env_int
 
 log = logging.getLogger("rufus.serving.vllm_warmup")
 
 DEFAULT_TOKENS = 256
 
 
-def warmup_tokens(env: dict[str, str] | os._Environ[str] = os.environ) -> int:
+def warmup_tokens(env: Mapping[str, str] | None = None) -> int:
     """The dummy batch's token count from ``RUFUS_VLLM_WARMUP_TOKENS`` (0: vLLM's own)."""
-    raw = env.get("RUFUS_VLLM_WARMUP_TOKENS", "").strip()
-    if not raw:
-        return DEFAULT_TOKENS
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"RUFUS_VLLM_WARMUP_TOKENS: expected a whole number of tokens, "
-                         f"got {raw[:20]!r}") from None
-    if value < 0:
-        raise ValueError(f"RUFUS_VLLM_WARMUP_TOKENS: must be >= 0, got {value}")
-    return value
+    return env_int("RUFUS_VLLM_WARMUP_TOKENS", DEFAULT_TOKENS, env, minimum=0)
 
 
 def short_run_is_safe(runner: Any) -> bool:
@@ -64,7 +56,7 @@ def short_warmup(original: Any) -> Any:
     def warming_up_model(self: Any) -> None:
         tokens = warmup_tokens()
         full = int(getattr(self, "max_num_tokens", 0) or 0)
-        if tokens == 0 or not 0 < tokens < full or not short_run_is_safe(self):
+        if not 0 < tokens < full or not short_run_is_safe(self):
             return original(self)
         log.info("compile warm-up with %d dummy tokens instead of %d (one worker, explicit "
                  "KV cache size; RUFUS_VLLM_WARMUP_TOKENS=0 runs vLLM's full batch)",
