@@ -42,6 +42,7 @@ from typing import Any
 from rufus.client import AsyncStreams, generate, output_str
 from rufus.harness.server import TritonServer, free_port
 from rufus.qp.client import plan
+from rufus.qp.plan import load_eval
 
 EVAL = Path(__file__).resolve().parents[1] / "data/qp/eval.jsonl"
 
@@ -49,7 +50,7 @@ EVAL = Path(__file__).resolve().parents[1] / "data/qp/eval.jsonl"
 def question_pools(n: int) -> dict[str, list[str]]:
     """``n`` distinct inputs per kind, no question shared between kinds (the assistant's plan
     request would otherwise find the plan kind's question in the planner's prefix cache)."""
-    qs = [json.loads(line)["question"] for line in EVAL.read_text().splitlines() if line]
+    qs = [row["question"] for row in load_eval(EVAL)]
     if 3 * n > len(qs):
         raise SystemExit(f"--steady {n - 1}: at most {len(qs) // 3 - 1} (distinct questions)")
     return {"plan": qs[0::3][:n], "assistant first answer token": qs[1::3][:n],
