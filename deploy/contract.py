@@ -201,6 +201,9 @@ ENV: dict[str, Var] = {
                                     "dummy tokens of vLLM's CPU compile warm-up where the KV "
                                     "cache size is explicit (256; 0: vLLM's full "
                                     "max_num_batched_tokens batch)"),
+    "RUFUS_QP_FP32_PACKED": Var(("rufus/qp/decoder/torch_llama.py",),
+                                "planner in fp32: few-row passes through oneDNN's pre-packed "
+                                "matmul, one-row through MKL (1; 0: every pass F.linear)"),
     "RUFUS_ENGINE_START_METHOD": Var(("rufus/serving/engine.py",),
                                      "how vLLM's EngineCore starts when its worker runs inside "
                                      "it (\"uni\"): fork (default, starts with vLLM imported) "

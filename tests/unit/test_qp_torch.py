@@ -468,3 +468,28 @@ def test_torch_engine_batches_queued_plans(tiny: tuple[Path, Path]) -> None:
         assert not eng.errored and not eng._pending
     finally:
         eng.shutdown()
+
+
+def test_fp32_linear_packs_few_row_passes_and_keeps_one_row_on_f_linear(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """fp32 (the choice where bf16 is emulated): a pass of several rows goes through oneDNN's
+    pre-packed matmul and gives F.linear's values; one row is F.linear itself (bit-equal);
+    RUFUS_QP_FP32_PACKED=0 keeps F.linear for every call."""
+    import torch.nn.functional as F
+
+    from rufus.qp.decoder.torch_llama import _packed_linear
+
+    torch.manual_seed(0)
+    w = torch.randn(96, 64)
+    one, many = torch.randn(1, 64), torch.randn(7, 64)
+    lin = _packed_linear(w)
+    assert torch.equal(lin(one), F.linear(one, w))
+    assert torch.allclose(lin(many), F.linear(many, w), atol=1e-4)
+    assert lin(many).shape == (7, 96)
+    monkeypatch.setenv("RUFUS_QP_FP32_PACKED", "0")
+    plain = _packed_linear(w)
+    assert torch.equal(plain(many), F.linear(many, w))
+    monkeypatch.setenv("RUFUS_QP_FP32_PACKED", "yes")
+    from rufus.env import EnvError
+    with pytest.raises(EnvError, match="RUFUS_QP_FP32_PACKED"):
+        _packed_linear(w)

@@ -23,12 +23,15 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn.functional as F
 
+from rufus.env import env_int
+
 log = logging.getLogger("rufus.qp.torch")
 
 # dtype name -> the activation (and KV-cache) dtype. "int8" is int8 weight-only: every linear
 # weight int8 per output channel (:func:`quantize_int8`), activations in bf16.
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16,
           "int8": torch.bfloat16}
+FP32_PACK_ROWS = 8  # oneDNN blocking hint: the few-row verification passes
 _int8_op_failed: list[str] = []  # why _weight_int8pack_mm is not used (logged once)
 
 
@@ -41,13 +44,21 @@ def check_dtype(dtype: str) -> str:
 
 
 def _packed_linear(w: torch.Tensor) -> Any:
-    """``x -> x @ w.T`` with the weight pre-packed for oneDNN (bf16 on CPU), else F.linear.
+    """``x -> x @ w.T`` with the weight pre-packed for oneDNN where that measured faster.
 
-    Unpacked bf16 ``F.linear`` re-lays the weight out for oneDNN on every call, which made
+    bf16: unpacked ``F.linear`` re-lays the weight out for oneDNN on every call, which made
     the gate/up projection (most of the forward pass here) nearly twice as slow
     (docs/benchmarks.md). This is what inductor's weight freezing does for vLLM on CPU.
+
+    fp32 (the choice where bf16 is emulated): ``F.linear`` goes to MKL, which is fast for one
+    row and slow for the few-row passes Medusa verifies (8 rows of the LM head cost ~3x one
+    row); oneDNN's pre-packed fp32 matmul is faster for those and slower for one row, so
+    one-row calls keep ``F.linear`` and others take the packed copy (the weight is held
+    twice: +4 bytes per parameter). ``RUFUS_QP_FP32_PACKED=0`` turns this off.
     """
-    if w.dtype == torch.bfloat16 and torch.backends.mkldnn.is_available():
+    if not torch.backends.mkldnn.is_available():
+        return lambda x: F.linear(x, w)
+    if w.dtype == torch.bfloat16:
         try:
             packed = torch.ops.mkldnn._reorder_linear_weight(w, 1)
             probe = torch.zeros(2, w.shape[1], dtype=w.dtype)
@@ -55,6 +66,22 @@ def _packed_linear(w: torch.Tensor) -> Any:
             return lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
         except (RuntimeError, AttributeError):  # no oneDNN bf16 on this CPU or build
             pass
+    elif w.dtype == torch.float32 and env_int("RUFUS_QP_FP32_PACKED", 1, minimum=0, maximum=1):
+        try:
+            packed = torch.ops.mkldnn._reorder_linear_weight(w, FP32_PACK_ROWS)
+            probe = torch.zeros(2, w.shape[1], dtype=w.dtype)
+            torch.ops.mkldnn._linear_pointwise(probe, packed, None, "none", [], "")
+        except (RuntimeError, AttributeError):
+            return lambda x: F.linear(x, w)
+        inner = w.shape[1]
+
+        def mm(x: torch.Tensor) -> torch.Tensor:
+            # hot path: one branch on the row count, no copies
+            if x.numel() == inner:
+                return F.linear(x, w)
+            return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+
+        return mm
     return lambda x: F.linear(x, w)
 
 
