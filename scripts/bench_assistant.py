@@ -147,6 +147,27 @@ def baseline_prompts() -> list[list[dict[str, str]]]:
     return out
 
 
+def prompt_tokens(prompts: list[list[dict[str, str]]]) -> dict[str, float]:
+    """The work an answer carries (the issue's "count the work"): tokens of each first-turn
+    answer prompt, and of the part after the prefix that is prefilled while the planner runs
+    (products and question: prefilled after the plan, on the critical path)."""
+    from transformers import AutoTokenizer
+
+    from rufus.assistant.prompt import answer_prefix_messages
+    from rufus.serving.config import default_model_dir
+
+    tok = AutoTokenizer.from_pretrained(default_model_dir())
+
+    def count(messages: list[dict[str, str]], generation: bool) -> int:
+        return len(tok.apply_chat_template(messages, add_generation_prompt=generation,
+                                           tokenize=True, return_dict=False))
+
+    prefix = count(answer_prefix_messages(None), False)
+    full = [count(m, True) for m in prompts if m[0]["content"] == answer_prefix_messages(None)[0]["content"]]
+    return {"prompts": len(full), "mean_total": sum(full) / len(full),
+            "mean_after_prefix": sum(full) / len(full) - prefix, "prefix": prefix}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--url", help="Triton gRPC address; default: start a tritonserver here")
@@ -176,10 +197,14 @@ def main(argv: list[str] | None = None) -> int:
         a.url = f"127.0.0.1:{srv.grpc_port}"
     try:
         prompts = baseline_prompts()
+        work = prompt_tokens(prompts)
+        print(f"answer prompts (product path, first turns): {work['mean_total']:.0f} tokens, "
+              f"{work['mean_after_prefix']:.0f} after the prefix prefilled while planning",
+              flush=True)
         asyncio.run(run_level(a.url, 2, 2, "assistant", prompts, a.max_tokens))  # warm-up
         asyncio.run(run_level(a.url, 2, 2, "baseline", prompts, a.max_tokens))
         levels = list(zip(a.concurrency, a.conversations, strict=False))
-        results: dict[str, Any] = {}
+        results: dict[str, Any] = {"prompt_tokens": work}
         print(f"load average at start {os.getloadavg()[0]:.1f} (2 cores)", flush=True)
         for c, n in levels:
             time.sleep(2)  # idle gap: vLLM's CPU worker busy-polls 1 s after its last request

@@ -14,7 +14,13 @@ import numpy as np
 import pytest
 
 from rufus.assistant.pipeline import Assistant, fallback_plan, search_queries, validate_request
-from rufus.assistant.prompt import LinkRenderer, answer_messages, price_cap
+from rufus.assistant.prompt import (
+    LinkRenderer,
+    answer_messages,
+    price_cap,
+    product_lines,
+    review_count,
+)
 from rufus.assistant.triton_model import parse_assistant_request
 from rufus.client import RequestFailed
 from rufus.errors import InvalidInput
@@ -435,3 +441,19 @@ def test_conversation_key_goes_with_every_call_of_the_turn(retriever):
     fake = FakeStreams(plan_of("product_search", ["running shoes"]), ["Try ", "these."])
     run(Assistant("x", retriever), fake, "any in red?", history)
     assert {k for _, k in fake.keys} == {None}
+
+
+@pytest.mark.parametrize("n, text", [(0, "0"), (56, "56"), (999, "999"), (1000, "1k"),
+                                     (1131, "1.1k"), (9999, "10k"), (49188, "49k"),
+                                     (560_000, "560k")])
+def test_review_count_is_short(n, text):
+    assert review_count(n) == text
+
+
+def test_product_lines_carry_what_the_answer_needs():
+    """Title, exact price and rating stay; the review count is rounded (its digits were a
+    fifth of a product line's tokens; the card shows the exact count)."""
+    p = generate_catalog(50)[0]
+    line = product_lines([p])
+    assert line.startswith(f"[1] {p.title} - ${p.price:.2f}, rated {p.rating:.1f} (")
+    assert line.endswith(f"{review_count(p.review_count)} reviews)")
