@@ -204,7 +204,9 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.run(run_level(a.url, 2, 2, "assistant", prompts, a.max_tokens))  # warm-up
         asyncio.run(run_level(a.url, 2, 2, "baseline", prompts, a.max_tokens))
         levels = list(zip(a.concurrency, a.conversations, strict=False))
-        results: dict[str, Any] = {"prompt_tokens": work}
+        from rufus.serving.machine import describe
+
+        results: dict[str, Any] = {"cpu": describe(), "prompt_tokens": work}
         print(f"load average at start {os.getloadavg()[0]:.1f} (2 cores)", flush=True)
         for c, n in levels:
             time.sleep(2)  # idle gap: vLLM's CPU worker busy-polls 1 s after its last request

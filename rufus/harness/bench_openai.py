@@ -271,7 +271,10 @@ def table(summary: dict[str, Any]) -> str:
 
 
 def machine() -> str:
-    return f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}"
+    from rufus.serving.machine import describe
+
+    return (f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}, "
+            f"CPU class {describe()['cpu_class']}")
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ from rufus.qp.client import PlanResponse, plan
 from rufus.qp.plan import load_eval
 from rufus.qp.tooling.evaluate import Prediction, score
 from rufus.qp.tooling.lossless import LOGPROBS_K, NEAR_TIE_NATS, compare
+from rufus.serving import machine
 
 MODEL = "rufus_qp_medusa"
 OVERRIDE = "RUFUS_RUFUS_QP_MEDUSA_ENGINE_ARGS"
@@ -76,7 +77,10 @@ def summary(rs: list[PlanResponse]) -> dict[str, float]:
     toks = sum(len(r.token_ids) for r in rs)
     return {"n": len(rs), "p50_ms": pct(lat, 0.5) * 1e3, "p99_ms": pct(lat, 0.99) * 1e3,
             "mean_ms": statistics.mean(lat) * 1e3, "tokens_per_s": toks / sum(lat),
-            "mean_tokens": toks / len(rs)}
+            "mean_tokens": toks / len(rs),
+            # the tail's shape: is it long plans or slow passes (latency ms, plan tokens)
+            "slowest": sorted(((round(r.latency * 1e3), len(r.token_ids)) for r in rs),
+                              reverse=True)[:5]}
 
 
 _clients = threading.local()
@@ -207,6 +211,7 @@ def run(a: Any) -> dict[str, Any]:
     result: dict[str, Any] = {
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}",
+        "cpu": machine.describe(),
         "load_average_at_end": os.getloadavg(),
         "dtype": a.dtype, "rounds": a.rounds, "questions": len(rows), "medusa_args": mine,
         "rufus_llm_loaded": not a.qp_only,
