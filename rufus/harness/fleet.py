@@ -164,6 +164,8 @@ class Fleet:
     models: list[str] = field(default_factory=lambda: [MODEL])
     stats_port: int | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
+    # single-node units: each unit's process tree confined to one core (:meth:`_unit_cpus`)
+    pin_units: bool = True
     units: list[FleetUnit] = field(default_factory=list)
     haproxy: HAProxy | None = None
 
@@ -201,6 +203,16 @@ class Fleet:
             env.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(i % ncpu) if ncpu > 1 else "auto")
         return env
 
+    def _unit_cpus(self, i: int) -> tuple[int, ...] | None:
+        """A single-node unit's whole process tree on its own core (its planner too, not
+        only vLLM's worker), as a host of its own would be: otherwise the planner's threads
+        follow idle cores into the other unit's and stall behind its busy-polling engine
+        (plans of 3-6 s at a 1 s median, docs/benchmarks.md "Conversation affinity")."""
+        cpus = sorted(os.sched_getaffinity(0))
+        if not self.pin_units or self.nnodes != 1 or len(cpus) < 2:
+            return None
+        return (cpus[i % len(cpus)],)
+
     def start(self) -> Fleet:
         """Start units (their supervisors), agents and HAProxy; returns at once."""
         args = dict(self.engine_args)
@@ -216,7 +228,8 @@ class Fleet:
                 grpc_port=ports.grpc, http_port=ports.http, metrics_port=ports.metrics,
                 leader_port=ports.leader, control_port=ports.control,
                 health_ports=[ports.follower_health + r for r in range(self.nnodes - 1)],
-                extra_env=self._unit_env(i), bind_cores=self.nnodes > 1)
+                extra_env=self._unit_env(i), bind_cores=self.nnodes > 1,
+                leader_cpus=self._unit_cpus(i))
             fu = FleetUnit(i, unit, Supervisor(unit, start_timeout=900, drain_s=10), ports)
             self.units.append(fu)
             fu.sup.start()

@@ -122,6 +122,8 @@ class LocalUnit:
     health_ports: list[int] = field(default_factory=list)
     extra_env: dict[str, str] = field(default_factory=dict)
     bind_cores: bool = True
+    # cores the leader's tritonserver and its children may use (None: all)
+    leader_cpus: tuple[int, ...] | None = None
     # models the leader loads (rufus_llm spans every node; the planner runs on the leader)
     models: list[str] = field(default_factory=lambda: [MODEL])
     # the control channel's shared secret (every node gets the same; SECURITY.md)
@@ -188,7 +190,7 @@ class LocalUnit:
         self.leader = TritonServer(
             models=list(self.models), grpc_port=self.grpc_port, http_port=self.http_port,
             metrics_port=self.metrics_port, extra_env=self.node_env(0),
-            log_path=self.log_dir / "rig-leader.log")
+            log_path=self.log_dir / "rig-leader.log", cpus=self.leader_cpus)
         self.leader.start()
         for rank in range(1, self.nnodes):
             self.followers[rank] = self.start_follower(rank)

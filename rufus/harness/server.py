@@ -26,7 +26,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -90,6 +90,18 @@ def die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except OSError:
         pass
+
+
+def child_setup(cpus: tuple[int, ...] | None) -> Callable[[], None]:
+    """preexec_fn: :func:`die_with_parent`, and with ``cpus`` the server and every process it
+    starts (model stubs, vLLM engine cores) confined to those cores: one host's share of
+    this machine when several "hosts" (a local fleet's units) share it."""
+    def setup() -> None:
+        die_with_parent()
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+
+    return setup
 
 
 # Watches the process that started a tritonserver; when that process is gone (a test run
@@ -159,6 +171,8 @@ class TritonServer:
     admin_key: str = field(default_factory=admin_key_from_env, repr=False)
     # per start: one file per model whose initialize() returned (INIT_MARKERS_ENV)
     markers: Path | None = None
+    # cores the server and its children may run on (None: all; rufus.harness.fleet)
+    cpus: tuple[int, ...] | None = None
 
     def admin_headers(self, protocol: str = "grpc") -> dict[str, str]:
         """Headers that open the restricted APIs (tritonclient ``headers=``)."""
@@ -223,7 +237,7 @@ class TritonServer:
         self.proc = subprocess.Popen(
             self.command(reveal_key=True), env=self.environment(), stdout=out or None,
             stderr=subprocess.STDOUT if out else None, start_new_session=True,
-            preexec_fn=die_with_parent,
+            preexec_fn=child_setup(self.cpus),
         )
         self.reaper = start_reaper(self.proc.pid)
         return self

@@ -4,6 +4,9 @@ that sends each prompt's answer length, and pooling phases into the LOR-vs-RR ba
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -82,3 +85,24 @@ def test_affinity_difference_interval_brackets_a_real_shift_and_zero_without_one
     out = compare_arms({"affinity": arm(-0.2), "lor": arm(0.0)})
     assert out["follow_up_first_token_s_p50"]["diff"] == -0.2  # first turns and errors left out
     assert out["follow_up_answer_ttft_s_p50"]["diff"] == 0
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_single_node_units_each_get_one_core_and_their_children_inherit_it(tmp_path):
+    """A local fleet's single-node units are pinned one core each (the planner too), as
+    hosts of their own; multi-node units keep their per-node vLLM binding; a started child
+    (what tritonserver's stubs and engine cores are) runs on the pinned core only."""
+    from rufus.harness.fleet import Fleet
+    from rufus.harness.server import child_setup
+
+    cpus = sorted(os.sched_getaffinity(0))
+    one = Fleet(n_units=2, nnodes=1, log_dir=tmp_path)
+    assert [one._unit_cpus(i) for i in range(3)] == [(cpus[0],), (cpus[1],), (cpus[2 % len(cpus)],)]
+    assert Fleet(n_units=2, nnodes=2, log_dir=tmp_path)._unit_cpus(0) is None
+    assert Fleet(n_units=2, nnodes=1, log_dir=tmp_path, pin_units=False)._unit_cpus(1) is None
+    out = subprocess.run(
+        [sys.executable, "-c", "import os, subprocess, sys; print(sorted(os.sched_getaffinity(0)));"
+         "print(subprocess.run([sys.executable, '-c', 'import os; print(sorted(os.sched_getaffinity(0)))'],"
+         " capture_output=True, text=True).stdout.strip())"],
+        preexec_fn=child_setup((cpus[1],)), capture_output=True, text=True, check=True)
+    assert out.stdout.split() == [f"[{cpus[1]}]", f"[{cpus[1]}]"]
