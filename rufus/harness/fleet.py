@@ -166,6 +166,7 @@ class Fleet:
     extra_env: dict[str, str] = field(default_factory=dict)
     # single-node units: each unit's process tree confined to one core (:meth:`_unit_cpus`)
     pin_units: bool = True
+    first_core: int = 0  # unit i's core: the (first_core + i)-th this process may use
     units: list[FleetUnit] = field(default_factory=list)
     haproxy: HAProxy | None = None
 
@@ -200,7 +201,8 @@ class Fleet:
         if self.nnodes == 1:
             # one core per single-node unit, as separate hosts would have
             ncpu = os.cpu_count() or 1
-            env.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(i % ncpu) if ncpu > 1 else "auto")
+            env.setdefault("VLLM_CPU_OMP_THREADS_BIND",
+                           str((self.first_core + i) % ncpu) if ncpu > 1 else "auto")
         return env
 
     def _unit_cpus(self, i: int) -> tuple[int, ...] | None:
@@ -211,7 +213,7 @@ class Fleet:
         cpus = sorted(os.sched_getaffinity(0))
         if not self.pin_units or self.nnodes != 1 or len(cpus) < 2:
             return None
-        return (cpus[i % len(cpus)],)
+        return (cpus[(self.first_core + i) % len(cpus)],)
 
     def start(self) -> Fleet:
         """Start units (their supervisors), agents and HAProxy; returns at once."""

@@ -122,7 +122,7 @@ class Regions:
             env = {"RUFUS_MODELS": MODEL,
                    "VLLM_CPU_OMP_THREADS_BIND": str(i % ncpu) if ncpu > 1 else "auto"}
             fleet = Fleet(n_units=1, nnodes=1, engine_args=dict(self.engine_args),
-                          log_dir=self.log_dir / f"region-{name}", extra_env=env)
+                          log_dir=self.log_dir / f"region-{name}", extra_env=env, first_core=i)
             self.regions.append(LocalRegion(name, fleet))
             fleet.start()
 

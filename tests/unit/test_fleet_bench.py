@@ -98,6 +98,8 @@ def test_single_node_units_each_get_one_core_and_their_children_inherit_it(tmp_p
     cpus = sorted(os.sched_getaffinity(0))
     one = Fleet(n_units=2, nnodes=1, log_dir=tmp_path)
     assert [one._unit_cpus(i) for i in range(3)] == [(cpus[0],), (cpus[1],), (cpus[2 % len(cpus)],)]
+    # one-unit fleets side by side (rufus.harness.regions: a region each) take turns
+    assert Fleet(n_units=1, nnodes=1, log_dir=tmp_path, first_core=1)._unit_cpus(0) == (cpus[1],)
     assert Fleet(n_units=2, nnodes=2, log_dir=tmp_path)._unit_cpus(0) is None
     assert Fleet(n_units=2, nnodes=1, log_dir=tmp_path, pin_units=False)._unit_cpus(1) is None
     out = subprocess.run(
