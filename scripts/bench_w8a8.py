@@ -66,8 +66,10 @@ def cmd_engine(a: argparse.Namespace) -> None:
     from vllm.inputs import TokensPrompt
 
     t0 = time.monotonic()
+    # gpu_memory_utilization as rufus_llm's model.json: vLLM's 0.92 default refuses to start
+    # where less of the NUMA node is free (seen on a 2-core AMX VM)
     llm = LLM(model=a.model, dtype=a.dtype, max_model_len=512, enable_prefix_caching=False,
-              max_num_seqs=16, seed=0)
+              max_num_seqs=16, seed=0, gpu_memory_utilization=0.85)
     load_s = time.monotonic() - t0
     say(f"engine up in {load_s:.0f} s")
     tok = llm.get_tokenizer()

@@ -1,6 +1,6 @@
 """Conversation affinity vs least outstanding requests on a local fleet, in one run.
 
-Two single-node units (rufus_llm + the planner each, one core each for vLLM), their agents
+Two single-node units (rufus_llm + the planner each, one core each: the whole unit), their agents
 and HAProxy (rufus/harness/fleet.py). The shopping assistant runs in this process, as the
 OpenAI frontend runs it (rufus/frontend/assistant_hook.py): each turn sends a plan request,
 an answer-prefix prefill and the answer request through the ingress. Multi-turn
@@ -18,7 +18,7 @@ turns, and vLLM's prefix-cache hit rate over both units (``vllm:prefix_cache_*_t
 deltas per block). Then a hot-key phase: many concurrent conversations share one key; HAProxy's
 ``scur`` per unit is sampled to show that no unit goes above the balance factor's bound.
 
-    python scripts/affinity_bench.py                  # ~10 minutes on 2 cores
+    python scripts/affinity_bench.py                  # ~8 minutes on 2 cores (cached engines)
     python scripts/affinity_bench.py --blocks 2 --conversations 4   # a quick look
 """
 
@@ -260,8 +260,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--conversations", type=int, default=8, help="conversations per block")
     ap.add_argument("--concurrency", type=int, default=4, help="conversations at a time")
     ap.add_argument("--turns", type=int, default=4, help="turns per conversation (max 4)")
-    ap.add_argument("--blocks", type=int, default=4, help="blocks, alternating ABBA")
-    ap.add_argument("--max-tokens", type=int, default=48, help="answer tokens per turn")
+    ap.add_argument("--blocks", type=int, default=8, help="blocks, alternating ABBA")
+    ap.add_argument("--max-tokens", type=int, default=160,
+                    help="answer tokens per turn (the assistant's own answer length; the "
+                         "history a follow-up carries grows with it)")
     ap.add_argument("--hot-conversations", type=int, default=8)
     ap.add_argument("--log-dir", default=os.path.join(tempfile.gettempdir(), "rufus-affinity"))
     ap.add_argument("--out", default="bench-results/affinity-bench.json")
