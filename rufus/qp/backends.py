@@ -140,7 +140,7 @@ def _check_dtype(args: dict[str, Any], backend: str, dtypes: Any) -> None:
     dtype = str(args.get("dtype", "bfloat16"))
     if dtype not in dtypes:
         raise ConfigError(f"dtype {dtype!r} is not supported by qp_backend {backend}: use one "
-                          f"of {', '.join(dtypes)} (int8: int8 weight-only, bf16 activations)")
+                          f"of {', '.join(dtypes)} (int8: int8 weight-only)")
 
 
 @dataclass

@@ -9,11 +9,13 @@ prefill, a one-token decode step, a 16-token verification pass; one thread, as s
 picks, per workload, the dtype with the lower cost:
 
 * ``answer`` (rufus_llm): one prefill + 32 decode steps (a prompt and the start of an answer);
-* ``planner`` (rufus_qp_medusa): one prefill + 8 verification passes (a plan's tree passes).
+* ``planner`` (rufus_qp_medusa): one prefill + 8 verification passes (a plan's tree passes);
+  once the planner's Medusa tree is grown for each dtype on this machine's costs,
+  :func:`planner_choice` decides instead (modelled time per plan with that dtype's tree).
 
 The result is cached per CPU (:func:`rufus.serving.machine.cpu_key`) and model (its build stamp), so a
 new CPU class or a rebuilt model is measured again, and written where an operator reads it:
-``$RUFUS_CACHE_DIR/precision/<cpu key>/<model>-<fingerprint>.json``. A start with no
+``$RUFUS_CACHE_DIR/precision/<cpu key>/<model>-<fingerprint>-m<MEASUREMENT>.json``. A start with no
 measurement (setup not run on this machine) falls back to the rule the measurements give on
 the classes seen so far (bf16 where native, else fp32) and says so. A concrete ``dtype`` in
 model.json or ``RUFUS_<MODEL>_ENGINE_ARGS`` is used as given.
@@ -37,9 +39,9 @@ from rufus.serving.config import cache_dir, default_model_dir
 log = logging.getLogger("rufus.serving.precision")
 
 MEASURED = "measured"
-# "int8": int8 weight-only with bf16 activations, served by the planner's own forward pass
-# (rufus/qp/decoder/torch_llama.py); vLLM on CPU has no int8 weight-only kernel, so it is not
-# a candidate for the answer model.
+# "int8": int8 weight-only, served by the planner's own forward pass and kernel
+# (rufus/qp/decoder/torch_llama.py, int8_kernel.py); vLLM on CPU has no int8 weight-only
+# kernel, so it is not a candidate for the answer model.
 CANDIDATES = ("bfloat16", "float32", "int8")
 WORKLOAD_CANDIDATES: dict[str, tuple[str, ...]] = {
     "answer": ("bfloat16", "float32"),
@@ -54,6 +56,10 @@ WORKLOADS: dict[str, dict[str, float]] = {
 PASSES: dict[str, tuple[int, int, int]] = {
     "prefill": (128, 0, 2), "decode": (1, 128, 8), "verify": (16, 128, 4)}
 STAMPS = ("rufus-build.json", "rufus-qp-build.json", "config.json")
+# Bumped when what is measured changes (a new candidate or kernel), so every machine measures
+# again instead of serving a choice made without it. 2: int8 through our own kernel
+# (rufus/qp/decoder/int8_kernel.py).
+MEASUREMENT = 2
 
 
 def model_fingerprint(model_dir: str | Path) -> str:
@@ -69,7 +75,7 @@ def model_fingerprint(model_dir: str | Path) -> str:
 def choice_path(model_dir: str | Path, env: Mapping[str, str] | None = None) -> Path:
     d = Path(model_dir)
     return (cache_dir(env) / "precision" / machine.cpu_key(machine.this_cpu(env))
-            / f"{d.name}-{model_fingerprint(d)}.json")
+            / f"{d.name}-{model_fingerprint(d)}-m{MEASUREMENT}.json")
 
 
 def choose(costs: Mapping[str, Mapping[str, float]]) -> dict[str, str]:
@@ -80,6 +86,28 @@ def choose(costs: Mapping[str, Mapping[str, float]]) -> dict[str, str]:
                  for dt in WORKLOAD_CANDIDATES[workload] if dt in costs}
         out[workload] = min(total, key=total.__getitem__)
     return out
+
+
+# The planner's choice, once its trees are grown on this machine's pass costs: the dtype with
+# the lowest modelled time per plan (a question's prefill after the reused prompt prefix, about
+# a quarter of the 128-token pass, plus a mean plan's tree steps): a dtype whose passes are
+# cheap but whose tree stays short can lose to one with a wider tree, and the other way round.
+PLAN_TOKENS = 38  # the mean plan on the 263-question eval set
+PLAN_PREFILL_SHARE = 0.25
+
+
+def planner_choice(costs: Mapping[str, Mapping[str, float]],
+                   trees: Mapping[str, Mapping[str, Any]]) -> tuple[str, dict[str, float]]:
+    """(dtype, modelled ms per plan for each dtype) from pass costs and grown trees."""
+    from rufus.qp.tooling.tree import interpolate_cost
+
+    modelled = {}
+    for dt, t in trees.items():
+        step = interpolate_cost({int(n): ms / 1e3 for n, ms in t["verify_cost_ms"].items()})
+        per_step = step(len(t["medusa_tree"]) + 1)
+        modelled[dt] = round(1e3 * (PLAN_PREFILL_SHARE * costs[dt]["prefill"] + PLAN_TOKENS
+                                    / float(t["expected_tokens_per_step"]) * per_step), 1)
+    return min(modelled, key=modelled.__getitem__), modelled
 
 
 def rule(flags: set[str]) -> str:
@@ -185,6 +213,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[precision {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
     say(f"this CPU: {machine.describe()}")
+    def planner_extra(r: dict[str, Any], d: Path) -> dict[str, Any]:
+        trees = machine_trees(d, r["seconds_per_pass"], a.threads, say)
+        best, modelled = planner_choice(r["seconds_per_pass"], trees["planner_trees"])
+        say(f"{d.name}: modelled ms per plan {modelled}")
+        return {**trees, "planner_modelled_ms_per_plan": modelled,
+                "choice": {**r["choice"], "planner": best}}
+
     for d in a.model_dirs:
         path = choice_path(d)
         if path.is_file() and not a.force:
@@ -192,8 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         planner = d.resolve() == planner_dir.resolve()
         # the answer model serves through vLLM: only the dtypes vLLM can run are timed
         res = measure_and_store(d, a.threads, a.force, say, (
-            lambda r, d=d: machine_trees(d, r["seconds_per_pass"], a.threads, say))
-            if planner else None,
+            lambda r, d=d: planner_extra(r, d)) if planner else None,
             WORKLOAD_CANDIDATES["planner" if planner else "answer"])
         say(f"{d.name}: choice {res['choice']} (measured in {res.get('took_s', 0)} s; {path})")
     return 0

@@ -128,3 +128,26 @@ def test_machine_trees_and_the_served_tree(tmp_path, tiny, monkeypatch):
         got = measured_tree({"model": str(tiny), "dtype": dtype})
         assert got == {"medusa_tree": paths, "medusa_speculation_length": len(paths) + 1}
         assert served_tree(mj, version, str(tiny), dtype) == paths
+
+
+def _tree(nodes: int, tokens: float, costs_ms: dict[int, float]) -> dict:
+    return {"medusa_tree": [[0] * (i + 1) for i in range(nodes)],
+            "expected_tokens_per_step": tokens, "verify_cost_ms": costs_ms}
+
+
+def test_planner_choice_weighs_each_dtypes_tree():
+    """Fake timings: int8 has the cheapest one-token pass but its cost grows fast with width,
+    so its tree is short; bf16's flat cost curve buys a wide tree and wins per plan. The
+    pass-cost rule alone (prefill + 8 x verify(16)) would have said the same here; the tree
+    model also flips when bf16's wide pass gets dearer."""
+    costs = {"bfloat16": {"prefill": 0.09, "decode": 0.036, "verify": 0.041},
+             "int8": {"prefill": 0.38, "decode": 0.020, "verify": 0.055}}
+    trees = {"bfloat16": _tree(12, 4.7, {1: 36, 16: 40, 32: 60}),
+             "int8": _tree(4, 3.5, {1: 20, 2: 22, 4: 25, 8: 34, 16: 55})}
+    best, modelled = precision.planner_choice(costs, trees)
+    assert best == "bfloat16" and modelled["bfloat16"] < modelled["int8"]
+    # per plan: a quarter of the 128-token prefill + 38 tokens / tokens per step x step cost
+    assert modelled["int8"] == pytest.approx(
+        1e3 * (0.25 * 0.38 + precision.PLAN_TOKENS / 3.5 * (0.025 + (0.034 - 0.025) / 4)), abs=0.1)
+    trees["bfloat16"] = _tree(12, 4.7, {1: 36, 16: 90, 32: 150})
+    assert precision.planner_choice(costs, trees)[0] == "int8"

@@ -28,7 +28,8 @@ from rufus.env import env_int
 log = logging.getLogger("rufus.qp.torch")
 
 # dtype name -> the activation (and KV-cache) dtype. "int8" is int8 weight-only: every linear
-# weight int8 per output channel (:func:`quantize_int8`), activations in bf16.
+# weight int8 per output channel (:func:`quantize_int8`), activations in float32 through our
+# kernel where it builds (:func:`int8_activations`), else bf16 (PyTorch's op).
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16,
           "int8": torch.bfloat16}
 FP32_PACK_ROWS = 8  # oneDNN blocking hint: the few-row verification passes
@@ -94,14 +95,31 @@ def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8), scale
 
 
-def _int8_linear(w: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
-    """``x -> x @ w.T`` with ``w`` int8 weight-only (:func:`quantize_int8`); ``x`` bf16.
+def int8_activations() -> torch.dtype:
+    """The activation dtype of ``int8`` on this CPU: float32 through our kernel
+    (:mod:`rufus.qp.decoder.int8_kernel`) where it builds, else bf16 for PyTorch's op."""
+    from rufus.qp.decoder import int8_kernel
 
-    ``aten._weight_int8pack_mm`` (bf16 activations only: with fp32 the op is many times
-    slower on CPU), else
-    (op missing, or it fails a probe at build time) the dequantized bf16 weight through
-    :func:`_packed_linear`: the same values, without the memory or speed saving."""
+    return torch.float32 if int8_kernel.load() is not None else torch.bfloat16
+
+
+def _int8_linear(w: torch.Tensor, activations: torch.dtype = torch.bfloat16
+                 ) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``x -> x @ w.T`` with ``w`` int8 weight-only (:func:`quantize_int8`).
+
+    float32 ``activations``: our kernel (:mod:`rufus.qp.decoder.int8_kernel`; weights
+    converted in registers, nothing emulated). bf16: ``aten._weight_int8pack_mm`` (bf16
+    activations only: with fp32 the op is many times slower on CPU), else (op missing, or it
+    fails a probe at build time) the dequantized bf16 weight through :func:`_packed_linear`:
+    the same values, without the memory or speed saving."""
     q, scale = quantize_int8(w)
+    if activations == torch.float32:
+        from rufus.qp.decoder import int8_kernel
+
+        kernel = int8_kernel.load()
+        if kernel is not None and int8_kernel.supports(q.shape[1], kernel[1]):
+            return int8_kernel.linear(q, scale, kernel)
+        return lambda x: F.linear(x, q.float() * scale[:, None])  # same values, no saving
     s = scale.to(torch.bfloat16)
     if not _int8_op_failed:
         try:
@@ -123,7 +141,8 @@ def _int8_linear(w: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
 def _linear_for(weights: str) -> Callable[[torch.Tensor], Any]:
     """The linear-layer builder for a dtype name (weights given in any float dtype)."""
     if weights == "int8":
-        return _int8_linear
+        act = int8_activations()
+        return lambda w: _int8_linear(w, act)
     dt = DTYPES[weights]
     return lambda w: _packed_linear(w.to(dt).contiguous())
 
@@ -159,7 +178,8 @@ class TorchLlama:
         arch = (cfg.get("architectures") or ["?"])[0]
         if cfg.get("model_type") != "llama":
             raise ValueError(f"{model_dir}: torch planner path supports Llama models, got {arch}")
-        self.dtype = DTYPES[check_dtype(dtype)]  # activations, norms, KV cache
+        # activations, norms, KV cache (int8: float32 where our kernel runs)
+        self.dtype = int8_activations() if check_dtype(dtype) == "int8" else DTYPES[dtype]
         self.weights = dtype  # linear weights: "int8" = int8 weight-only
         self.max_len = max_len
         self.hidden = int(cfg["hidden_size"])

@@ -1,0 +1,163 @@
+"""The planner's int8 weight-only matmul on CPUs without native bf16: our own small kernel.
+
+Why our own: PyTorch's CPU int8 weight-only op (``aten._weight_int8pack_mm``) takes bf16
+activations (with fp32 ones it is many times slower), and bf16 arithmetic is emulated on CPUs
+without ``avx512_bf16``; oneDNN's fp32 matmul reads four bytes per weight. The planner's passes
+are one row (decode) or a few rows (Medusa verification) at batch 1, bound by the bytes of
+weights read, so ``w8_linear.cpp`` reads int8 weights packed as one sequential stream,
+converts them to float32 in registers and accumulates in float32 (docs/benchmarks.md has the
+measurements against fp32, bf16 and PyTorch's op per CPU class).
+
+It is compiled here, once per CPU class, with the machine's C++ compiler (the same ``g++``
+torch's inductor needs), into ``$RUFUS_COMPILE_CACHE_DIR/<cpu key>/kernels/`` next to the
+other compiled caches, and loaded with ctypes (no torch headers: a build takes about a
+second). The instruction set follows :func:`rufus.serving.machine.this_cpu`, so
+``ATEN_CPU_CAPABILITY=avx2`` builds the AVX2 variant on a bigger CPU. Where it cannot be
+built (no compiler, no AVX2, not x86) :func:`load` returns None with the reason logged, and
+the planner's ``int8`` keeps PyTorch's op.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import torch
+
+from rufus.serving import machine
+from rufus.serving.config import cache_dir
+
+log = logging.getLogger("rufus.qp.int8_kernel")
+
+SOURCE = Path(__file__).with_name("w8_linear.cpp")
+GROUP = 4  # weight rows per packed group (w8_linear.cpp's G)
+ISA_FLAGS = {
+    "avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma"],
+    "avx2": ["-mavx2", "-mfma"],
+}
+_loaded: dict[str, tuple[Callable[..., None], int] | None] = {}
+_why_not: dict[str, str] = {}
+
+
+def isa(flags: set[str]) -> str | None:
+    """The kernel variant for these (effective) CPU flags, or None."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return None
+    if {"avx512f", "avx512bw", "avx512vl"} <= flags:
+        return "avx512"
+    if {"avx2", "fma"} <= flags:
+        return "avx2"
+    return None
+
+
+def library_path(variant: str, env: Mapping[str, str] | None = None) -> Path:
+    """Where the compiled kernel for ``variant`` lives (keyed by CPU and source)."""
+    env = os.environ if env is None else env
+    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(ISA_FLAGS[variant]).encode()
+                            ).hexdigest()[:12]
+    root = Path(env.get("RUFUS_COMPILE_CACHE_DIR") or cache_dir(env) / "compile").expanduser()
+    return root / machine.cpu_key(machine.this_cpu(env)) / "kernels" / f"w8_linear-{variant}-{digest}.so"
+
+
+def build(variant: str, out: Path) -> None:
+    """Compile ``w8_linear.cpp`` for ``variant`` into ``out`` (atomically: a concurrent
+    start never loads a half-written library)."""
+    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if not cxx:
+        raise RuntimeError("no C++ compiler (g++) on PATH")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+    os.close(fd)
+    cmd = [cxx, "-std=c++17", "-O3", "-fopenmp", "-shared", "-fPIC", *ISA_FLAGS[variant],
+           str(SOURCE), "-o", tmp]
+    try:
+        res = subprocess.run(cmd, capture_output=True, encoding="utf-8", errors="replace",
+                             timeout=120, check=False)
+        if res.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd[:2])} failed: {res.stderr.strip()[-300:]}")
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def load(env: Mapping[str, str] | None = None) -> tuple[Callable[..., None], int] | None:
+    """``(w8_linear, vector width)`` for this CPU, built on first use; None (reason logged
+    once, :func:`unavailable_reason`) where it cannot be built or loaded."""
+    flags = machine.this_cpu(env)
+    variant = isa(flags)
+    key = variant or "none"
+    if key in _loaded:
+        return _loaded[key]
+    _loaded[key] = None
+    if variant is None:
+        _why_not[key] = f"no kernel for this CPU ({machine.cpu_class(flags)})"
+        return None
+    path = library_path(variant, env)
+    try:
+        if not path.is_file():
+            log.info("building the int8 kernel (%s) into %s", variant, path)
+            build(variant, path)
+        lib = ctypes.CDLL(str(path))
+        fn = lib.w8_linear
+        fn.restype = None
+        fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+        width = int(lib.w8_vector_width())
+    except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as exc:
+        _why_not[key] = f"{type(exc).__name__}: {exc}"
+        log.warning("int8 kernel unavailable (%s): the planner's int8 uses PyTorch's op",
+                    _why_not[key])
+        return None
+    _loaded[key] = (fn, width)
+    log.info("int8 weight-only matmul: rufus's %s kernel (%s)", variant, path)
+    return _loaded[key]
+
+
+def unavailable_reason(env: Mapping[str, str] | None = None) -> str | None:
+    """Why :func:`load` returned None, or None if it loaded (or was not tried)."""
+    return _why_not.get(isa(machine.this_cpu(env)) or "none")
+
+
+def pack(q: torch.Tensor, width: int) -> torch.Tensor:
+    """``q [N, K]`` int8 as the kernel reads it: ``[ceil(N/4), K/width, 4, width]`` (rows
+    padded with zeros to a multiple of 4)."""
+    n, k = q.shape
+    pad = (-n) % GROUP
+    if pad:
+        q = torch.cat([q, q.new_zeros(pad, k)])
+    return (q.view(-1, GROUP, k // width, width).permute(0, 2, 1, 3).contiguous())
+
+
+def supports(k: int, width: int) -> bool:
+    """Whether an input width ``k`` fits the kernel (a multiple of its vector width)."""
+    return k % width == 0
+
+
+def linear(q: torch.Tensor, scale: torch.Tensor, kernel: tuple[Callable[..., None], int]
+           ) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``x -> x @ (q * scale[:, None]).T`` for float32 ``x [..., K]`` through the kernel."""
+    fn, width = kernel
+    n, k = q.shape
+    packed = pack(q, width)
+    s = scale.float().contiguous()
+    qp, sp = packed.data_ptr(), s.data_ptr()
+
+    def mm(x: torch.Tensor) -> torch.Tensor:
+        # hot path (every linear layer of every pass): no checks beyond what keeps the raw
+        # pointers safe; the planner's activations are float32 and contiguous
+        if x.dtype is not torch.float32 or not x.is_contiguous():
+            x = x.float().contiguous()
+        y = torch.empty(*x.shape[:-1], n, dtype=torch.float32)
+        fn(x.data_ptr(), qp, sp, y.data_ptr(), x.numel() // k, n, k, torch.get_num_threads())
+        return y
+
+    mm.keep = (packed, s)  # type: ignore[attr-defined]  # the pointers' owners
+    return mm
