@@ -10,8 +10,8 @@ measurements against fp32, bf16 and PyTorch's op per CPU class).
 
 It is compiled here, once per CPU class, with the machine's C++ compiler (the same ``g++``
 torch's inductor needs), into ``$RUFUS_COMPILE_CACHE_DIR/<cpu key>/kernels/`` next to the
-other compiled caches, and loaded with ctypes (no torch headers: a build takes about a
-second). The instruction set follows :func:`rufus.serving.machine.this_cpu`, so
+other compiled caches, and loaded with ctypes (no torch headers, so a build is quick).
+The instruction set follows :func:`rufus.serving.machine.this_cpu`, so
 ``ATEN_CPU_CAPABILITY=avx2`` builds the AVX2 variant on a bigger CPU. Where it cannot be
 built (no compiler, no AVX2, not x86) :func:`load` returns None with the reason logged, and
 the planner's ``int8`` keeps PyTorch's op.
