@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
 from rufus.serving.config import cache_dir
@@ -30,13 +30,20 @@ CACHE_VARS = {"VLLM_CACHE_ROOT": "vllm", "TORCHINDUCTOR_CACHE_DIR": "inductor",
               "TRITON_CACHE_DIR": "triton"}
 
 
+def compile_base(env: Mapping[str, str] | None = None, flags: set[str] | None = None) -> Path:
+    """``$RUFUS_COMPILE_CACHE_DIR/<cpu key>``: every compiled artefact of this CPU class
+    (vLLM's, inductor's and Triton's caches below, and the planner's int8 kernel)."""
+    env = os.environ if env is None else env
+    flags = effective_flags(cpu_flags() if flags is None else flags, env)
+    root = env.get("RUFUS_COMPILE_CACHE_DIR") or str(cache_dir(env) / "compile")
+    return Path(root).expanduser() / cpu_key(flags)
+
+
 def compile_dirs(env: MutableMapping[str, str] | None = None,
                  flags: set[str] | None = None) -> dict[str, str]:
     """The cache variables this process should have: the operator's where set, else ours."""
     env = os.environ if env is None else env
-    flags = effective_flags(cpu_flags() if flags is None else flags, env)
-    root = env.get("RUFUS_COMPILE_CACHE_DIR") or str(cache_dir(env) / "compile")
-    base = Path(root).expanduser() / cpu_key(flags)
+    base = compile_base(env, flags)
     return {var: env.get(var) or str(base / sub) for var, sub in CACHE_VARS.items()}
 
 

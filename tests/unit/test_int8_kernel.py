@@ -20,7 +20,7 @@ VARIANTS = [v for v, cap in (("avx512", ""), ("avx2", "avx2"))
 
 @pytest.fixture
 def fresh(monkeypatch: pytest.MonkeyPatch, tmp_path):
-    """An empty kernel cache: each test builds (about a second) and loads its own."""
+    """An empty kernel cache: each test builds and loads its own."""
     monkeypatch.setattr(int8_kernel, "_loaded", {})
     monkeypatch.setattr(int8_kernel, "_why_not", {})
     monkeypatch.setenv("RUFUS_CACHE_DIR", str(tmp_path))

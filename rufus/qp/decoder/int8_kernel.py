@@ -32,8 +32,7 @@ from pathlib import Path
 
 import torch
 
-from rufus.serving import machine
-from rufus.serving.config import cache_dir
+from rufus.serving import caches, machine
 
 log = logging.getLogger("rufus.qp.int8_kernel")
 
@@ -60,11 +59,9 @@ def isa(flags: set[str]) -> str | None:
 
 def library_path(variant: str, env: Mapping[str, str] | None = None) -> Path:
     """Where the compiled kernel for ``variant`` lives (keyed by CPU and source)."""
-    env = os.environ if env is None else env
     digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(ISA_FLAGS[variant]).encode()
                             ).hexdigest()[:12]
-    root = Path(env.get("RUFUS_COMPILE_CACHE_DIR") or cache_dir(env) / "compile").expanduser()
-    return root / machine.cpu_key(machine.this_cpu(env)) / "kernels" / f"w8_linear-{variant}-{digest}.so"
+    return caches.compile_base(env) / "kernels" / f"w8_linear-{variant}-{digest}.so"
 
 
 def build(variant: str, out: Path) -> None:

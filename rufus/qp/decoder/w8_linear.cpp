@@ -6,8 +6,9 @@
 // q is pre-packed by int8_kernel.pack(): groups of 4 weight rows, each group's K split into
 // VW-wide pieces stored one after another ([N/4][K/VW][4][VW]), so a pass reads the weights
 // as one sequential stream (the hardware prefetcher's best case; row-major rows of 576 bytes
-// read four at a time were slower: docs/benchmarks.md). The weights are converted to float32 in registers
-// and accumulated in float32: no bf16 arithmetic, which CPUs without avx512_bf16 emulate.
+// read four at a time were slower: docs/benchmarks.md). The weights are converted to float32
+// in registers and accumulated in float32: no bf16 arithmetic, which CPUs without
+// avx512_bf16 emulate.
 //
 // Compiled per CPU class: -mavx2 -mfma (VW 8) or -mavx512f -mavx512bw -mavx512vl (VW 16).
 // Parallel over weight-row groups with OpenMP; linked against the libgomp torch has loaded,
