@@ -58,8 +58,9 @@ PASSES: dict[str, tuple[int, int, int]] = {
 STAMPS = ("rufus-build.json", "rufus-qp-build.json", "config.json")
 # Bumped when what is measured changes (a new candidate or kernel), so every machine measures
 # again instead of serving a choice made without it. 2: int8 through our own kernel
-# (rufus/qp/decoder/int8_kernel.py).
-MEASUREMENT = 2
+# (rufus/qp/decoder/int8_kernel.py). 3: int8 passes of few rows through the fused stack
+# (torch_llama._FusedStack).
+MEASUREMENT = 3
 
 
 def model_fingerprint(model_dir: str | Path) -> str:

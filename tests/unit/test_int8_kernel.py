@@ -23,6 +23,7 @@ def fresh(monkeypatch: pytest.MonkeyPatch, tmp_path):
     """An empty kernel cache: each test builds and loads its own."""
     monkeypatch.setattr(int8_kernel, "_loaded", {})
     monkeypatch.setattr(int8_kernel, "_why_not", {})
+    monkeypatch.setattr(int8_kernel, "_forward", {})
     monkeypatch.setenv("RUFUS_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("RUFUS_COMPILE_CACHE_DIR", raising=False)
     return tmp_path

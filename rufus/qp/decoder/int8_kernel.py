@@ -43,6 +43,8 @@ ISA_FLAGS = {
     "avx2": ["-mavx2", "-mfma"],
 }
 _loaded: dict[str, tuple[Callable[..., None], int] | None] = {}
+_forward: dict[str, tuple[Callable[..., None], Callable[[int], int]]] = {}  # w8_forward,
+# w8_head_supported per variant
 _why_not: dict[str, str] = {}
 
 
@@ -108,14 +110,34 @@ def load(env: Mapping[str, str] | None = None) -> tuple[Callable[..., None], int
         fn.restype = None
         fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
         width = int(lib.w8_vector_width())
+        fwd = lib.w8_forward
+        fwd.restype = None
+        fwd.argtypes = ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+                         ctypes.c_float] + [ctypes.c_void_p] * 4
+                        + [ctypes.c_int64] + [ctypes.c_void_p] * 3 + [ctypes.c_int])
+        head_ok = lib.w8_head_supported
+        head_ok.restype = ctypes.c_int
+        head_ok.argtypes = [ctypes.c_int64]
     except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as exc:
         _why_not[key] = f"{type(exc).__name__}: {exc}"
         log.warning("int8 kernel unavailable (%s): the planner's int8 uses PyTorch's op",
                     _why_not[key])
         return None
     _loaded[key] = (fn, width)
+    _forward[key] = (fwd, head_ok)
     log.info("int8 weight-only matmul: rufus's %s kernel (%s)", variant, path)
     return _loaded[key]
+
+
+def forward_fn(head_dim: int, env: Mapping[str, str] | None = None
+               ) -> Callable[..., None] | None:
+    """The loaded library's ``w8_forward`` (every decoder layer of a pass in one call; see
+    ``w8_linear.cpp``) if it takes heads of ``head_dim``, else None (also where :func:`load`
+    returns None)."""
+    if load(env) is None:
+        return None
+    fwd = _forward.get(isa(machine.this_cpu(env)) or "none")
+    return fwd[0] if fwd is not None and fwd[1](head_dim) else None
 
 
 def unavailable_reason(env: Mapping[str, str] | None = None) -> str | None:

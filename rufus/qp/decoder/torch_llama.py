@@ -33,6 +33,10 @@ log = logging.getLogger("rufus.qp.torch")
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16,
           "int8": torch.bfloat16}
 FP32_PACK_ROWS = 8  # oneDNN blocking hint: the few-row verification passes
+# Passes of at most this many rows run through the fused int8 stack (:class:`_FusedStack`);
+# longer ones (prefills) op by op, whose attention (PyTorch's fused kernel) is faster there
+# (the crossover measured: docs/benchmarks.md).
+FUSED_MAX_ROWS = 32
 _int8_op_failed: list[str] = []  # why _weight_int8pack_mm is not used (logged once)
 
 
@@ -183,6 +187,7 @@ class TorchLlama:
         self.weights = dtype  # linear weights: "int8" = int8 weight-only
         self.max_len = max_len
         self.hidden = int(cfg["hidden_size"])
+        self.inter = int(cfg["intermediate_size"])
         self.n_layers = int(cfg["num_hidden_layers"])
         self.nq = int(cfg["num_attention_heads"])
         self.nkv = int(cfg.get("num_key_value_heads", self.nq))
@@ -227,6 +232,12 @@ class TorchLlama:
         self.slots = slots
         self.cache = torch.zeros(self.n_layers, 2, self.nkv, slots * max_len, self.hd,
                                  dtype=self.dtype)
+        self._fused = _FusedStack.of(self) if dtype == "int8" else None
+
+    @property
+    def fused(self) -> bool:
+        """Whether passes run every layer in one call of our kernel (:class:`_FusedStack`)."""
+        return self._fused is not None
 
     def forward(self, ids: torch.Tensor, pos: torch.Tensor, start: int,
                 mask: torch.Tensor | None, slot: int = 0) -> torch.Tensor:
@@ -246,14 +257,16 @@ class TorchLlama:
         scale = hd ** -0.5
         spans = []  # (first row, rows, region start, write start, end, bias, sdpa mask)
         row = 0
+        fused = (self._fused is not None
+                 and sum(sg.ids.shape[0] for sg in segs) <= FUSED_MAX_ROWS)
         for sg in segs:
             n = sg.ids.shape[0]
             end = sg.start + n
             if end > self.max_len or not 0 <= sg.slot < self.slots:
                 raise ValueError(f"sequence of {end} tokens exceeds the cache ({self.max_len}) "
                                  f"or slot {sg.slot} is not in 0..{self.slots - 1}")
-            bias = None if sg.mask is None else torch.zeros(sg.mask.shape).masked_fill_(
-                ~sg.mask, float("-inf"))
+            bias = None if sg.mask is None or fused else torch.zeros(
+                sg.mask.shape).masked_fill_(~sg.mask, float("-inf"))
             spans.append((row, n, sg.slot * self.max_len, sg.start, end, bias,
                           None if sg.mask is None else sg.mask[None, None]))
             row += n
@@ -262,6 +275,9 @@ class TorchLlama:
         else:
             ids, pos = torch.cat([sg.ids for sg in segs]), torch.cat([sg.pos for sg in segs])
         rows = row
+        if fused:
+            x = self._fused(self.embed[ids], pos, segs, spans)
+            return F.rms_norm(x, (self.hidden,), self.norm, self.eps)
         x = self.embed[ids]
         cos, sin = self.cos[pos], self.sin[pos]
         for i, lw in enumerate(self.layers):
@@ -310,6 +326,76 @@ class TorchLlama:
         idx = torch.tensor(src) + base
         self.cache[:, :, :, base + dst_start: base + dst_start + len(src)] = \
             self.cache[:, :, :, idx]
+
+
+class _FusedStack:
+    """Every decoder layer of a pass in one call of ``w8_forward`` (rufus/qp/decoder/
+    w8_linear.cpp): int8 weights through our kernel, float32 everywhere else.
+
+    Why: at the planner's few rows per pass, PyTorch's ~50 small ops per layer (norms,
+    rotary, attention, residuals, each with its dispatch and allocation) cost about as much
+    as reading the weights (docs/benchmarks.md). Same contract as the op-by-op pass it
+    replaces: each row's result depends only on its own tokens and the keys it may see
+    (the kernel sums over the visible keys only, in slot order), so tree verification
+    reproduces one-row greedy decoding. Passes of more than :data:`FUSED_MAX_ROWS` rows
+    (prefills) stay op by op; ``RUFUS_QP_FUSED=0`` keeps every pass op by op.
+    """
+
+    FIELDS = ("qkv", "o", "gate_up", "down")
+
+    def __init__(self, fn: Callable[..., None], model: TorchLlama, ptrs: list[int]) -> None:
+        self.fn = fn
+        self.model = model
+        self.ptrs = torch.tensor(ptrs, dtype=torch.int64)
+        self.dims = torch.tensor([model.hidden, model.nq, model.nkv, model.hd, model.inter,
+                                  model.slots * model.max_len], dtype=torch.int64)
+
+    @classmethod
+    def of(cls, model: TorchLlama) -> _FusedStack | None:
+        """The fused stack for ``model`` (int8 through our kernel), or None where it does not
+        apply: the kernel did not load, a width is not a multiple of its vector width, or
+        ``RUFUS_QP_FUSED=0``."""
+        from rufus.qp.decoder import int8_kernel
+
+        if model.dtype != torch.float32 or not env_int("RUFUS_QP_FUSED", 1, minimum=0,
+                                                       maximum=1):
+            return None
+        kernel, fn = int8_kernel.load(), int8_kernel.forward_fn(model.hd)
+        if kernel is None or fn is None or model.nq % model.nkv:
+            return None
+        if any(v % kernel[1] for v in (model.hidden, model.inter)):
+            return None
+        ptrs: list[int] = []
+        for lw in model.layers:
+            for name in cls.FIELDS:
+                packed = getattr(lw[name], "keep", None)  # int8_kernel.linear's tensors
+                if packed is None:
+                    return None
+                ptrs += [packed[0].data_ptr(), packed[1].data_ptr()]
+            ptrs += [lw["ln1"].data_ptr(), lw["ln2"].data_ptr()]
+        log.info("planner passes: every layer in one call of the int8 kernel")
+        return cls(fn, model, ptrs)
+
+    def __call__(self, x: torch.Tensor, pos: torch.Tensor, segs: list[Segment],
+                 spans: list[tuple[Any, ...]]) -> torch.Tensor:
+        """Hot path: ``x`` (the rows' embeddings, a fresh tensor) through every layer, in
+        place."""
+        m = self.model
+        sp = torch.tensor([v for r0, n, base, start, end, _b, _m in spans
+                           for v in (r0, n, base, start, end)], dtype=torch.int64)
+        masks = [None if sg.mask is None else sg.mask.to(torch.bool).contiguous()
+                 for sg in segs]
+        for k, (_r0, n, _base, _start, end, _b, _m) in zip(masks, spans, strict=True):
+            if k is not None and tuple(k.shape) != (n, end):  # the kernel reads n * end
+                raise ValueError(f"attention mask of shape {tuple(k.shape)}, expected "
+                                 f"({n}, {end})")
+        mp = torch.tensor([0 if k is None else k.data_ptr() for k in masks], dtype=torch.int64)
+        pos = pos.to(torch.int64).contiguous()
+        self.fn(x.data_ptr(), x.shape[0], m.n_layers, self.dims.data_ptr(), m.eps,
+                self.ptrs.data_ptr(), m.cache.data_ptr(), sp.data_ptr(), mp.data_ptr(),
+                len(segs), pos.data_ptr(), m.cos.data_ptr(), m.sin.data_ptr(),
+                torch.get_num_threads())
+        return x
 
 
 class MedusaHeads:

@@ -15,7 +15,11 @@
 // so it shares torch's thread pool.
 #include <immintrin.h>
 #include <stdint.h>
+#include <math.h>
 #include <stdlib.h>
+#include <string.h>
+
+#include <vector>
 
 #if defined(__AVX512F__)
 #define VW 16
@@ -29,6 +33,21 @@ static inline void st_x(float* p, vf v) { _mm512_storeu_ps(p, v); }
 static inline vf fma_(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
 static inline vf zero_() { return _mm512_setzero_ps(); }
 static inline float hsum(vf v) { return _mm512_reduce_add_ps(v); }
+static inline vf set1_(float a) { return _mm512_set1_ps(a); }
+static inline vf mul_(vf a, vf b) { return _mm512_mul_ps(a, b); }
+static inline vf add_(vf a, vf b) { return _mm512_add_ps(a, b); }
+static inline vf sub_(vf a, vf b) { return _mm512_sub_ps(a, b); }
+static inline vf div_(vf a, vf b) { return _mm512_div_ps(a, b); }
+static inline vf max_(vf a, vf b) { return _mm512_max_ps(a, b); }
+static inline vf min_(vf a, vf b) { return _mm512_min_ps(a, b); }
+static inline float hmax(vf v) { return _mm512_reduce_max_ps(v); }
+static inline vf floor_(vf a) {
+  return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+}
+static inline vf pow2i(vf n) {  // 2^n for integral n in float range
+  return _mm512_castsi512_ps(_mm512_slli_epi32(
+      _mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23));
+}
 #elif defined(__AVX2__) && defined(__FMA__)
 #define VW 8
 #define MB_MAX 3
@@ -45,6 +64,24 @@ static inline float hsum(vf v) {
   s = _mm_hadd_ps(s, s);
   s = _mm_hadd_ps(s, s);
   return _mm_cvtss_f32(s);
+}
+static inline vf set1_(float a) { return _mm256_set1_ps(a); }
+static inline vf mul_(vf a, vf b) { return _mm256_mul_ps(a, b); }
+static inline vf add_(vf a, vf b) { return _mm256_add_ps(a, b); }
+static inline vf sub_(vf a, vf b) { return _mm256_sub_ps(a, b); }
+static inline vf div_(vf a, vf b) { return _mm256_div_ps(a, b); }
+static inline vf max_(vf a, vf b) { return _mm256_max_ps(a, b); }
+static inline vf min_(vf a, vf b) { return _mm256_min_ps(a, b); }
+static inline float hmax(vf v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+  return _mm_cvtss_f32(m);
+}
+static inline vf floor_(vf a) { return _mm256_floor_ps(a); }
+static inline vf pow2i(vf n) {  // 2^n for integral n in float range
+  return _mm256_castsi256_ps(_mm256_slli_epi32(
+      _mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23));
 }
 #else
 #error "w8_linear needs AVX2 + FMA or AVX-512"
@@ -115,17 +152,10 @@ static inline void all_rows(const float* x, int64_t M, int64_t K, const W* qg, c
   tail<MB_MAX - 1, W>(M - m, x + m * K, K, qg, s, y + m * N, N, n0);
 }
 
-extern "C" {
-
-// Vector width the packing must use (8 floats for AVX2, 16 for AVX-512).
-int w8_vector_width(void) { return VW; }
-
-// K must be a multiple of VW; qp packed for this VW; N rows of output (the last group
-// may hold padding rows, which are computed and not stored).
-void w8_linear(const float* x, const int8_t* qp, const float* s, float* y, int64_t M,
-               int64_t N, int64_t K, int threads) {
+static void linear(const float* x, const int8_t* qp, const float* s, float* y, int64_t M,
+                   int64_t N, int64_t K, int threads) {
   const int64_t groups = (N + G - 1) / G;
-  if (M <= 2 * MB_MAX) {  // decode and tree verification: convert in registers
+  if (M <= 4 * MB_MAX) {  // decode, tree verification: convert in registers (measured)
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t g = 0; g < groups; g++)
       all_rows<int8_t>(x, M, K, qp + g * G * K, s, y, N, g * G);
@@ -148,5 +178,213 @@ void w8_linear(const float* x, const int8_t* qp, const float* s, float* y, int64
     free(buf);
   }
 }
+
+
+// ---------------------------------------------------------------------------------------
+// The whole decoder stack of one forward pass in one call (w8_forward below): at the
+// planner's few rows per pass, PyTorch's ~50 small ops per layer cost as much as the
+// weights' bytes. Same rule as above: every row's result depends only on that row's tokens
+// and the keys it may see, never on the other rows of the pass or the thread count.
+
+// e^x (Cephes-style range reduction + degree-5 polynomial,
+// about 1 ulp on [-87, 88]; -inf gives 0)
+static inline vf exp_(vf x) {
+  x = max_(min_(x, set1_(88.3762626647949f)), set1_(-88.3762626647949f));
+  vf n = floor_(fma_(x, set1_(1.44269504088896341f), set1_(0.5f)));
+  x = sub_(x, mul_(n, set1_(0.693359375f)));
+  x = sub_(x, mul_(n, set1_(-2.12194440e-4f)));
+  vf y = set1_(1.9875691500E-4f);
+  y = fma_(y, x, set1_(1.3981999507E-3f));
+  y = fma_(y, x, set1_(8.3334519073E-3f));
+  y = fma_(y, x, set1_(4.1665795894E-2f));
+  y = fma_(y, x, set1_(1.6666665459E-1f));
+  y = fma_(y, x, set1_(5.0000001201E-1f));
+  y = fma_(y, mul_(x, x), add_(x, set1_(1.0f)));
+  return mul_(y, pow2i(n));
+}
+
+// out = x / rms(x) * w for one row of H (a multiple of VW) values
+static inline void rms_row(const float* x, const float* w, float* out, int64_t H, float eps) {
+  vf acc = zero_();
+  for (int64_t i = 0; i < H; i += VW) acc = fma_(ld_x(x + i), ld_x(x + i), acc);
+  const vf inv = set1_(1.0f / sqrtf(hsum(acc) / (float)H + eps));
+  for (int64_t i = 0; i < H; i += VW) st_x(out + i, mul_(mul_(ld_x(x + i), inv), ld_x(w + i)));
+}
+
+// rotary embedding of one head in place (rotate-half convention, cos/sin rows of hd values)
+static inline void rope(float* v, const float* c, const float* sn, int64_t hd) {
+  const int64_t h2 = hd / 2;
+  for (int64_t d = 0; d < h2; d++) {
+    const float a = v[d], b = v[d + h2];
+    v[d] = a * c[d] - b * sn[d];
+    v[d + h2] = b * c[d + h2] + a * sn[d + h2];
+  }
+}
+
+struct Dims { int64_t H, nq, nkv, hd, I, S; };
+
+// One query row and head: softmax(q K^T * scale) V over the keys the row may see, taken in
+// slot order. Only visible keys enter the sums, in the same order, so a tree row and the
+// one-row pass that decodes the same tokens see identical lists and compute identical sums.
+// NB = hd / VW vectors per head, held in registers.
+template <int NB>
+static void attend_row(const float* q, const float* kc, const float* vc, int64_t end,
+                       const uint8_t* mrow, float scale, float* out, float* sc, int32_t* idx) {
+  constexpr int64_t hd = NB * VW;
+  int64_t n = 0;
+  for (int64_t j = 0; j < end; j++)
+    if (mrow == nullptr || mrow[j]) idx[n++] = (int32_t)j;
+  vf qv[NB];
+#pragma GCC unroll 16
+  for (int b = 0; b < NB; b++) qv[b] = ld_x(q + b * VW);
+  // scores: a pairwise sum over the head's vectors (short dependency chains)
+  for (int64_t t = 0; t < n; t++) {
+    const float* k = kc + idx[t] * hd;
+    vf part[NB];
+#pragma GCC unroll 16
+    for (int b = 0; b < NB; b++) part[b] = mul_(qv[b], ld_x(k + b * VW));
+#pragma GCC unroll 16
+    for (int w = 1; w < NB; w *= 2)
+#pragma GCC unroll 16
+      for (int b = 0; b + w < NB; b += 2 * w) part[b] = add_(part[b], part[b + w]);
+    sc[t] = hsum(part[0]) * scale;
+  }
+  float m = -INFINITY;
+  for (int64_t t = 0; t < n; t++) m = sc[t] > m ? sc[t] : m;
+  const int64_t np = (n + VW - 1) / VW * VW;
+  for (int64_t t = n; t < np; t++) sc[t] = -INFINITY;
+  vf sum = zero_();
+  const vf mv = set1_(m);
+  for (int64_t t = 0; t < np; t += VW) {
+    const vf e = exp_(sub_(ld_x(sc + t), mv));
+    st_x(sc + t, e);
+    sum = add_(sum, e);
+  }
+  vf o[NB];
+#pragma GCC unroll 16
+  for (int b = 0; b < NB; b++) o[b] = zero_();
+  for (int64_t t = 0; t < n; t++) {
+    const vf p = set1_(sc[t]);
+    const float* v = vc + idx[t] * hd;
+#pragma GCC unroll 16
+    for (int b = 0; b < NB; b++) o[b] = fma_(p, ld_x(v + b * VW), o[b]);
+  }
+  const vf iv = set1_(1.0f / hsum(sum));
+#pragma GCC unroll 16
+  for (int b = 0; b < NB; b++) st_x(out + b * VW, mul_(o[b], iv));
+}
+
+// the head sizes w8_forward takes: 4, 8 or 16 vectors (hd 32..256 with AVX-512, 32..128
+// with AVX2)
+static bool head_supported(int64_t hd) {
+  return hd == 4 * VW || hd == 8 * VW || hd == 16 * VW;
+}
+
+static void attend(const float* q, const float* kc, const float* vc, int64_t end,
+                   const uint8_t* mrow, int64_t hd, float scale, float* out, float* sc,
+                   int32_t* idx) {
+  if (hd == 4 * VW) attend_row<4>(q, kc, vc, end, mrow, scale, out, sc, idx);
+  else if (hd == 8 * VW) attend_row<8>(q, kc, vc, end, mrow, scale, out, sc, idx);
+  else attend_row<16>(q, kc, vc, end, mrow, scale, out, sc, idx);
+}
+
+extern "C" {
+
+// Vector width the packing must use (8 floats for AVX2, 16 for AVX-512).
+int w8_vector_width(void) { return VW; }
+
+// Whether w8_forward takes this head size.
+int w8_head_supported(int64_t hd) { return head_supported(hd) ? 1 : 0; }
+
+// K must be a multiple of VW; qp packed for this VW; N rows of output (the last group
+// may hold padding rows, which are computed and not stored).
+void w8_linear(const float* x, const int8_t* qp, const float* s, float* y, int64_t M,
+               int64_t N, int64_t K, int threads) {
+  linear(x, qp, s, y, M, N, K, threads);
+}
+
+// Every decoder layer of a Llama model over M rows, x [M, H] updated in place (the input
+// is the token embeddings; the output goes to the final norm). Per layer, w holds 10
+// pointers: qkv, qkv scales, o, o scales, gate_up, gate_up scales, down, down scales (packed
+// int8 and float32, as w8_linear takes them), input norm, post-attention norm.
+// dims: H, nq, nkv, hd, I (intermediate), S (cache rows per head: slots * max_len).
+// cache: float32 [L, 2, nkv, S, hd]. Span s (spans[5s..5s+4] = first row, rows, region
+// base, start, end) writes its rows' K/V at base+start.. and attends over base..base+end;
+// masks[s] is its [rows, end] visibility (1 = may attend) or null (every key).
+// pos: M positions; cs, sn: [max_len, hd] rotary tables. H, hd and I multiples of VW.
+void w8_forward(float* x, int64_t M, int64_t L, const int64_t* dims, float eps,
+                const void* const* w, float* cache, const int64_t* spans,
+                const uint8_t* const* masks, int64_t nspans, const int64_t* pos,
+                const float* cs, const float* sn, int threads) {
+  const Dims d{dims[0], dims[1], dims[2], dims[3], dims[4], dims[5]};
+  const int64_t Q = d.nq * d.hd, KV = d.nkv * d.hd, QKV = Q + 2 * KV, g = d.nq / d.nkv;
+  const float scale = 1.0f / sqrtf((float)d.hd);
+  int64_t max_end = 0;
+  for (int64_t s = 0; s < nspans; s++)
+    max_end = spans[5 * s + 4] > max_end ? spans[5 * s + 4] : max_end;
+  // h: norm outputs, o's output, silu(gate) * up; att: attention, down's output
+  std::vector<float> h(M * (d.H > d.I ? d.H : d.I)), qkv(M * QKV), att(M * (Q > d.H ? Q : d.H));
+  std::vector<float> gu(M * 2 * d.I);
+  for (int64_t l = 0; l < L; l++) {
+    const void* const* lw = w + 10 * l;
+    float* kc = cache + (l * 2) * d.nkv * d.S * d.hd;
+    float* vc = kc + d.nkv * d.S * d.hd;
+#pragma omp parallel for num_threads(threads) if (M >= 8) schedule(static)
+    for (int64_t r = 0; r < M; r++)
+      rms_row(x + r * d.H, (const float*)lw[8], h.data() + r * d.H, d.H, eps);
+    linear(h.data(), (const int8_t*)lw[0], (const float*)lw[1], qkv.data(), M, QKV, d.H, threads);
+    for (int64_t s = 0; s < nspans; s++) {  // rotary, then this pass's K/V into the cache
+      const int64_t r0 = spans[5 * s], n = spans[5 * s + 1], base = spans[5 * s + 2];
+      const int64_t start = spans[5 * s + 3];
+      for (int64_t r = r0; r < r0 + n; r++) {
+        float* row = qkv.data() + r * QKV;
+        const float* c = cs + pos[r] * d.hd;
+        const float* si = sn + pos[r] * d.hd;
+        for (int64_t hh = 0; hh < d.nq + d.nkv; hh++) rope(row + hh * d.hd, c, si, d.hd);
+        for (int64_t kh = 0; kh < d.nkv; kh++) {
+          const int64_t slot = (kh * d.S + base + start + (r - r0)) * d.hd;
+          memcpy(kc + slot, row + Q + kh * d.hd, d.hd * sizeof(float));
+          memcpy(vc + slot, row + Q + KV + kh * d.hd, d.hd * sizeof(float));
+        }
+      }
+    }
+#pragma omp parallel num_threads(threads)
+    {
+      std::vector<float> sc((max_end + VW - 1) / VW * VW);
+      std::vector<int32_t> idx(max_end);
+#pragma omp for schedule(static)
+      for (int64_t t = 0; t < M * d.nq; t++) {
+        const int64_t r = t / d.nq, hh = t % d.nq, kh = hh / g;
+        int64_t s = 0;
+        while (r >= spans[5 * s] + spans[5 * s + 1]) s++;
+        const int64_t r0 = spans[5 * s], base = spans[5 * s + 2], end = spans[5 * s + 4];
+        const uint8_t* mrow = masks[s] == nullptr ? nullptr : masks[s] + (r - r0) * end;
+        attend(qkv.data() + r * QKV + hh * d.hd, kc + (kh * d.S + base) * d.hd,
+               vc + (kh * d.S + base) * d.hd, end, mrow, d.hd, scale,
+               att.data() + r * Q + hh * d.hd, sc.data(), idx.data());
+      }
+    }
+    linear(att.data(), (const int8_t*)lw[2], (const float*)lw[3], h.data(), M, d.H, Q, threads);
+    for (int64_t i = 0; i < M * d.H; i++) x[i] += h[i];
+#pragma omp parallel for num_threads(threads) if (M >= 8) schedule(static)
+    for (int64_t r = 0; r < M; r++)
+      rms_row(x + r * d.H, (const float*)lw[9], h.data() + r * d.H, d.H, eps);
+    linear(h.data(), (const int8_t*)lw[4], (const float*)lw[5], gu.data(), M, 2 * d.I, d.H,
+           threads);
+#pragma omp parallel for num_threads(threads) if (M >= 8) schedule(static)
+    for (int64_t r = 0; r < M; r++) {  // silu(gate) * up, into h
+      const float* gr = gu.data() + r * 2 * d.I;
+      float* o = h.data() + r * d.I;
+      for (int64_t i = 0; i < d.I; i += VW) {
+        const vf gv = ld_x(gr + i);
+        const vf sig = div_(set1_(1.0f), add_(set1_(1.0f), exp_(sub_(zero_(), gv))));
+        st_x(o + i, mul_(mul_(gv, sig), ld_x(gr + d.I + i)));
+      }
+    }
+    linear(h.data(), (const int8_t*)lw[6], (const float*)lw[7], att.data(), M, d.H, d.I, threads);
+    for (int64_t i = 0; i < M * d.H; i++) x[i] += att[i];
+  }
+}
+
 
 }  // extern "C"
