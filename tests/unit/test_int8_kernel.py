@@ -37,11 +37,12 @@ def _load(variant: str, monkeypatch: pytest.MonkeyPatch):
 
 
 def test_pack_is_a_permutation_with_zero_padding() -> None:
-    q = torch.randint(-127, 128, (10, 32), dtype=torch.int8)
-    p = int8_kernel.pack(q, 8)
-    assert p.shape == (3, 4, 4, 8) and p.is_contiguous()
-    back = p.permute(0, 2, 1, 3).reshape(12, 32)
-    assert torch.equal(back[:10], q) and not back[10:].any()
+    q = torch.randint(-127, 128, (20, 32), dtype=torch.int8)
+    p = int8_kernel.pack(q, 8)  # tiles of 16 weight rows, k-major
+    assert p.shape == (2, 32, 16) and p.is_contiguous()
+    assert torch.equal(p[0, 3], q[:16, 3])  # k = 3 of the first tile's 16 rows
+    back = p.transpose(1, 2).reshape(32, 32)
+    assert torch.equal(back[:20], q) and not back[20:].any()
 
 
 @pytest.mark.skipif(not VARIANTS, reason="no AVX2/AVX-512 on this CPU: the kernel is not built")
@@ -51,12 +52,13 @@ def test_kernel_equals_the_dequantized_weight(variant: str, fresh, monkeypatch) 
     assert kernel[1] == (16 if variant == "avx512" else 8)
     assert list(fresh.rglob(f"w8_linear-{variant}-*.so"))  # cached under the CPU's key
     torch.manual_seed(0)
-    for n, k in ((10, 64), (96, 576), (7, 1536)):  # N not a multiple of the 4-row group too
+    for n, k in ((10, 64), (96, 576), (7, 1536)):  # N not a multiple of the tile too
         w = torch.randn(n, k) * torch.logspace(-2, 0, n)[:, None]
         q, scale = quantize_int8(w)
         mm = int8_kernel.linear(q, scale, kernel)
         deq = q.double() * scale.double()[:, None]
-        for shape in ((1, k), (2, k), (5, k), (13, k), (3, 2, k)):
+        # a pass of 50 rows converts each tile once into a buffer (the prefill path)
+        for shape in ((1, k), (2, k), (5, k), (13, k), (3, 2, k), (30, k), (50, k)):
             x = torch.randn(shape)
             got = mm(x)
             assert got.dtype == torch.float32 and got.shape == (*shape[:-1], n)
@@ -73,13 +75,13 @@ def test_a_row_does_not_depend_on_the_other_rows_or_threads(variant: str, fresh,
     torch.manual_seed(1)
     q, scale = quantize_int8(torch.randn(52, 576))
     mm = int8_kernel.linear(q, scale, kernel)
-    x = torch.randn(16, 576)
+    x = torch.randn(60, 576)  # up to a prefill's row count (the buffered path)
     n = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        alone = torch.cat([mm(x[i:i + 1]) for i in range(16)])
+        alone = torch.cat([mm(x[i:i + 1]) for i in range(60)])
         torch.set_num_threads(2)
-        for m in (2, 3, 7, 16):
+        for m in (2, 3, 7, 16, 25, 60):
             assert torch.equal(mm(x[:m]), alone[:m])
     finally:
         torch.set_num_threads(n)

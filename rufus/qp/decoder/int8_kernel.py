@@ -37,7 +37,6 @@ from rufus.serving import caches, machine
 log = logging.getLogger("rufus.qp.int8_kernel")
 
 SOURCE = Path(__file__).with_name("w8_linear.cpp")
-GROUP = 4  # weight rows per packed group (w8_linear.cpp's G)
 ISA_FLAGS = {
     "avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma"],
     "avx2": ["-mavx2", "-mfma"],
@@ -146,17 +145,20 @@ def unavailable_reason(env: Mapping[str, str] | None = None) -> str | None:
 
 
 def pack(q: torch.Tensor, width: int) -> torch.Tensor:
-    """``q [N, K]`` int8 as the kernel reads it: ``[ceil(N/4), K/width, 4, width]`` (rows
-    padded with zeros to a multiple of 4)."""
+    """``q [N, K]`` int8 as the kernel reads it: tiles of ``2 * width`` weight rows, each
+    stored k-major (``[ceil(N / 2w), K, 2w]``; rows padded with zeros to whole tiles), so a
+    pass reads the weights as one sequential stream."""
     n, k = q.shape
-    pad = (-n) % GROUP
+    nt = 2 * width
+    pad = (-n) % nt
     if pad:
         q = torch.cat([q, q.new_zeros(pad, k)])
-    return (q.view(-1, GROUP, k // width, width).permute(0, 2, 1, 3).contiguous())
+    return q.view(-1, nt, k).transpose(1, 2).contiguous()
 
 
 def supports(k: int, width: int) -> bool:
-    """Whether an input width ``k`` fits the kernel (a multiple of its vector width)."""
+    """Whether the kernel takes input width ``k``: a multiple of its vector width, the widths
+    it is tested with (every planner layer's is)."""
     return k % width == 0
 
 

@@ -3,15 +3,16 @@
 //
 //   y[M, N] = x[M, K] @ (q[N, K] * s[N])^T      x, y, s: float32; q: int8
 //
-// q is pre-packed by int8_kernel.pack(): groups of 4 weight rows, each group's K split into
-// VW-wide pieces stored one after another ([N/4][K/VW][4][VW]), so a pass reads the weights
-// as one sequential stream (the hardware prefetcher's best case; row-major rows of 576 bytes
-// read four at a time were slower: docs/benchmarks.md). The weights are converted to float32
-// in registers and accumulated in float32: no bf16 arithmetic, which CPUs without
-// avx512_bf16 emulate.
+// q is pre-packed by int8_kernel.pack() in tiles of NT = 2 * VW weight rows, each tile stored
+// k-major ([N/NT][K][NT]): a pass reads the weights as one sequential stream (the hardware
+// prefetcher's best case), and each k's NT weights are one load per vector, multiplied by
+// every activation row's x[k] (outer-product form: no horizontal sums; the earlier
+// dot-product layout was slower for passes of several rows: docs/benchmarks.md). The weights
+// are converted to float32 in registers and accumulated in float32: no bf16 arithmetic,
+// which CPUs without avx512_bf16 emulate.
 //
 // Compiled per CPU class: -mavx2 -mfma (VW 8) or -mavx512f -mavx512bw -mavx512vl (VW 16).
-// Parallel over weight-row groups with OpenMP; linked against the libgomp torch has loaded,
+// Parallel over weight tiles with OpenMP; linked against the libgomp torch has loaded,
 // so it shares torch's thread pool.
 #include <immintrin.h>
 #include <stdint.h>
@@ -23,7 +24,7 @@
 
 #if defined(__AVX512F__)
 #define VW 16
-#define MB_MAX 6
+#define MB_MAX 12
 typedef __m512 vf;
 static inline vf ld_w(const int8_t* p) {
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)));
@@ -50,7 +51,7 @@ static inline vf pow2i(vf n) {  // 2^n for integral n in float range
 }
 #elif defined(__AVX2__) && defined(__FMA__)
 #define VW 8
-#define MB_MAX 3
+#define MB_MAX 6
 typedef __m256 vf;
 static inline vf ld_w(const int8_t* p) {
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p)));
@@ -87,93 +88,101 @@ static inline vf pow2i(vf n) {  // 2^n for integral n in float range
 #error "w8_linear needs AVX2 + FMA or AVX-512"
 #endif
 
-#define G 4            // weight rows per packed group
+#define NT (2 * VW)    // output columns per packed tile
 #define PREFETCH 4096  // bytes ahead of the weight stream (DRAM latency at one row)
 
-// MB activation rows x one group of G weight rows. Every output element is one float32
-// accumulator over K in the same order whatever M, MB or the thread count: a row's result
-// does not depend on the other rows of the pass, so Medusa's multi-row verification passes
-// reproduce one-row greedy decoding exactly (the planner's losslessness).
+// MB activation rows x one tile of NT outputs (two vectors), outer-product form: per k, the
+// tile's NT weights are loaded (and converted) once and multiplied by each row's x[k]
+// broadcast, so no horizontal sums and each weight vector serves MB rows. Every output
+// element is one float32 accumulator over k = 0..K-1 in order, whatever M, MB or the thread
+// count: a row's result does not depend on the other rows of the pass, so Medusa's
+// multi-row verification passes reproduce one-row greedy decoding exactly (the planner's
+// losslessness).
 //
-// W: int8_t reads the packed int8 group and converts it in registers; float reads the same
-// group already converted (exactly) to float32 in a small buffer, which a pass of many rows
-// (a prefill) fills once per group instead of converting it again for every MB rows.
+// W: int8_t reads the packed int8 tile and converts it in registers; float reads the same
+// tile already converted (exactly) to float32 in a buffer, which a pass of many rows (a
+// prefill) fills once per tile instead of converting it again for every MB rows.
 template <int MB, typename W>
-static inline void group(const float* x, int64_t K, const W* qg, const float* s,
-                         float* y, int64_t N, int64_t n0) {
-  // fully unrolled, so the accumulators stay in registers
-  vf acc[MB][G];
-#pragma GCC unroll 8
-  for (int i = 0; i < MB; i++)
-#pragma GCC unroll 4
-    for (int j = 0; j < G; j++) acc[i][j] = zero_();
-  const int64_t kb_n = K / VW;
-  for (int64_t kb = 0; kb < kb_n; kb++) {
-    if constexpr (sizeof(W) == 1)
-      _mm_prefetch((const char*)(qg + kb * G * VW + PREFETCH), _MM_HINT_T0);
-    vf xv[MB];
-#pragma GCC unroll 8
-    for (int i = 0; i < MB; i++) xv[i] = ld_x(x + i * K + kb * VW);
-#pragma GCC unroll 4
-    for (int j = 0; j < G; j++) {
-      vf w;
-      if constexpr (sizeof(W) == 1) w = ld_w(qg + (kb * G + j) * VW);
-      else w = ld_x(qg + (kb * G + j) * VW);
-#pragma GCC unroll 8
-      for (int i = 0; i < MB; i++) acc[i][j] = fma_(xv[i], w, acc[i][j]);
+static inline void tile(const float* x, int64_t K, const W* qt, const float* s, float* y,
+                        int64_t N, int64_t n0) {
+  vf acc[MB][2];  // fully unrolled, so the accumulators stay in registers
+#pragma GCC unroll 16
+  for (int i = 0; i < MB; i++) acc[i][0] = acc[i][1] = zero_();
+  for (int64_t k = 0; k < K; k++) {
+    vf w0, w1;
+    if constexpr (sizeof(W) == 1) {
+      _mm_prefetch((const char*)(qt + k * NT + PREFETCH), _MM_HINT_T0);
+      w0 = ld_w(qt + k * NT);
+      w1 = ld_w(qt + k * NT + VW);
+    } else {
+      w0 = ld_x(qt + k * NT);
+      w1 = ld_x(qt + k * NT + VW);
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < MB; i++) {
+      const vf xb = set1_(x[i * K + k]);
+      acc[i][0] = fma_(xb, w0, acc[i][0]);
+      acc[i][1] = fma_(xb, w1, acc[i][1]);
     }
   }
-  float r[MB][G];
-#pragma GCC unroll 8
-  for (int i = 0; i < MB; i++)
-#pragma GCC unroll 4
-    for (int j = 0; j < G; j++) r[i][j] = hsum(acc[i][j]);
-  const int valid = N - n0 < G ? (int)(N - n0) : G;
-  for (int i = 0; i < MB; i++)
-    for (int j = 0; j < valid; j++) y[i * N + n0 + j] = r[i][j] * s[n0 + j];
+  if (N - n0 >= NT) {
+    const vf s0 = ld_x(s + n0), s1 = ld_x(s + n0 + VW);
+#pragma GCC unroll 16
+    for (int i = 0; i < MB; i++) {
+      st_x(y + i * N + n0, mul_(acc[i][0], s0));
+      st_x(y + i * N + n0 + VW, mul_(acc[i][1], s1));
+    }
+    return;
+  }
+  float r[NT];  // the last tile: padding columns are computed and not stored
+  for (int i = 0; i < MB; i++) {
+    st_x(r, acc[i][0]);
+    st_x(r + VW, acc[i][1]);
+    for (int64_t j = 0; j < N - n0; j++) y[i * N + n0 + j] = r[j] * s[n0 + j];
+  }
 }
 
 // the last M % MB_MAX activation rows
 template <int MB, typename W>
-static inline void tail(int64_t r, const float* x, int64_t K, const W* qg, const float* s,
+static inline void tail(int64_t r, const float* x, int64_t K, const W* qt, const float* s,
                         float* y, int64_t N, int64_t n0) {
   if constexpr (MB > 0) {
-    if (r == MB) group<MB, W>(x, K, qg, s, y, N, n0);
-    else tail<MB - 1, W>(r, x, K, qg, s, y, N, n0);
+    if (r == MB) tile<MB, W>(x, K, qt, s, y, N, n0);
+    else tail<MB - 1, W>(r, x, K, qt, s, y, N, n0);
   }
 }
 
-// every activation row against one weight group
+// every activation row against one weight tile
 template <typename W>
-static inline void all_rows(const float* x, int64_t M, int64_t K, const W* qg, const float* s,
+static inline void all_rows(const float* x, int64_t M, int64_t K, const W* qt, const float* s,
                             float* y, int64_t N, int64_t n0) {
   int64_t m = 0;
-  for (; m + MB_MAX <= M; m += MB_MAX) group<MB_MAX, W>(x + m * K, K, qg, s, y + m * N, N, n0);
-  tail<MB_MAX - 1, W>(M - m, x + m * K, K, qg, s, y + m * N, N, n0);
+  for (; m + MB_MAX <= M; m += MB_MAX) tile<MB_MAX, W>(x + m * K, K, qt, s, y + m * N, N, n0);
+  tail<MB_MAX - 1, W>(M - m, x + m * K, K, qt, s, y + m * N, N, n0);
 }
 
 static void linear(const float* x, const int8_t* qp, const float* s, float* y, int64_t M,
                    int64_t N, int64_t K, int threads) {
-  const int64_t groups = (N + G - 1) / G;
-  if (M <= 4 * MB_MAX) {  // decode, tree verification: convert in registers (measured)
+  const int64_t tiles = (N + NT - 1) / NT;
+  if (M <= 4 * MB_MAX) {  // decode, tree verification: convert in registers
 #pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t g = 0; g < groups; g++)
-      all_rows<int8_t>(x, M, K, qp + g * G * K, s, y, N, g * G);
+    for (int64_t t = 0; t < tiles; t++)
+      all_rows<int8_t>(x, M, K, qp + t * NT * K, s, y, N, t * NT);
     return;
   }
 #pragma omp parallel num_threads(threads)
   {
-    // prefill: each group converted once into this thread's buffer (G * K floats)
-    float* buf = (float*)aligned_alloc(64, (size_t)(G * K * sizeof(float) + 63) / 64 * 64);
+    // prefill: each tile converted once into this thread's buffer (NT * K floats)
+    float* buf = (float*)aligned_alloc(64, (size_t)(NT * K * sizeof(float) + 63) / 64 * 64);
 #pragma omp for schedule(static)
-    for (int64_t g = 0; g < groups; g++) {
-      const int8_t* qg = qp + g * G * K;
+    for (int64_t t = 0; t < tiles; t++) {
+      const int8_t* qt = qp + t * NT * K;
       if (buf == nullptr) {
-        all_rows<int8_t>(x, M, K, qg, s, y, N, g * G);
+        all_rows<int8_t>(x, M, K, qt, s, y, N, t * NT);
         continue;
       }
-      for (int64_t e = 0; e < G * K; e += VW) st_x(buf + e, ld_w(qg + e));
-      all_rows<float>(x, M, K, buf, s, y, N, g * G);
+      for (int64_t e = 0; e < NT * K; e += VW) st_x(buf + e, ld_w(qt + e));
+      all_rows<float>(x, M, K, buf, s, y, N, t * NT);
     }
     free(buf);
   }
