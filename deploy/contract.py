@@ -204,6 +204,9 @@ ENV: dict[str, Var] = {
     "RUFUS_QP_FP32_PACKED": Var(("rufus/qp/decoder/torch_llama.py",),
                                 "planner in fp32: few-row passes through oneDNN's pre-packed "
                                 "matmul, one-row through MKL (1; 0: every pass F.linear)"),
+    "RUFUS_QP_FUSED": Var(("rufus/qp/decoder/torch_llama.py",),
+                          "planner in int8 through our kernel: passes of up to 32 rows run "
+                          "every decoder layer in one call (1; 0: op by op)"),
     "RUFUS_ENGINE_START_METHOD": Var(("rufus/serving/engine.py",),
                                      "how vLLM's EngineCore starts when its worker runs inside "
                                      "it (\"uni\"): fork (default, starts with vLLM imported) "

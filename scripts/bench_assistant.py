@@ -233,6 +233,9 @@ def main(argv: list[str] | None = None) -> int:
                 "baseline_ttft_p50": pct([t.first_token_s for t in base], 0.5),
                 "baseline_ttft_p99": pct([t.first_token_s for t in base], 0.99),
                 "load": os.getloadavg()[0],
+                # per answered turn: first answer token, plan, answer TTFT (s), for the tail
+                "answered_turns": [[round(t.first_token_s, 4), round(t.server.get("plan_s", -1), 4),
+                                    round(t.server.get("answer_ttft_s", -1), 4)] for t in llm],
             }
             results[str(c)] = row
             ms = {k: v * 1000 for k, v in row.items() if k.endswith(("_p50", "_p99"))}
