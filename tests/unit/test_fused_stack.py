@@ -15,6 +15,7 @@ import torch
 from rufus.qp.decoder import int8_kernel, torch_llama
 from rufus.qp.decoder.medusa_decode import Decoder, Tree
 from rufus.qp.decoder.torch_llama import MedusaHeads, Segment, TorchLlama
+from tests.tiny_models import llama_with_heads
 
 pytestmark = pytest.mark.skipif(int8_kernel.load() is None,
                                 reason="no int8 kernel on this CPU: no fused pass")
@@ -31,22 +32,8 @@ def threads() -> Iterator[None]:
 def tiny64(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A random Llama whose widths the kernel takes on AVX2 and AVX-512 (head size 64,
     grouped-query attention), with three Medusa heads."""
-    from safetensors.torch import save_file
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    d = tmp_path_factory.mktemp("tiny64")
-    cfg = LlamaConfig(vocab_size=96, hidden_size=128, intermediate_size=256,
-                      num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-                      max_position_embeddings=256, tie_word_embeddings=True)
-    LlamaForCausalLM(cfg).save_pretrained(d / "model")
-    (d / "heads").mkdir()
-    sd = {f"blocks.{k}.layers.0.weight": torch.randn(128, 128) * 0.05 for k in range(3)}
-    sd["lm_head.weight"] = torch.randn(40, 128)
-    sd["token_map"] = torch.arange(0, 80, 2)
-    save_file(sd, str(d / "heads" / "model.safetensors"))
-    (d / "heads" / "config.json").write_text("{}")
-    return d / "model", d / "heads"
+    return llama_with_heads(tmp_path_factory.mktemp("tiny64"), hidden=128, heads=2,
+                            kv_heads=1, intermediate=256)
 
 
 def _pair(model_dir: Path, monkeypatch: pytest.MonkeyPatch, slots: int = 1

@@ -19,6 +19,7 @@ from rufus.qp.decoder import torch_llama
 from rufus.qp.decoder.medusa_decode import Decoder, Tree
 from rufus.qp.decoder.torch_llama import MedusaHeads, TorchLlama, _int8_linear, quantize_int8
 from rufus.serving.config import ConfigError
+from tests.tiny_models import llama_with_heads
 
 
 @pytest.fixture(autouse=True)
@@ -33,22 +34,7 @@ def one_thread() -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    from safetensors.torch import save_file
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    d = tmp_path_factory.mktemp("tiny8")
-    cfg = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128,
-                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                      max_position_embeddings=256, tie_word_embeddings=True)
-    LlamaForCausalLM(cfg).save_pretrained(d / "model")
-    (d / "heads").mkdir()
-    sd = {f"blocks.{k}.layers.0.weight": torch.randn(64, 64) * 0.05 for k in range(3)}
-    sd["lm_head.weight"] = torch.randn(40, 64)
-    sd["token_map"] = torch.arange(0, 80, 2)
-    save_file(sd, str(d / "heads" / "model.safetensors"))
-    (d / "heads" / "config.json").write_text("{}")
-    return d / "model", d / "heads"
+    return llama_with_heads(tmp_path_factory.mktemp("tiny8"))
 
 
 def test_quantize_round_trip_per_channel() -> None:

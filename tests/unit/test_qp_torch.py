@@ -12,31 +12,14 @@ import torch
 from rufus.qp.backends import TorchBackend, create_backend
 from rufus.qp.decoder.medusa_decode import Decoder, Tree, prompt_lookup
 from rufus.qp.decoder.torch_llama import MedusaHeads, TorchLlama
+from tests.tiny_models import llama_with_heads
 
 VOCAB = 96
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    from safetensors.torch import save_file
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    d = tmp_path_factory.mktemp("tiny")
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
-                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                      max_position_embeddings=256, tie_word_embeddings=True, rope_theta=10000.0)
-    LlamaForCausalLM(cfg).save_pretrained(d / "model")
-    heads = d / "heads"
-    heads.mkdir()
-    # heads = small perturbations of "repeat the model's own next-token guess": random but
-    # deterministic drafts, some accepted and some rejected
-    sd = {f"blocks.{k}.layers.0.weight": torch.randn(64, 64) * 0.05 for k in range(3)}
-    sd["lm_head.weight"] = torch.randn(40, 64)
-    sd["token_map"] = torch.arange(0, 80, 2)
-    save_file(sd, str(heads / "model.safetensors"))
-    (heads / "config.json").write_text("{}")
-    return d / "model", heads
+    return llama_with_heads(tmp_path_factory.mktemp("tiny"), vocab=VOCAB)
 
 
 def causal(start: int, n: int) -> torch.Tensor | None:
