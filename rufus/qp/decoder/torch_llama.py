@@ -363,7 +363,7 @@ class _FusedStack:
         kernel, fn = int8_kernel.load(), int8_kernel.forward_fn(model.hd)
         if kernel is None or fn is None or model.nq % model.nkv:
             return None
-        if any(v % kernel[1] for v in (model.hidden, model.inter)):
+        if not all(int8_kernel.supports(v, kernel[1]) for v in (model.hidden, model.inter)):
             return None
         ptrs: list[int] = []
         for lw in model.layers:

@@ -17,6 +17,7 @@
 #include <immintrin.h>
 #include <stdint.h>
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -41,7 +42,6 @@ static inline vf sub_(vf a, vf b) { return _mm512_sub_ps(a, b); }
 static inline vf div_(vf a, vf b) { return _mm512_div_ps(a, b); }
 static inline vf max_(vf a, vf b) { return _mm512_max_ps(a, b); }
 static inline vf min_(vf a, vf b) { return _mm512_min_ps(a, b); }
-static inline float hmax(vf v) { return _mm512_reduce_max_ps(v); }
 static inline vf floor_(vf a) {
   return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
 }
@@ -73,12 +73,6 @@ static inline vf sub_(vf a, vf b) { return _mm256_sub_ps(a, b); }
 static inline vf div_(vf a, vf b) { return _mm256_div_ps(a, b); }
 static inline vf max_(vf a, vf b) { return _mm256_max_ps(a, b); }
 static inline vf min_(vf a, vf b) { return _mm256_min_ps(a, b); }
-static inline float hmax(vf v) {
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
-  return _mm_cvtss_f32(m);
-}
 static inline vf floor_(vf a) { return _mm256_floor_ps(a); }
 static inline vf pow2i(vf n) {  // 2^n for integral n in float range
   return _mm256_castsi256_ps(_mm256_slli_epi32(
@@ -305,8 +299,8 @@ int w8_vector_width(void) { return VW; }
 // Whether w8_forward takes this head size.
 int w8_head_supported(int64_t hd) { return head_supported(hd) ? 1 : 0; }
 
-// K must be a multiple of VW; qp packed for this VW; N rows of output (the last group
-// may hold padding rows, which are computed and not stored).
+// K must be a multiple of VW (int8_kernel.supports); qp packed for this VW; N rows of output
+// (the last tile may hold padding rows, which are computed and not stored).
 void w8_linear(const float* x, const int8_t* qp, const float* s, float* y, int64_t M,
                int64_t N, int64_t K, int threads) {
   linear(x, qp, s, y, M, N, K, threads);
@@ -334,6 +328,10 @@ void w8_forward(float* x, int64_t M, int64_t L, const int64_t* dims, float eps,
   // h: norm outputs, o's output, silu(gate) * up; att: attention, down's output
   std::vector<float> h(M * (d.H > d.I ? d.H : d.I)), qkv(M * QKV), att(M * (Q > d.H ? Q : d.H));
   std::vector<float> gu(M * 2 * d.I);
+  // attention scratch, one slice per thread, allocated once per pass (not per layer)
+  const int64_t sc_n = (max_end + VW - 1) / VW * VW, idx_n = max_end;
+  std::vector<float> sc_all(threads * sc_n);
+  std::vector<int32_t> idx_all(threads * idx_n);
   for (int64_t l = 0; l < L; l++) {
     const void* const* lw = w + 10 * l;
     float* kc = cache + (l * 2) * d.nkv * d.S * d.hd;
@@ -359,8 +357,8 @@ void w8_forward(float* x, int64_t M, int64_t L, const int64_t* dims, float eps,
     }
 #pragma omp parallel num_threads(threads)
     {
-      std::vector<float> sc((max_end + VW - 1) / VW * VW);
-      std::vector<int32_t> idx(max_end);
+      float* sc = sc_all.data() + omp_get_thread_num() * sc_n;
+      int32_t* idx = idx_all.data() + omp_get_thread_num() * idx_n;
 #pragma omp for schedule(static)
       for (int64_t t = 0; t < M * d.nq; t++) {
         const int64_t r = t / d.nq, hh = t % d.nq, kh = hh / g;
@@ -370,7 +368,7 @@ void w8_forward(float* x, int64_t M, int64_t L, const int64_t* dims, float eps,
         const uint8_t* mrow = masks[s] == nullptr ? nullptr : masks[s] + (r - r0) * end;
         attend(qkv.data() + r * QKV + hh * d.hd, kc + (kh * d.S + base) * d.hd,
                vc + (kh * d.S + base) * d.hd, end, mrow, d.hd, scale,
-               att.data() + r * Q + hh * d.hd, sc.data(), idx.data());
+               att.data() + r * Q + hh * d.hd, sc, idx);
       }
     }
     linear(att.data(), (const int8_t*)lw[2], (const float*)lw[3], h.data(), M, d.H, Q, threads);
