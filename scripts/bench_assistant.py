@@ -5,9 +5,11 @@ same run (the answer model alone, same prompts, same concurrency).
     python scripts/bench_assistant.py                          # starts its own tritonserver
     python scripts/bench_assistant.py --url 127.0.0.1:8001     # against `make serve`
     python scripts/bench_assistant.py --concurrency 1 4 16 --conversations 12 16 32
+    python scripts/bench_assistant.py --concurrency 1 --conversations 60 --questions eval
 
 Conversations are a fixed mix of intents (search with filters, comparison, product
-question, recommendation, order status, returns, off-topic), a third of them multi-turn; each
+question, recommendation, order status, returns, off-topic), a third of them multi-turn (or,
+with ``--questions eval``, the held-out product questions, each once: every prompt cold); each
 worker runs them back to back (closed loop), every turn through the Triton model
 ``rufus_assistant`` with the previous turns as history. Stage times (plan, retrieval,
 answer TTFT) come from the server's ``timings``; cards and first-answer-token times are
@@ -25,6 +27,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from rufus.harness.loadgen import pct_nearest as pct
@@ -43,6 +46,17 @@ CONVERSATIONS: list[list[str]] = [
     ["i need a coffee maker", "something under $100?"],
     ["sony headphones"],
 ]
+PRODUCT_INTENTS = ("product_search", "product_comparison", "product_question", "recommendation")
+
+
+def eval_conversations() -> list[list[str]]:
+    """``--questions eval``: the planner's held-out questions with a product intent
+    (data/qp/eval.jsonl, 198 of 263), each a one-turn conversation asked once, so that no
+    answer prompt repeats and every one is prefilled cold, as a new customer's question is
+    (the default mix cycles 12 conversations, so most of its turns hit vLLM's prefix cache)."""
+    from rufus.qp.plan import load_eval
+    return [[r["question"]] for r in load_eval(Path(__file__).parents[1] / "data/qp/eval.jsonl")
+            if r["intent"] in PRODUCT_INTENTS and not r.get("history")]
 
 
 @dataclass
@@ -100,7 +114,8 @@ async def baseline_turn(io: Any, messages: list[dict[str, str]], max_tokens: int
 
 
 async def run_level(url: str, concurrency: int, n_conv: int, mode: str,
-                    prompts: list[list[dict[str, str]]], max_tokens: int) -> tuple[list[Turn], float]:
+                    prompts: list[list[dict[str, str]]], max_tokens: int,
+                    conversations: list[list[str]] = CONVERSATIONS) -> tuple[list[Turn], float]:
     from rufus.client import AsyncStreams
 
     io = AsyncStreams(url)
@@ -116,7 +131,7 @@ async def run_level(url: str, concurrency: int, n_conv: int, mode: str,
                 turns.append(await baseline_turn(io, prompts[i % len(prompts)], max_tokens))
                 continue
             history: list[dict[str, str]] = []
-            for q in CONVERSATIONS[i % len(CONVERSATIONS)]:
+            for q in conversations[i % len(conversations)]:
                 t = await assistant_turn(io, q, history)
                 turns.append(t)
                 history += [{"role": "user", "content": q}, {"role": "assistant", "content": t.text}]
@@ -180,6 +195,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="RUFUS_ASSISTANT_PLAN_TIMEOUT_S of the server this script starts: high, so "
                          "the plan stage shows the planner's latency, not the timeout (default 60)")
     ap.add_argument("--no-baseline", action="store_true")
+    ap.add_argument("--questions", choices=("mix", "eval"), default="mix",
+                    help="mix: 12 conversations of every intent, cycled (repeats hit the prefix "
+                         "cache); eval: the held-out product questions, each asked once (every "
+                         "answer prompt cold)")
     ap.add_argument("--json", help="write the raw per-level results here")
     a = ap.parse_args(argv)
     srv = None
@@ -206,11 +225,16 @@ def main(argv: list[str] | None = None) -> int:
         levels = list(zip(a.concurrency, a.conversations, strict=False))
         from rufus.serving.machine import describe
 
-        results: dict[str, Any] = {"cpu": describe(), "prompt_tokens": work}
+        convs = eval_conversations() if a.questions == "eval" else CONVERSATIONS
+        results: dict[str, Any] = {"cpu": describe(), "prompt_tokens": work,
+                                   "questions": a.questions}
         print(f"load average at start {os.getloadavg()[0]:.1f} (2 cores)", flush=True)
         for c, n in levels:
             time.sleep(2)  # idle gap: vLLM's CPU worker busy-polls 1 s after its last request
-            turns, wall = asyncio.run(run_level(a.url, c, n, "assistant", prompts, a.max_tokens))
+            if a.questions == "eval" and n > len(convs):
+                print(f"--conversations {n} > {len(convs)} eval questions: some repeat", flush=True)
+            turns, wall = asyncio.run(run_level(a.url, c, n, "assistant", prompts, a.max_tokens,
+                                                convs))
             base: list[Turn] = []
             if not a.no_baseline:
                 time.sleep(2)
