@@ -143,7 +143,7 @@ class Assistant:
         self.plan_timeout_s = plan_timeout_s if plan_timeout_s is not None else float(
             os.environ.get("RUFUS_ASSISTANT_PLAN_TIMEOUT_S", "10"))
         self.metrics: AssistantMetrics = metrics or NullMetrics()
-        # prefill the answer prompt's known start while the planner runs (_prewarm)
+        # follow-ups: prefill the answer prompt's known prefix while the planner runs
         self.prewarm = prewarm if prewarm is not None else \
             os.environ.get("RUFUS_ASSISTANT_PREWARM", "1") != "0"
         self._io: AsyncStreams | None = None
@@ -190,29 +190,18 @@ class Assistant:
             return fallback_plan(question), True, reason
         return with_stated_price_cap(plan, question), False, ""
 
-    async def _prewarm(self, question: str, turns: list[dict[str, str]],
-                       conversation: str | None, sent: asyncio.Event) -> None:
-        """A one-token rufus_llm request for as much of the answer prompt as is known before
-        the plan, sent with the plan request: the system message, the earlier turns, and the
-        lines of the products that a search with the fallback plan (the question itself, a
-        price cap read from it) finds. Where the plan's search finds the same products (a
-        plain product question), the answer request then prefills only the question: the
-        products' prefill, the answer's largest part, was done while the planner ran, on the
-        core the planner does not use; with other products, vLLM's prefix cache still serves
-        the part up to the first line that differs. Best effort: any failure only means the
-        answer request prefills it itself. Behind an ingress it pays only where the answer
-        request lands on the same unit: the conversation key does that. ``sent`` is set once
-        the request is out (one not sent by the time the answer request is, is cancelled: it
-        would only compete with the answer)."""
+    async def _prewarm(self, turns: list[dict[str, str]], conversation: str | None) -> None:
+        """A one-token rufus_llm request for the answer prompt's prefix (system message and
+        earlier turns), sent with the plan request. On a follow-up that prefix is most of
+        the answer prompt and is not in vLLM's prefix cache yet; prefilled here, on the
+        core the planner does not use, it is cached by the time the answer request comes,
+        which then prefills only the products and the question. Best effort: any failure
+        only means the answer request prefills it itself. Behind an ingress it pays only
+        where the answer request lands on the same unit: the conversation key does that."""
+        tensors = {"messages": answer_prefix_messages(turns), "stream": False,
+                   "exclude_input_in_output": True,
+                   "sampling_parameters": {"max_tokens": 1, "temperature": 0.0}}
         try:
-            products = await asyncio.to_thread(self._retrieve, fallback_plan(question),
-                                               question, turns)
-            if not turns and not products:
-                return  # only the system message: vLLM's prefix cache holds it already
-            tensors = {"messages": answer_prefix_messages(turns, products), "stream": False,
-                       "exclude_input_in_output": True,
-                       "sampling_parameters": {"max_tokens": 1, "temperature": 0.0}}
-            sent.set()
             async with contextlib.aclosing(self.streams().stream(
                     self.answer_model, tensors, conversation=conversation)) as s:
                 async for _ in s:
@@ -238,9 +227,8 @@ class Assistant:
         t0 = time.monotonic()
         timings: dict[str, float] = {}
         path, outcome = "none", "error"
-        warm_sent = asyncio.Event()
-        warm = asyncio.create_task(self._prewarm(question, turns, conversation, warm_sent)) \
-            if self.prewarm else None
+        warm = asyncio.create_task(self._prewarm(turns, conversation)) \
+            if turns and self.prewarm else None
         try:
             plan, fallback, reason = await self.plan(question, turns)
             timings["plan_s"] = time.monotonic() - t0
@@ -264,8 +252,6 @@ class Assistant:
                 yield AssistantEvent("text", text=SERVICE_REPLIES[intent])
             else:
                 finish = ""
-                if warm is not None and not warm_sent.is_set():
-                    warm.cancel()  # too late to help: it would only compete with the answer
                 # aclosing: closing this generator must close the answer stream at once
                 # (an unclosed async generator is only finalized by the garbage collector)
                 async with contextlib.aclosing(self._answer(

@@ -73,17 +73,12 @@ def previous_turns(history: Sequence[dict[str, str]] | None) -> list[dict[str, s
 PRODUCTS_HEADER = "Products:\n"
 
 
-def answer_prefix_messages(history: Sequence[dict[str, str]] | None,
-                           products: Sequence[Product] = ()) -> list[dict[str, str]]:
-    """The start of a product-path answer prompt as far as it can be known before the plan:
-    the system message, the earlier turns, the products header and, where a search was run
-    ahead of the plan, those products' lines (rufus/assistant/pipeline.py prefills it while
-    the planner runs). :func:`answer_messages` continues it exactly when it gets the same
-    products, so vLLM's prefix cache serves all of it; with other products, the part up to
-    the first line that differs."""
-    lines = product_lines(products) if products else ""
+def answer_prefix_messages(history: Sequence[dict[str, str]] | None) -> list[dict[str, str]]:
+    """The start of a product-path answer prompt, known before the plan: the system message,
+    the earlier turns and the header of the last user message (rufus/assistant/pipeline.py
+    prefills it while the planner runs)."""
     return [{"role": "system", "content": SYSTEM_PRODUCTS}, *previous_turns(history),
-            {"role": "user", "content": PRODUCTS_HEADER + lines}]
+            {"role": "user", "content": PRODUCTS_HEADER}]
 
 
 def answer_messages(question: str, products: Sequence[Product],

@@ -129,29 +129,17 @@ class FakeStreams:
     """Stands in for rufus.assistant.triton_io.TritonStreams (Triton over gRPC)."""
 
     def __init__(self, plan: dict | None, answer: list[str], plan_error: Exception | None = None,
-                 hang: bool = False, plan_after_prewarm: bool = False) -> None:
+                 hang: bool = False) -> None:
         self.plan, self.answer, self.plan_error, self.hang = plan, answer, plan_error, hang
-        # the plan only once the answer-prefix prefill request is out, as with a real planner
-        # (whose plan takes longer than the search ahead of it)
-        self.plan_after_prewarm = plan_after_prewarm
-        self.prewarm_sent = asyncio.Event()
         self.calls: list[tuple[str, dict]] = []
         self.keys: list[tuple[str, str | None]] = []
         self.closed: list[str] = []
-        self.prewarms: list[dict] = []   # the answer-prefix prefill requests, kept apart
 
     async def stream(self, model: str, tensors: dict[str, Any], conversation: str | None = None):
-        self.keys.append((model, conversation))
-        if model == "rufus_llm" and tensors["sampling_parameters"]["max_tokens"] == 1:
-            self.prewarms.append(tensors)
-            self.prewarm_sent.set()
-            yield {"text_output": _b("")}
-            return
         self.calls.append((model, tensors))
+        self.keys.append((model, conversation))
         try:
             if model == "rufus_qp_medusa":
-                if self.plan_after_prewarm:
-                    await asyncio.wait_for(self.prewarm_sent.wait(), 30)
                 if self.plan_error:
                     raise self.plan_error
                 yield {"plan": _b(json.dumps(self.plan)), "fallback": np.array([False])}
@@ -242,82 +230,24 @@ def test_history_reaches_planner_and_answer_model(retriever):
 
 def test_follow_up_prefills_the_answer_prefix_while_planning(retriever):
     """On a follow-up, a one-token rufus_llm request carries the answer prompt's known start
-    (system message, earlier turns, the products header and the lines of the products a
-    search with the fallback plan finds); the real answer prompt continues it exactly when
-    the plan's search finds the same products, so vLLM's prefix cache serves that part.
-    Off: no such request."""
+    (system message, earlier turns, the products header); the real answer prompt continues
+    it exactly, so vLLM's prefix cache serves that part. Off: no such request."""
     history = [{"role": "user", "content": "I need running shoes"},
                {"role": "assistant", "content": "Here are some."}]
-    fake = FakeStreams(plan_of("product_search", ["running shoes"]), ["ok"], plan_after_prewarm=True)
-    run(Assistant("x", retriever), fake, "running shoes", history)
-    answer = [t for m, t in fake.calls if m == "rufus_llm"]
-    assert len(fake.prewarms) == 1 and len(answer) == 1
-    w, a = fake.prewarms[0]["messages"], answer[0]["messages"]
+    fake = FakeStreams(plan_of("product_search", ["running shoes"]), ["ok"])
+    run(Assistant("x", retriever), fake, "any under $60?", history)
+    llm = [t for m, t in fake.calls if m == "rufus_llm"]
+    warm, answer = [t for t in llm if t["sampling_parameters"]["max_tokens"] == 1], \
+        [t for t in llm if t["sampling_parameters"]["max_tokens"] != 1]
+    assert len(warm) == 1 and len(answer) == 1
+    w, a = warm[0]["messages"], answer[0]["messages"]
     assert w[:-1] == a[:-1] and a[-1]["content"].startswith(w[-1]["content"])
-    assert w[-1]["content"].startswith("Products:\n[1] ")
     fake = FakeStreams(plan_of("product_search", ["running shoes"]), ["ok"])
     run(Assistant("x", retriever, prewarm=False), fake, "any under $60?", history)
-    assert fake.prewarms == [] and [m for m, _ in fake.calls] == ["rufus_qp_medusa", "rufus_llm"]
-
-
-def test_first_turn_prefills_the_products_found_ahead_of_the_plan(retriever):
-    """A first turn too: the products a search with the fallback plan finds are prefilled
-    while the planner runs; when the plan finds the same ones (a plain product question),
-    the answer prompt is that prefill plus the question. When the plan finds others, the
-    prefill still shares the system message and header. No products ahead of the plan: no
-    request (the system message is in vLLM's prefix cache already)."""
-    fake = FakeStreams(plan_of("product_search", ["running shoes"], {"max_price": 80}), ["ok"],
-                       plan_after_prewarm=True)
-    evs = run(Assistant("x", retriever), fake, "running shoes under $80")
-    assert len(fake.prewarms) == 1
-    w, a = fake.prewarms[0]["messages"], fake.calls[1][1]["messages"]
-    assert len(w) == len(a) == 2 and w[0] == a[0]
-    titles = [c["title"] for c in evs[1].products]
-    assert all(t in w[-1]["content"] for t in titles)
-    assert a[-1]["content"] == w[-1]["content"] + "\n\nQuestion: running shoes under $80"
-    fake = FakeStreams(plan_of("product_search", ["headphones"], {"brand": "sony"}), ["ok"],
-                       plan_after_prewarm=True)
-    run(Assistant("x", retriever), fake, "good running shoes")
-    w, a = fake.prewarms[0]["messages"], fake.calls[1][1]["messages"]
-    assert w[0] == a[0] and w[-1]["content"] != a[-1]["content"][:len(w[-1]["content"])]
-    fake = FakeStreams(plan_of("product_search", ["qqqzzz"]), ["ok"])
-    run(Assistant("x", retriever), fake, "qqqzzz")
-    assert fake.prewarms == []
-
-
-def test_prefill_not_out_before_the_answer_is_dropped(retriever):
-    """A search ahead of the plan that is still running when the answer request goes out
-    (a slow search, a fast plan) sends nothing: its prefill could only compete with the
-    answer's."""
-    import threading
-
-    answer_out, returned = threading.Event(), threading.Event()
-
-    class SlowFirstSearch:
-        name = "slow"
-
-        def search(self, queries, filters=None, k=5):
-            if list(queries) == ["running shoes please"]:  # the fallback plan's: ahead of the plan
-                answer_out.wait(30)
-                found = retriever.search(queries, filters, k)
-                returned.set()
-                return found
-            return retriever.search(queries, filters, k)
-
-    class Fake(FakeStreams):
-        async def stream(self, model, tensors, conversation=None):
-            if model == "rufus_llm" and tensors["sampling_parameters"]["max_tokens"] != 1:
-                answer_out.set()  # then give the late search every chance to send its prefill
-                await asyncio.to_thread(returned.wait, 30)
-                for _ in range(20):
-                    await asyncio.sleep(0)
-            async for out in super().stream(model, tensors, conversation):
-                yield out
-
-    fake = Fake(plan_of("product_search", ["running shoes"]), ["ok"])
-    evs = run(Assistant("x", SlowFirstSearch()), fake, "running shoes please")
-    assert evs[-1].type == "done" and answer_out.is_set()
-    assert fake.prewarms == [] and [m for m, _ in fake.calls] == ["rufus_qp_medusa", "rufus_llm"]
+    assert [m for m, _ in fake.calls] == ["rufus_qp_medusa", "rufus_llm"]
+    fake = FakeStreams(plan_of("product_search", ["running shoes"]), ["ok"])
+    run(Assistant("x", retriever), fake, "running shoes")  # first turn: nothing to prefill
+    assert [m for m, _ in fake.calls] == ["rufus_qp_medusa", "rufus_llm"]
 
 
 def test_closing_the_stream_cancels_the_answer_call(retriever):
@@ -504,8 +434,7 @@ def test_conversation_key_goes_with_every_call_of_the_turn(retriever):
     (no key); without a key none is sent."""
     history = [{"role": "user", "content": "I need running shoes"},
                {"role": "assistant", "content": "Here are some running shoes."}]
-    fake = FakeStreams(plan_of("product_search", ["running shoes"]), ["Try ", "these."],
-                       plan_after_prewarm=True)
+    fake = FakeStreams(plan_of("product_search", ["running shoes"]), ["Try ", "these."])
     run(Assistant("x", retriever), fake, "any in red?", history, conversation="c-42")
     assert sorted(fake.keys, key=str) == sorted([("rufus_qp_medusa", None), ("rufus_llm", "c-42"),
                                                   ("rufus_llm", "c-42")], key=str)
