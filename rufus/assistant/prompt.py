@@ -47,22 +47,13 @@ def clip(text: str, n: int) -> str:
     return text if len(text) <= n else text[: n - 3] + "..."
 
 
-def review_count(n: int) -> str:
-    """A review count as the answer needs it: "49k", "1.1k", "560". Every digit is a token
-    for this tokenizer, and the answer prefill after the plan is on the critical path
-    (docs/benchmarks.md: "Count the work"); the exact count is on the product card."""
-    if n < 1000:
-        return str(n)
-    if n < 10_000:
-        return f"{n / 1000:.1f}".rstrip("0").rstrip(".") + "k"
-    return f"{round(n / 1000)}k"
-
-
 def product_lines(products: Sequence[Product]) -> str:
-    return "\n".join(
-        f"[{i}] {p.title} - ${p.price:.2f}, rated {p.rating:.1f} "
-        f"({review_count(p.review_count)} reviews)"
-        for i, p in enumerate(products, start=1))
+    """One line per product: number, title, exact price, rating. Every digit is a token for
+    this tokenizer and a cold answer prompt's prefill is on the critical path (arithmetic-bound
+    on CPUs: docs/benchmarks.md, "Count the work"), so the review count is left out (about a
+    sixth of a line's tokens); retrieval already ranks by it and the card shows it."""
+    return "\n".join(f"[{i}] {p.title} - ${p.price:.2f}, {p.rating:.1f} stars"
+                     for i, p in enumerate(products, start=1))
 
 
 def previous_turns(history: Sequence[dict[str, str]] | None) -> list[dict[str, str]]:
