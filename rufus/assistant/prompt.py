@@ -137,11 +137,16 @@ class LinkRenderer:
     """Streaming filter over the answer text. ``[n]`` -> ``[title](url)`` of retrieved product
     n; a retrieved product's name written out (its :func:`family`) -> linked to it; any
     other URL removed. Holds back only what may still become one of these (an unfinished
-    ``[nn``, URL, or product name)."""
+    ``[nn``, URL, or product name), except that the answer's opening words are never held
+    for a name: the first text reaches the customer as soon as the model writes it, not after
+    a written-out name's every token (up to a dozen decode steps, most of the first answer
+    token's tail on a slow CPU: docs/benchmarks.md); a name the answer opens with stays
+    plain text (the card links it)."""
 
     def __init__(self, products: Sequence[Product]) -> None:
         self.products = list(products)
         self.buf = ""
+        self.started = False  # some text has been released
         self.cited: list[str] = []
         names: dict[str, Product] = {}
         for p in self.products:
@@ -162,6 +167,8 @@ class LinkRenderer:
             return m.start()
         low = s.lower()
         for i in range(max(0, len(s) - self.maxlen), len(s)):
+            if not self.started and not s[:i].strip():
+                continue  # the answer's opening words: released, never held for a name
             if (i == 0 or not s[i - 1].isalnum()) and any(n.startswith(low[i:]) for n in self.names):
                 return i
         for p in _URL_STARTS:
@@ -201,6 +208,7 @@ class LinkRenderer:
         self.buf += delta
         cut = self._cut(self.buf)
         out, self.buf = self.buf[:cut], self.buf[cut:]
+        self.started = self.started or bool(out.strip())
         return self._render(out)
 
     def flush(self) -> str:

@@ -305,6 +305,25 @@ def test_renderer_links_product_names_written_out():
     assert r.cited == [prods[1].id]
 
 
+def test_renderer_never_holds_the_opening_words_for_a_name():
+    """An answer that opens with a product's name is released as the model writes it (plain
+    text: holding it for a link would delay the first text by the whole name); the same name
+    later in the answer is linked."""
+    from rufus.assistant.prompt import family
+
+    prods = [p for p in CATALOG if p.category == "headphones"][:2]
+    name = family(prods[1])
+    r = LinkRenderer(prods)
+    first = r.feed(" " + name[:5])
+    assert first == " " + name[:5]
+    text = name[5:] + f" is great. Also {name}."
+    out = first + "".join(r.feed(text[i:i + 3]) for i in range(0, len(text), 3)) + r.flush()
+    assert out == f" {name} is great. Also [{name}]({prods[1].url})."
+    assert r.cited == [prods[1].id]
+    r = LinkRenderer(prods)
+    assert r.feed("[") == "" and r.feed("2] fits") == f"[{prods[1].title}]({prods[1].url}) fits"
+
+
 def test_diversify_prefers_distinct_families():
     from rufus.assistant.prompt import diversify, family
 
