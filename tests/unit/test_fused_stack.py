@@ -86,6 +86,28 @@ def test_a_row_does_not_depend_on_the_pass_or_the_threads(tiny64, monkeypatch) -
     assert torch.equal(tree[3], deeper)
 
 
+def test_wide_trees_reproduce_one_row_passes(tiny64, monkeypatch) -> None:
+    """Bit for bit at every width up to a prefill's (the kernel blocks the rows 6 or 12 at a
+    time, each linear's input quantized per row): siblings at one position, each row equal to
+    its token decoded alone on one thread."""
+    monkeypatch.setattr(torch_llama, "FUSED_MAX_ROWS", 64)
+    _ref, m = _pair(tiny64[0], monkeypatch)
+    torch.manual_seed(6)
+    m.forward(torch.randint(0, 96, (12,)), torch.arange(12), 0,
+              torch.ones(12, 12, dtype=torch.bool).tril())
+    toks = torch.randint(0, 96, (60,))
+    torch.set_num_threads(1)
+    alone = {t: m.forward(torch.tensor([t]), torch.tensor([12]), 12, None)[0]
+             for t in toks.tolist()}
+    for threads, rows in ((2, 5), (1, 13), (2, 13), (2, 31), (1, 60), (2, 60)):
+        torch.set_num_threads(threads)
+        mask = torch.cat([torch.ones(rows, 12, dtype=torch.bool),
+                          torch.eye(rows, dtype=torch.bool)], 1)
+        tree = m.forward(toks[:rows], torch.full((rows,), 12), 12, mask)
+        for i, t in enumerate(toks[:rows].tolist()):
+            assert torch.equal(tree[i], alone[t]), (threads, rows, i)
+
+
 def test_fused_medusa_decoding_equals_greedy(tiny64, monkeypatch) -> None:
     model_dir, heads_dir = tiny64
     _ref, m = _pair(model_dir, monkeypatch)

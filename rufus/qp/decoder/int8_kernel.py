@@ -3,16 +3,22 @@
 Why our own: PyTorch's CPU int8 weight-only op (``aten._weight_int8pack_mm``) takes bf16
 activations (with fp32 ones it is many times slower), and bf16 arithmetic is emulated on CPUs
 without ``avx512_bf16``; oneDNN's fp32 matmul reads four bytes per weight. The planner's passes
-are one row (decode) or a few rows (Medusa verification) at batch 1, bound by the bytes of
-weights read, so ``w8_linear.cpp`` reads int8 weights packed as one sequential stream,
-converts them to float32 in registers and accumulates in float32 (docs/benchmarks.md has the
-measurements against fp32, bf16 and PyTorch's op per CPU class).
+are one row (decode) or a few rows (Medusa verification) at batch 1, so ``w8_linear.cpp``
+reads int8 weights packed as one sequential stream (what bounds a one-row pass), and does the
+arithmetic in integers (what bounds a pass of several rows on AVX2): each activation row
+quantized to int16 with its own scale, the weights sign-extended to int16 in registers, exact
+int32 sums of ``vpmaddwd`` (twice the multiply-adds per instruction of a float32 FMA), added
+in float32 per block of k's and scaled by the row's and the channel's scales. A row's result
+depends on that row alone, bit for bit, whatever the pass's other rows or the thread count
+(docs/benchmarks.md has the measurements against fp32, bf16 and PyTorch's op per CPU class).
 
 It is compiled here, once per CPU class, with the machine's C++ compiler (the same ``g++``
 torch's inductor needs), into ``$RUFUS_COMPILE_CACHE_DIR/<cpu key>/kernels/`` next to the
 other compiled caches, and loaded with ctypes (no torch headers, so a build is quick).
 The instruction set follows :func:`rufus.serving.machine.this_cpu`, so
-``ATEN_CPU_CAPABILITY=avx2`` builds the AVX2 variant on a bigger CPU. Where it cannot be
+``ATEN_CPU_CAPABILITY=avx2`` builds the AVX2 variant on a bigger CPU; AVX-512 CPUs with
+``avx512_vnni`` get a variant whose multiply and add are one ``vpdpwssd`` (the same integer
+sums: every variant gives the same bits). Where it cannot be
 built (no compiler, no AVX2, not x86) :func:`load` returns None with the reason logged, and
 the planner's ``int8`` keeps PyTorch's op.
 """
@@ -37,7 +43,8 @@ from rufus.serving import caches, machine
 log = logging.getLogger("rufus.qp.int8_kernel")
 
 SOURCE = Path(__file__).with_name("w8_linear.cpp")
-ISA_FLAGS = {
+ISA_FLAGS = {  # avx512vnni: the same integer sums, multiply and add in one vpdpwssd
+    "avx512vnni": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mfma"],
     "avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma"],
     "avx2": ["-mavx2", "-mfma"],
 }
@@ -52,7 +59,7 @@ def isa(flags: set[str]) -> str | None:
     if platform.machine() not in ("x86_64", "AMD64"):
         return None
     if {"avx512f", "avx512bw", "avx512vl"} <= flags:
-        return "avx512"
+        return "avx512vnni" if "avx512_vnni" in flags else "avx512"
     if {"avx2", "fma"} <= flags:
         return "avx2"
     return None
@@ -146,25 +153,30 @@ def unavailable_reason(env: Mapping[str, str] | None = None) -> str | None:
 
 def pack(q: torch.Tensor, width: int) -> torch.Tensor:
     """``q [N, K]`` int8 as the kernel reads it: tiles of ``2 * width`` weight rows, each
-    stored k-major (``[ceil(N / 2w), K, 2w]``; rows padded with zeros to whole tiles), so a
-    pass reads the weights as one sequential stream."""
+    stored by pairs of k with a row's two k's adjacent (``[ceil(N / 2w), K / 2, 2w, 2]``; rows
+    padded with zeros to whole tiles), so a pass reads the weights as one sequential stream,
+    and one sign-extending load of a pair's ``2 * width`` bytes gives each 32-bit lane a row's
+    ``(q[n, k], q[n, k + 1])``, the operand ``vpmaddwd`` multiplies by the activations'
+    ``(x[k], x[k + 1])``. ``K`` is even (:func:`supports`)."""
     n, k = q.shape
     nt = 2 * width
     pad = (-n) % nt
     if pad:
         q = torch.cat([q, q.new_zeros(pad, k)])
-    return q.view(-1, nt, k).transpose(1, 2).contiguous()
+    return q.view(-1, nt, k // 2, 2).transpose(1, 2).contiguous()
 
 
 def supports(k: int, width: int) -> bool:
-    """Whether the kernel takes input width ``k``: a multiple of its vector width, the widths
-    it is tested with (every planner layer's is)."""
+    """Whether the kernel takes input width ``k``: a multiple of its vector width (so whole
+    pairs of k, and whole vectors for the activations' quantization), the widths it is tested
+    with (every planner layer's is)."""
     return k % width == 0
 
 
 def linear(q: torch.Tensor, scale: torch.Tensor, kernel: tuple[Callable[..., None], int]
            ) -> Callable[[torch.Tensor], torch.Tensor]:
-    """``x -> x @ (q * scale[:, None]).T`` for float32 ``x [..., K]`` through the kernel."""
+    """``x -> x @ (q * scale[:, None]).T`` for float32 ``x [..., K]`` through the kernel
+    (each row of ``x`` rounded to int16 on its own scale, see ``w8_linear.cpp``)."""
     fn, width = kernel
     n, k = q.shape
     packed = pack(q, width)

@@ -111,11 +111,12 @@ def _int8_linear(w: torch.Tensor, activations: torch.dtype = torch.bfloat16
                  ) -> Callable[[torch.Tensor], torch.Tensor]:
     """``x -> x @ w.T`` with ``w`` int8 weight-only (:func:`quantize_int8`).
 
-    float32 ``activations``: our kernel (:mod:`rufus.qp.decoder.int8_kernel`; weights
-    converted in registers, nothing emulated). bf16: ``aten._weight_int8pack_mm`` (bf16
-    activations only: with fp32 the op is many times slower on CPU), else (op missing, or it
-    fails a probe at build time) the dequantized bf16 weight through :func:`_packed_linear`:
-    the same values, without the memory or speed saving."""
+    float32 ``activations``: our kernel (:mod:`rufus.qp.decoder.int8_kernel`; each row
+    rounded to int16 on its own scale, integer products, nothing emulated). bf16:
+    ``aten._weight_int8pack_mm`` (bf16 activations only: with fp32 the op is many times
+    slower on CPU), else (op missing, or it fails a probe at build time) the dequantized bf16
+    weight through :func:`_packed_linear`: the same values, without the memory or speed
+    saving."""
     q, scale = quantize_int8(w)
     if activations == torch.float32:
         from rufus.qp.decoder import int8_kernel

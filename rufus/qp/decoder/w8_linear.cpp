@@ -3,15 +3,28 @@
 //
 //   y[M, N] = x[M, K] @ (q[N, K] * s[N])^T      x, y, s: float32; q: int8
 //
-// q is pre-packed by int8_kernel.pack() in tiles of NT = 2 * VW weight rows, each tile stored
-// k-major ([N/NT][K][NT]): a pass reads the weights as one sequential stream (the hardware
-// prefetcher's best case), and each k's NT weights are one load per vector, multiplied by
-// every activation row's x[k] (outer-product form: no horizontal sums; the earlier
-// dot-product layout was slower for passes of several rows: docs/benchmarks.md). The weights
-// are converted to float32 in registers and accumulated in float32: no bf16 arithmetic,
-// which CPUs without avx512_bf16 emulate.
+// Integer arithmetic: each activation row is quantized to int16 (symmetric, its own scale
+// max|x| / 32767, round to nearest), the int8 weights are sign-extended to int16 in registers,
+// and products are summed in int32 by vpmaddwd (two k's per 32-bit lane), 16 (AVX2) or 32
+// (AVX-512) multiply-adds per instruction: twice the float32 FMA's, and the passes of several
+// rows (Medusa tree verification) are bound by this arithmetic on AVX2. The int32 sums are
+// exact (blocks of KB k's cannot overflow), each block converted to float32 and added in
+// k order, then scaled by the row's and the output channel's scales. So a row's result
+// depends only on that row (its scale, exact integer sums, a fixed order of float32 adds),
+// never on the other rows of the pass, their blocking or the thread count: Medusa's multi-row
+// verification passes reproduce one-row greedy decoding exactly (the planner's losslessness).
+// The activation rounding adds a relative error of about 2^-16 of the row's largest value per
+// element, far below the int8 weights' own.
 //
-// Compiled per CPU class: -mavx2 -mfma (VW 8) or -mavx512f -mavx512bw -mavx512vl (VW 16).
+// q is pre-packed by int8_kernel.pack() in tiles of NT = 2 * VW weight rows, each tile stored
+// k-pair-major with the pair's two k's of a weight row adjacent ([N/NT][K/2][NT][2]): a pass
+// reads the weights as one sequential stream (the hardware prefetcher's best case), and each
+// k-pair's 2 * NT weights are two loads, sign-extended so that every 32-bit lane holds
+// (q[n][k], q[n][k+1]), multiplied by every activation row's (x[k], x[k+1]) broadcast
+// (outer-product form: no horizontal sums, each weight vector serves MB rows).
+//
+// Compiled per CPU class: -mavx2 -mfma (VW 8) or -mavx512f -mavx512bw -mavx512vl (VW 16;
+// with -mavx512vnni the multiply and the add are one vpdpwssd, the same integer sums).
 // Parallel over weight tiles with OpenMP; linked against the libgomp torch has loaded,
 // so it shares torch's thread pool.
 #include <immintrin.h>
@@ -27,8 +40,26 @@
 #define VW 16
 #define MB_MAX 12
 typedef __m512 vf;
-static inline vf ld_w(const int8_t* p) {
-  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)));
+typedef __m512i vi;
+// 2 * VW int8 weights (VW columns x a k-pair) -> int16, one (q[n][k], q[n][k+1]) per lane
+static inline vi ld_w(const int8_t* p) {
+  return _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)p));
+}
+static inline vi set1_i(int32_t a) { return _mm512_set1_epi32(a); }
+static inline vi izero_() { return _mm512_setzero_si512(); }
+// acc + (w[2j] * x[2j] + w[2j+1] * x[2j+1]) per 32-bit lane j
+static inline vi dot2_(vi acc, vi w, vi x) {
+#if defined(__AVX512VNNI__)
+  return _mm512_dpwssd_epi32(acc, w, x);
+#else
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(w, x));
+#endif
+}
+static inline vf cvt_(vi a) { return _mm512_cvtepi32_ps(a); }
+static inline vf abs_(vf a) { return _mm512_abs_ps(a); }
+static inline void st_q(int16_t* p, vf v) {  // round to nearest, to int16 (saturating)
+  _mm256_storeu_si256((__m256i*)p, _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(
+      _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC))));
 }
 static inline vf ld_x(const float* p) { return _mm512_loadu_ps(p); }
 static inline void st_x(float* p, vf v) { _mm512_storeu_ps(p, v); }
@@ -53,8 +84,22 @@ static inline vf pow2i(vf n) {  // 2^n for integral n in float range
 #define VW 8
 #define MB_MAX 6
 typedef __m256 vf;
-static inline vf ld_w(const int8_t* p) {
-  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p)));
+typedef __m256i vi;
+static inline vi ld_w(const int8_t* p) {
+  return _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)p));
+}
+static inline vi set1_i(int32_t a) { return _mm256_set1_epi32(a); }
+static inline vi izero_() { return _mm256_setzero_si256(); }
+static inline vi dot2_(vi acc, vi w, vi x) {
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(w, x));
+}
+static inline vf cvt_(vi a) { return _mm256_cvtepi32_ps(a); }
+static inline vf abs_(vf a) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), a); }
+static inline void st_q(int16_t* p, vf v) {  // round to nearest, to int16 (saturating)
+  const __m256i i = _mm256_cvttps_epi32(
+      _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  _mm_storeu_si128((__m128i*)p, _mm256_castsi256_si128(
+      _mm256_permute4x64_epi64(_mm256_packs_epi32(i, i), 0xD8)));
 }
 static inline vf ld_x(const float* p) { return _mm256_loadu_ps(p); }
 static inline void st_x(float* p, vf v) { _mm256_storeu_ps(p, v); }
@@ -84,101 +129,119 @@ static inline vf pow2i(vf n) {  // 2^n for integral n in float range
 
 #define NT (2 * VW)    // output columns per packed tile
 #define PREFETCH 4096  // bytes ahead of the weight stream (DRAM latency at one row)
+// k's per exact int32 block: |x| <= 32767 and |q| <= 128, so a lane gains at most
+// 2 * 32767 * 128 per k-pair, and 256 pairs stay below 2^31
+#define KB 512
 
-// MB activation rows x one tile of NT outputs (two vectors), outer-product form: per k, the
-// tile's NT weights are loaded (and converted) once and multiplied by each row's x[k]
-// broadcast, so no horizontal sums and each weight vector serves MB rows. Every output
-// element is one float32 accumulator over k = 0..K-1 in order, whatever M, MB or the thread
-// count: a row's result does not depend on the other rows of the pass, so Medusa's
-// multi-row verification passes reproduce one-row greedy decoding exactly (the planner's
-// losslessness).
-//
-// W: int8_t reads the packed int8 tile and converts it in registers; float reads the same
-// tile already converted (exactly) to float32 in a buffer, which a pass of many rows (a
-// prefill) fills once per tile instead of converting it again for every MB rows.
-template <int MB, typename W>
-static inline void tile(const float* x, int64_t K, const W* qt, const float* s, float* y,
-                        int64_t N, int64_t n0) {
-  vf acc[MB][2];  // fully unrolled, so the accumulators stay in registers
+// One activation row to int16: q = round(x / scale) with scale = max|x| / 32767 (returned).
+// An all-zero row (or one whose max|x| < 1e-30, where 32767 / max|x| could overflow) gives
+// scale 0; a row holding a NaN or an infinity gives scale NaN (its outputs NaN, as float32
+// arithmetic would give).
+static inline float quantize_row(const float* x, int16_t* q, int64_t K) {
+  vf m = zero_(), bad = zero_();
+  for (int64_t i = 0; i < K; i += VW) {
+    const vf v = ld_x(x + i);
+    m = max_(m, abs_(v));
+    bad = add_(bad, mul_(v, zero_()));  // NaN if any element is NaN or infinite
+  }
+  float r[VW], amax = 0.0f;
+  st_x(r, m);
+  for (int j = 0; j < VW; j++) amax = r[j] > amax ? r[j] : amax;
+  const bool finite = hsum(bad) == 0.0f;
+  if (!finite || amax < 1e-30f) {
+    memset(q, 0, K * sizeof(int16_t));
+    return finite ? 0.0f : NAN;
+  }
+  const vf inv = set1_(32767.0f / amax);
+  for (int64_t i = 0; i < K; i += VW) st_q(q + i, mul_(ld_x(x + i), inv));
+  return amax / 32767.0f;
+}
+
+// MB quantized activation rows (xq, their scales xs) x one tile of NT outputs (two vectors),
+// outer-product form: per k-pair, the tile's 2 * NT weights are loaded (and sign-extended)
+// once and multiplied by each row's (x[k], x[k+1]) broadcast. Every output element is an
+// exact int32 sum per block of KB k's, the blocks added in float32 in k order, whatever M,
+// MB or the thread count.
+template <int MB>
+static inline void tile(const int16_t* xq, const float* xs, int64_t K, const int8_t* qt,
+                        const float* s, float* y, int64_t N, int64_t n0) {
+  vf facc[MB][2];
 #pragma GCC unroll 16
-  for (int i = 0; i < MB; i++) acc[i][0] = acc[i][1] = zero_();
-  for (int64_t k = 0; k < K; k++) {
-    vf w0, w1;
-    if constexpr (sizeof(W) == 1) {
-      _mm_prefetch((const char*)(qt + k * NT + PREFETCH), _MM_HINT_T0);
-      w0 = ld_w(qt + k * NT);
-      w1 = ld_w(qt + k * NT + VW);
-    } else {
-      w0 = ld_x(qt + k * NT);
-      w1 = ld_x(qt + k * NT + VW);
+  for (int i = 0; i < MB; i++) facc[i][0] = facc[i][1] = zero_();
+  for (int64_t k0 = 0; k0 < K; k0 += KB) {
+    const int64_t k1 = K - k0 < KB ? K : k0 + KB;
+    vi acc[MB][2];  // fully unrolled, so the accumulators stay in registers
+#pragma GCC unroll 16
+    for (int i = 0; i < MB; i++) acc[i][0] = acc[i][1] = izero_();
+    for (int64_t k = k0; k < k1; k += 2) {
+      const int8_t* p = qt + k * NT;  // this k-pair's 2 * NT weights
+      _mm_prefetch((const char*)(p + PREFETCH), _MM_HINT_T0);
+      const vi w0 = ld_w(p), w1 = ld_w(p + 2 * VW);
+#pragma GCC unroll 16
+      for (int i = 0; i < MB; i++) {
+        int32_t pair;
+        memcpy(&pair, xq + i * K + k, sizeof pair);
+        const vi xb = set1_i(pair);
+        acc[i][0] = dot2_(acc[i][0], w0, xb);
+        acc[i][1] = dot2_(acc[i][1], w1, xb);
+        // keeps this row's update here: without it GCC hoists every row's broadcast and
+        // product ahead of the adds and spills accumulators (AVX2 has 16 registers)
+        asm("" : "+v"(acc[i][0]), "+v"(acc[i][1]));
+      }
     }
 #pragma GCC unroll 16
     for (int i = 0; i < MB; i++) {
-      const vf xb = set1_(x[i * K + k]);
-      acc[i][0] = fma_(xb, w0, acc[i][0]);
-      acc[i][1] = fma_(xb, w1, acc[i][1]);
+      facc[i][0] = add_(facc[i][0], cvt_(acc[i][0]));
+      facc[i][1] = add_(facc[i][1], cvt_(acc[i][1]));
     }
   }
+  const vf s0 = ld_x(s + n0), s1 = ld_x(s + n0 + VW);
   if (N - n0 >= NT) {
-    const vf s0 = ld_x(s + n0), s1 = ld_x(s + n0 + VW);
 #pragma GCC unroll 16
     for (int i = 0; i < MB; i++) {
-      st_x(y + i * N + n0, mul_(acc[i][0], s0));
-      st_x(y + i * N + n0 + VW, mul_(acc[i][1], s1));
+      const vf r = set1_(xs[i]);
+      st_x(y + i * N + n0, mul_(facc[i][0], mul_(s0, r)));
+      st_x(y + i * N + n0 + VW, mul_(facc[i][1], mul_(s1, r)));
     }
     return;
   }
   float r[NT];  // the last tile: padding columns are computed and not stored
   for (int i = 0; i < MB; i++) {
-    st_x(r, acc[i][0]);
-    st_x(r + VW, acc[i][1]);
-    for (int64_t j = 0; j < N - n0; j++) y[i * N + n0 + j] = r[j] * s[n0 + j];
+    const vf rs = set1_(xs[i]);
+    st_x(r, mul_(facc[i][0], mul_(s0, rs)));
+    st_x(r + VW, mul_(facc[i][1], mul_(s1, rs)));
+    for (int64_t j = 0; j < N - n0; j++) y[i * N + n0 + j] = r[j];
   }
 }
 
 // the last M % MB_MAX activation rows
-template <int MB, typename W>
-static inline void tail(int64_t r, const float* x, int64_t K, const W* qt, const float* s,
-                        float* y, int64_t N, int64_t n0) {
+template <int MB>
+static inline void tail(int64_t r, const int16_t* xq, const float* xs, int64_t K,
+                        const int8_t* qt, const float* s, float* y, int64_t N, int64_t n0) {
   if constexpr (MB > 0) {
-    if (r == MB) tile<MB, W>(x, K, qt, s, y, N, n0);
-    else tail<MB - 1, W>(r, x, K, qt, s, y, N, n0);
+    if (r == MB) tile<MB>(xq, xs, K, qt, s, y, N, n0);
+    else tail<MB - 1>(r, xq, xs, K, qt, s, y, N, n0);
   }
 }
 
-// every activation row against one weight tile
-template <typename W>
-static inline void all_rows(const float* x, int64_t M, int64_t K, const W* qt, const float* s,
-                            float* y, int64_t N, int64_t n0) {
-  int64_t m = 0;
-  for (; m + MB_MAX <= M; m += MB_MAX) tile<MB_MAX, W>(x + m * K, K, qt, s, y + m * N, N, n0);
-  tail<MB_MAX - 1, W>(M - m, x + m * K, K, qt, s, y + m * N, N, n0);
-}
-
+// xq [M, K] and xs [M]: scratch for the quantized rows. One arithmetic for every M (a
+// prefill's rows go through the same tiles as a decode's), so a row's result never depends
+// on the size of its pass.
 static void linear(const float* x, const int8_t* qp, const float* s, float* y, int64_t M,
-                   int64_t N, int64_t K, int threads) {
+                   int64_t N, int64_t K, int threads, int16_t* xq, float* xs) {
   const int64_t tiles = (N + NT - 1) / NT;
-  if (M <= 4 * MB_MAX) {  // decode, tree verification: convert in registers
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t t = 0; t < tiles; t++)
-      all_rows<int8_t>(x, M, K, qp + t * NT * K, s, y, N, t * NT);
-    return;
-  }
 #pragma omp parallel num_threads(threads)
   {
-    // prefill: each tile converted once into this thread's buffer (NT * K floats)
-    float* buf = (float*)aligned_alloc(64, (size_t)(NT * K * sizeof(float) + 63) / 64 * 64);
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < M; r++) xs[r] = quantize_row(x + r * K, xq + r * K, K);
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < tiles; t++) {
       const int8_t* qt = qp + t * NT * K;
-      if (buf == nullptr) {
-        all_rows<int8_t>(x, M, K, qt, s, y, N, t * NT);
-        continue;
-      }
-      for (int64_t e = 0; e < NT * K; e += VW) st_x(buf + e, ld_w(qt + e));
-      all_rows<float>(x, M, K, buf, s, y, N, t * NT);
+      int64_t m = 0;
+      for (; m + MB_MAX <= M; m += MB_MAX)
+        tile<MB_MAX>(xq + m * K, xs + m, K, qt, s, y + m * N, N, t * NT);
+      tail<MB_MAX - 1>(M - m, xq + m * K, xs + m, K, qt, s, y + m * N, N, t * NT);
     }
-    free(buf);
   }
 }
 
@@ -303,7 +366,9 @@ int w8_head_supported(int64_t hd) { return head_supported(hd) ? 1 : 0; }
 // (the last tile may hold padding rows, which are computed and not stored).
 void w8_linear(const float* x, const int8_t* qp, const float* s, float* y, int64_t M,
                int64_t N, int64_t K, int threads) {
-  linear(x, qp, s, y, M, N, K, threads);
+  std::vector<int16_t> xq(M * K);
+  std::vector<float> xs(M);
+  linear(x, qp, s, y, M, N, K, threads, xq.data(), xs.data());
 }
 
 // Every decoder layer of a Llama model over M rows, x [M, H] updated in place (the input
@@ -328,6 +393,10 @@ void w8_forward(float* x, int64_t M, int64_t L, const int64_t* dims, float eps,
   // h: norm outputs, o's output, silu(gate) * up; att: attention, down's output
   std::vector<float> h(M * (d.H > d.I ? d.H : d.I)), qkv(M * QKV), att(M * (Q > d.H ? Q : d.H));
   std::vector<float> gu(M * 2 * d.I);
+  // the quantized rows of each linear's input (K is H, Q or I)
+  const int64_t kmax = d.H > Q ? (d.H > d.I ? d.H : d.I) : (Q > d.I ? Q : d.I);
+  std::vector<int16_t> xq(M * kmax);
+  std::vector<float> xs(M);
   // attention scratch, one slice per thread, allocated once per pass (not per layer)
   const int64_t sc_n = (max_end + VW - 1) / VW * VW, idx_n = max_end;
   std::vector<float> sc_all(threads * sc_n);
@@ -339,7 +408,8 @@ void w8_forward(float* x, int64_t M, int64_t L, const int64_t* dims, float eps,
 #pragma omp parallel for num_threads(threads) if (M >= 8) schedule(static)
     for (int64_t r = 0; r < M; r++)
       rms_row(x + r * d.H, (const float*)lw[8], h.data() + r * d.H, d.H, eps);
-    linear(h.data(), (const int8_t*)lw[0], (const float*)lw[1], qkv.data(), M, QKV, d.H, threads);
+    linear(h.data(), (const int8_t*)lw[0], (const float*)lw[1], qkv.data(), M, QKV, d.H, threads,
+           xq.data(), xs.data());
     for (int64_t s = 0; s < nspans; s++) {  // rotary, then this pass's K/V into the cache
       const int64_t r0 = spans[5 * s], n = spans[5 * s + 1], base = spans[5 * s + 2];
       const int64_t start = spans[5 * s + 3];
@@ -371,13 +441,14 @@ void w8_forward(float* x, int64_t M, int64_t L, const int64_t* dims, float eps,
                att.data() + r * Q + hh * d.hd, sc, idx);
       }
     }
-    linear(att.data(), (const int8_t*)lw[2], (const float*)lw[3], h.data(), M, d.H, Q, threads);
+    linear(att.data(), (const int8_t*)lw[2], (const float*)lw[3], h.data(), M, d.H, Q, threads,
+           xq.data(), xs.data());
     for (int64_t i = 0; i < M * d.H; i++) x[i] += h[i];
 #pragma omp parallel for num_threads(threads) if (M >= 8) schedule(static)
     for (int64_t r = 0; r < M; r++)
       rms_row(x + r * d.H, (const float*)lw[9], h.data() + r * d.H, d.H, eps);
     linear(h.data(), (const int8_t*)lw[4], (const float*)lw[5], gu.data(), M, 2 * d.I, d.H,
-           threads);
+           threads, xq.data(), xs.data());
 #pragma omp parallel for num_threads(threads) if (M >= 8) schedule(static)
     for (int64_t r = 0; r < M; r++) {  // silu(gate) * up, into h
       const float* gr = gu.data() + r * 2 * d.I;
@@ -388,7 +459,8 @@ void w8_forward(float* x, int64_t M, int64_t L, const int64_t* dims, float eps,
         st_x(o + i, mul_(mul_(gv, sig), ld_x(gr + d.I + i)));
       }
     }
-    linear(h.data(), (const int8_t*)lw[6], (const float*)lw[7], att.data(), M, d.H, d.I, threads);
+    linear(h.data(), (const int8_t*)lw[6], (const float*)lw[7], att.data(), M, d.H, d.I, threads,
+           xq.data(), xs.data());
     for (int64_t i = 0; i < M * d.H; i++) x[i] += att[i];
   }
 }
