@@ -59,8 +59,9 @@ STAMPS = ("rufus-build.json", "rufus-qp-build.json", "config.json")
 # Bumped when what is measured changes (a new candidate or kernel), so every machine measures
 # again instead of serving a choice made without it. 2: int8 through our own kernel
 # (rufus/qp/decoder/int8_kernel.py). 3: int8 passes of few rows through the fused stack
-# (torch_llama._FusedStack).
-MEASUREMENT = 3
+# (torch_llama._FusedStack). 4: the int8 kernel's arithmetic in integers (int16 activations,
+# vpmaddwd).
+MEASUREMENT = 4
 
 
 def model_fingerprint(model_dir: str | Path) -> str:
