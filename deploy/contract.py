@@ -205,7 +205,7 @@ ENV: dict[str, Var] = {
                                 "planner in fp32: few-row passes through oneDNN's pre-packed "
                                 "matmul, one-row through MKL (1; 0: every pass F.linear)"),
     "RUFUS_QP_FUSED": Var(("rufus/qp/decoder/torch_llama.py",),
-                          "planner in int8 through our kernel: passes of up to 32 rows run "
+                          "planner in int8 through our kernel: passes of up to 128 rows run "
                           "every decoder layer in one call (1; 0: op by op)"),
     "RUFUS_ENGINE_START_METHOD": Var(("rufus/serving/engine.py",),
                                      "how vLLM's EngineCore starts when its worker runs inside "

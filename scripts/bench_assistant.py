@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -59,12 +60,27 @@ def eval_conversations() -> list[list[str]]:
             if r["intent"] in PRODUCT_INTENTS and not r.get("history")]
 
 
+def followup_conversations() -> list[list[str]]:
+    """``--questions followups``: the held-out follow-up questions with a product intent
+    (data/qp/eval.jsonl, 22 of 263), each as a two-turn conversation asked once: the earlier
+    question, then the follow-up with the answer the assistant actually gave as history. The
+    follow-up's answer prompt carries that history, so this is the cold tail of multi-turn
+    conversations (the default mix has three follow-ups, all repeated after their first
+    occurrence)."""
+    from rufus.qp.plan import load_eval
+    return [[r["history"][0]["content"], r["question"]]
+            for r in load_eval(Path(__file__).parents[1] / "data/qp/eval.jsonl")
+            if r["intent"] in PRODUCT_INTENTS and r.get("history")
+            and r["history"][0]["role"] == "user"]
+
+
 @dataclass
 class Turn:
     cards_s: float = float("nan")
     first_token_s: float = float("nan")
     total_s: float = float("nan")
     answered: bool = False      # the answer model produced the text (not a service reply)
+    followup: bool = False      # asked with history (a later turn of its conversation)
     fallback: bool = False      # the planner gave no plan (error or RUFUS_ASSISTANT_PLAN_TIMEOUT_S)
     server: dict[str, float] = field(default_factory=dict)
     text: str = ""
@@ -74,7 +90,7 @@ class Turn:
 async def assistant_turn(io: Any, question: str, history: list[dict[str, str]]) -> Turn:
     from rufus.client import RequestFailed, output_str
 
-    t = Turn()
+    t = Turn(followup=bool(history))
     t0 = time.monotonic()
     tensors: dict[str, Any] = {"question": question}
     if history:
@@ -148,7 +164,7 @@ def baseline_prompts() -> list[list[dict[str, str]]]:
     """The answer prompts the assistant builds for the first turn of each conversation,
     retrieved locally with the question as the query (what rufus_llm sees, same size)."""
     from rufus.assistant.pipeline import fallback_plan, search_queries
-    from rufus.assistant.prompt import answer_messages
+    from rufus.assistant.prompt import ANSWER_PRODUCTS, answer_messages
     from rufus.retrieval import default_retriever
     from rufus.retrieval.base import Filters
 
@@ -158,7 +174,7 @@ def baseline_prompts() -> list[list[dict[str, str]]]:
         q = conv[0]
         plan = fallback_plan(q)
         prods = r.search(search_queries(plan, q, []), Filters.from_plan(plan["filters"]), 5)
-        out.append(answer_messages(q, prods, None))
+        out.append(answer_messages(q, prods[:ANSWER_PRODUCTS], None))
     return out
 
 
@@ -195,10 +211,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="RUFUS_ASSISTANT_PLAN_TIMEOUT_S of the server this script starts: high, so "
                          "the plan stage shows the planner's latency, not the timeout (default 60)")
     ap.add_argument("--no-baseline", action="store_true")
-    ap.add_argument("--questions", choices=("mix", "eval"), default="mix",
+    ap.add_argument("--questions", choices=("mix", "eval", "followups"), default="mix",
                     help="mix: 12 conversations of every intent, cycled (repeats hit the prefix "
                          "cache); eval: the held-out product questions, each asked once (every "
-                         "answer prompt cold)")
+                         "answer prompt cold); followups: the held-out follow-up questions, "
+                         "each a two-turn conversation asked once (cold prompts with history)")
     ap.add_argument("--json", help="write the raw per-level results here")
     a = ap.parse_args(argv)
     srv = None
@@ -225,14 +242,16 @@ def main(argv: list[str] | None = None) -> int:
         levels = list(zip(a.concurrency, a.conversations, strict=False))
         from rufus.serving.machine import describe
 
-        convs = eval_conversations() if a.questions == "eval" else CONVERSATIONS
+        convs = {"eval": eval_conversations, "followups": followup_conversations}.get(
+            a.questions, lambda: CONVERSATIONS)()
         results: dict[str, Any] = {"cpu": describe(), "prompt_tokens": work,
                                    "questions": a.questions}
         print(f"load average at start {os.getloadavg()[0]:.1f} (2 cores)", flush=True)
         for c, n in levels:
             time.sleep(2)  # idle gap: vLLM's CPU worker busy-polls 1 s after its last request
-            if a.questions == "eval" and n > len(convs):
-                print(f"--conversations {n} > {len(convs)} eval questions: some repeat", flush=True)
+            if a.questions != "mix" and n > len(convs):
+                print(f"--conversations {n} > {len(convs)} {a.questions} conversations: some "
+                      "repeat", flush=True)
             turns, wall = asyncio.run(run_level(a.url, c, n, "assistant", prompts, a.max_tokens,
                                                 convs))
             base: list[Turn] = []
@@ -254,12 +273,22 @@ def main(argv: list[str] | None = None) -> int:
                 "ttfat_p99": pct([t.first_token_s for t in llm], 0.99),
                 **{f"{k.removesuffix('_s')}_p50": pct(v, 0.5) for k, v in stage.items()},
                 **{f"{k.removesuffix('_s')}_p99": pct(v, 0.99) for k, v in stage.items()},
+                # grounding at a glance: answers that link at least one retrieved product,
+                # and the distinct products an answer links (LinkRenderer's [n] -> link)
+                "linked_answers": sum(bool(re.search(r"\]\(https?://", t.text))
+                                      for t in llm) / max(len(llm), 1),
+                "links_per_answer": sum(len(set(re.findall(r"\]\((https?://[^)\s]+)\)", t.text)))
+                                        for t in llm) / max(len(llm), 1),
+                # later turns alone (their prompts carry history)
+                "followup_ttfat_p50": pct([t.first_token_s for t in llm if t.followup], 0.5),
+                "followup_ttfat_p99": pct([t.first_token_s for t in llm if t.followup], 0.99),
                 "baseline_ttft_p50": pct([t.first_token_s for t in base], 0.5),
                 "baseline_ttft_p99": pct([t.first_token_s for t in base], 0.99),
                 "load": os.getloadavg()[0],
-                # per answered turn: first answer token, plan, answer TTFT (s), for the tail
+                # per answered turn: first answer token, plan, answer TTFT (s), 1 if a follow-up
                 "answered_turns": [[round(t.first_token_s, 4), round(t.server.get("plan_s", -1), 4),
-                                    round(t.server.get("answer_ttft_s", -1), 4)] for t in llm],
+                                    round(t.server.get("answer_ttft_s", -1), 4), int(t.followup)]
+                                   for t in llm],
             }
             results[str(c)] = row
             ms = {k: v * 1000 for k, v in row.items() if k.endswith(("_p50", "_p99"))}
@@ -269,7 +298,10 @@ def main(argv: list[str] | None = None) -> int:
                   f"first answer token p50/p99 {ms['ttfat_p50']:.0f}/{ms['ttfat_p99']:.0f} ms | "
                   f"plan {ms['plan_p50']:.0f}/{ms['plan_p99']:.0f} | retrieval {ms['retrieval_p50']:.1f}/"
                   f"{ms['retrieval_p99']:.1f} | answer TTFT {ms['answer_ttft_p50']:.0f}/"
-                  f"{ms['answer_ttft_p99']:.0f}"
+                  f"{ms['answer_ttft_p99']:.0f} | follow-ups' first answer token "
+                  f"{ms['followup_ttfat_p50']:.0f}/{ms['followup_ttfat_p99']:.0f} | answers "
+                  f"linking a product {row['linked_answers']:.0%}, "
+                  f"{row['links_per_answer']:.1f} products each"
                   f" | baseline rufus_llm TTFT {ms['baseline_ttft_p50']:.0f}/{ms['baseline_ttft_p99']:.0f}"
                   f" | TTFAT/baseline p50 {row['ttfat_p50'] / row['baseline_ttft_p50']:.2f}x",
                   flush=True)

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from rufus.assistant.prompt import (
+    ANSWER_PRODUCTS,
     SERVICE_REPLIES,
     LinkRenderer,
     answer_messages,
@@ -132,6 +133,7 @@ class Assistant:
 
     def __init__(self, url: str, retriever: Retriever, *, planner_model: str = "rufus_qp_medusa",
                  answer_model: str = "rufus_llm", k: int = 5, max_tokens: int = 160,
+                 answer_products: int = ANSWER_PRODUCTS,
                  plan_timeout_s: float | None = None, metrics: AssistantMetrics | None = None,
                  prewarm: bool | None = None) -> None:
         self.url = url
@@ -139,6 +141,10 @@ class Assistant:
         self.planner_model = planner_model
         self.answer_model = answer_model
         self.k = k
+        if answer_products < 1:
+            raise ValueError(f"answer_products must be at least 1, got {answer_products}")
+        # the answer prompt lists the first answer_products of the k cards (prompt.py)
+        self.answer_products = answer_products
         self.max_tokens = max_tokens
         self.plan_timeout_s = plan_timeout_s if plan_timeout_s is not None else float(
             os.environ.get("RUFUS_ASSISTANT_PLAN_TIMEOUT_S", "10"))
@@ -278,6 +284,7 @@ class Assistant:
     async def _answer(self, question: str, products: list[Product], turns: list[dict[str, str]],
                       general: bool, t0: float, timings: dict[str, float],
                       conversation: str | None = None) -> AsyncIterator[AssistantEvent]:
+        products = products[:self.answer_products]  # [n] links only to what the model saw
         renderer = LinkRenderer(products)
         tensors = {
             "messages": answer_messages(question, products, turns, general=general),

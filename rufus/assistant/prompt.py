@@ -16,7 +16,16 @@ from typing import Any
 from rufus.retrieval.catalog import Product
 
 HISTORY_TURNS = 4          # previous turns given to the answer model
-HISTORY_CHARS = 400        # per previous turn (long answers would crowd out the products)
+# Per previous turn, by role: a customer's question nearly whole; an earlier answer only its
+# opening, which names what it recommended first. A follow-up's history is prefilled while
+# the planner runs, and when it takes longer than the plan the answer waits for it: with
+# whole answers (400 chars) every follow-up's first answer token passed 1 s on AVX2
+# (docs/benchmarks.md, "Follow-ups"); the products the answer needs are in the new prompt.
+HISTORY_CHARS = {"user": 400, "assistant": 160}
+# The products the answer prompt lists: the top 4 of the cards (num_products, 5). The answer
+# recommends two or three of them; each line is ~28 tokens prefilled after the plan, on the
+# critical path (docs/benchmarks.md, "Follow-ups"). rufus_assistant's ``answer_products``.
+ANSWER_PRODUCTS = 4
 
 SYSTEM_PRODUCTS = (
     "You are a helpful shopping assistant. Recommend two or three of the numbered products "
@@ -57,7 +66,7 @@ def product_lines(products: Sequence[Product]) -> str:
 
 
 def previous_turns(history: Sequence[dict[str, str]] | None) -> list[dict[str, str]]:
-    return [{"role": m["role"], "content": clip(m["content"], HISTORY_CHARS)}
+    return [{"role": m["role"], "content": clip(m["content"], HISTORY_CHARS[m["role"]])}
             for m in (history or [])[-HISTORY_TURNS:] if m["role"] in ("user", "assistant")]
 
 

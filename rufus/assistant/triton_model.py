@@ -196,6 +196,7 @@ class AssistantModel(TritonModel):
         settings = dict(planner_model=self.param("planner_model", "rufus_qp_medusa"),
                         answer_model=self.param("answer_model", "rufus_llm"),
                         k=int(self.param("num_products", "5")),
+                        answer_products=int(self.param("answer_products", "4")),
                         max_tokens=int(self.param("answer_max_tokens", "160")))
         self.assistant = Assistant(url, retriever, metrics=self.metrics, **settings)
         self.loop = asyncio.new_event_loop()

@@ -122,6 +122,27 @@ def test_answer_prompt_has_products_not_urls():
     assert len(msgs[1]["content"]) <= 400
 
 
+def test_answer_history_keeps_questions_and_the_opening_of_answers():
+    history = [{"role": "user", "content": "q" * 300}, {"role": "assistant", "content": "a" * 900}]
+    msgs = answer_messages("and cheaper?", CATALOG[:2], history)
+    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user"]
+    assert msgs[1]["content"] == "q" * 300  # a question whole
+    assert msgs[2]["content"].startswith("a" * 100) and len(msgs[2]["content"]) <= 160
+
+
+def test_answer_prompt_lists_the_top_products_and_links_only_those(retriever):
+    fake = FakeStreams(plan_of("product_search", ["running shoes"]), ["[4] or [5]"])
+    evs = run(Assistant("x", retriever, k=5, answer_products=4), fake, "running shoes")
+    cards = evs[1].products
+    assert len(cards) == 5  # the cards are all k products
+    prompt = fake.calls[1][1]["messages"][-1]["content"]
+    assert "[4] " in prompt and "[5] " not in prompt and cards[4]["title"] not in prompt
+    text = "".join(e.text for e in evs if e.type == "text")
+    assert f"({cards[3]['url']})" in text and cards[4]["url"] not in text
+    with pytest.raises(ValueError, match="answer_products"):
+        Assistant("x", retriever, answer_products=0)
+
+
 # ------------------------------------------------------------------ pipeline with fake streams
 
 class FakeStreams:

@@ -33,10 +33,12 @@ log = logging.getLogger("rufus.qp.torch")
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16,
           "int8": torch.bfloat16}
 FP32_PACK_ROWS = 8  # oneDNN blocking hint: the few-row verification passes
-# Passes of at most this many rows run through the fused int8 stack (:class:`_FusedStack`);
-# longer ones (prefills) op by op, whose attention (PyTorch's fused kernel) is faster there
-# (the crossover measured: docs/benchmarks.md).
-FUSED_MAX_ROWS = 32
+# Passes of at most this many rows run through the fused int8 stack (:class:`_FusedStack`),
+# longer ones op by op, whose attention (PyTorch's fused kernel) catches up there: with the
+# integer kernel the fused pass is faster up to 64 rows, even at 128 and 0.96-0.99x at 256
+# (one thread, 200 cached tokens, both CPU classes: docs/benchmarks.md). So a question's
+# prefill, a follow-up's history (~50 rows) included, takes the fused pass.
+FUSED_MAX_ROWS = 128
 _int8_op_failed: list[str] = []  # why _weight_int8pack_mm is not used (logged once)
 
 
@@ -339,7 +341,7 @@ class _FusedStack:
     replaces: each row's result depends only on its own tokens and the keys it may see
     (the kernel sums over the visible keys only, in slot order), so tree verification
     reproduces one-row greedy decoding. Passes of more than :data:`FUSED_MAX_ROWS` rows
-    (prefills) stay op by op; ``RUFUS_QP_FUSED=0`` keeps every pass op by op.
+    stay op by op; ``RUFUS_QP_FUSED=0`` keeps every pass op by op.
     """
 
     FIELDS = ("qkv", "o", "gate_up", "down")

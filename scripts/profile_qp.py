@@ -1,0 +1,128 @@
+"""Where a plan's time goes: plain decoding and the served decoder of the same planner, in
+process, split into forward passes (by row count), the LM head and the rest (grammar,
+drafts, Python), on the same questions, interleaved.
+
+    .venv/bin/python scripts/profile_qp.py [--questions 20] [--threads 1] [--dtype int8]
+        [--json build/qp/profile.json]
+
+Why: the served decoder's speedup over plain decoding is bounded by what an extra row of a
+verification pass costs against a whole one-row pass, and that differs per CPU class (on
+AVX2 a multi-row pass is bound by arithmetic, a one-row pass by reading the weights). This
+prints both, so the bound can be read off a machine (docs/benchmarks.md). The CPU class is
+printed and written with the figures; set ``ATEN_CPU_CAPABILITY=avx2`` (and
+ONEDNN_MAX_CPU_ISA, MKL's variable) to measure the AVX2 build on a bigger CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+MODEL_DIR = ROOT / "model_repository" / "rufus_qp_medusa" / "1"
+
+
+def timed(planner: Any, log: dict[str, list[tuple[int, float]]]) -> None:
+    """Wrap ``planner``'s model so that every pass and LM-head call is logged (rows, s)."""
+    model = planner.decoder.model
+    forward_many, logits = model.forward_many, model.logits
+
+    def fwd(segs: list[Any]) -> Any:
+        t = time.perf_counter()
+        out = forward_many(segs)
+        log["forward"].append((sum(int(s.ids.shape[0]) for s in segs), time.perf_counter() - t))
+        return out
+
+    def head(hidden: Any) -> Any:
+        t = time.perf_counter()
+        out = logits(hidden)
+        log["logits"].append((int(hidden.shape[0]), time.perf_counter() - t))
+        return out
+
+    model.forward_many, model.logits = fwd, head
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--questions", type=int, default=20, help="first N of data/qp/eval.jsonl")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--dtype", default="int8")
+    ap.add_argument("--json")
+    a = ap.parse_args()
+
+    from rufus.qp.backends import served_tree
+    from rufus.qp.plan import load_eval
+    from rufus.qp.tooling.build import medusa_dir, qp_model_dir
+    from rufus.qp.tooling.evaluate import TorchPlanner
+    from rufus.serving.machine import describe
+
+    mj = json.loads((MODEL_DIR / "model.json").read_text())
+    model = qp_model_dir()
+    tree = served_tree(mj, MODEL_DIR, str(model), a.dtype)
+    copy = tuple(mj.get("copy_fields") or ())
+    planners = {
+        "plain": TorchPlanner(model, a.dtype, threads=a.threads, copy_fields=copy),
+        "served": TorchPlanner(model, a.dtype, medusa_dir(), tree, int(mj["num_medusa_heads"]),
+                               threads=a.threads, copy_fields=copy,
+                               grammar_drafts=int(mj.get("grammar_drafts", 0)),
+                               lookup_drafts=int(mj.get("lookup_drafts", 0))),
+    }
+    logs: dict[str, dict[str, list[tuple[int, float]]]] = {}
+    for name, p in planners.items():
+        p.plan("warm up")
+        logs[name] = defaultdict(list)
+        timed(p, logs[name])
+    rows = load_eval(ROOT / "data" / "qp" / "eval.jsonl")[: a.questions]
+    total = dict.fromkeys(planners, 0.0)
+    tokens = dict.fromkeys(planners, 0)
+    cpu = describe()
+    print(f"[profile_qp] {cpu['cpu_key']}, {a.threads} threads, {a.dtype}, tree {tree}",
+          flush=True)
+    for i, r in enumerate(rows):
+        names = list(planners)[i % 2:] + list(planners)[:i % 2]
+        for name in names:
+            pred = planners[name].plan(r["question"], r.get("history"))
+            total[name] += pred.seconds
+            tokens[name] += len(pred.token_ids)
+    n = len(rows)
+    out: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                           "cpu": cpu, "threads": a.threads, "dtype": a.dtype, "tree": tree,
+                           "questions": n}
+    for name in planners:
+        fw, lg = logs[name]["forward"], logs[name]["logits"]
+        by_rows: dict[int, list[float]] = defaultdict(list)
+        for k, s in fw:
+            by_rows[k].append(s)
+        f_ms, l_ms = sum(s for _, s in fw) / n * 1e3, sum(s for _, s in lg) / n * 1e3
+        res = {"ms_per_plan": total[name] / n * 1e3, "tokens_per_plan": tokens[name] / n,
+               "passes_per_plan": len(fw) / n, "forward_ms": f_ms, "lm_head_ms": l_ms,
+               "lm_head_rows_per_plan": sum(k for k, _ in lg) / n,
+               "other_ms": total[name] / n * 1e3 - f_ms - l_ms,
+               "pass_ms_by_rows": {k: {"passes": len(v), "median_ms":
+                                       sorted(v)[len(v) // 2] * 1e3}
+                                   for k, v in sorted(by_rows.items())}}
+        out[name] = res
+        print(f"[profile_qp] {name}: {res['ms_per_plan']:.1f} ms per plan, "
+              f"{res['tokens_per_plan']:.1f} tokens in {res['passes_per_plan']:.1f} passes; "
+              f"forward {f_ms:.1f} ms, LM head {l_ms:.1f} ms "
+              f"({res['lm_head_rows_per_plan']:.1f} rows), rest {res['other_ms']:.1f} ms",
+              flush=True)
+        print("[profile_qp]   pass ms by rows (passes): " + ", ".join(
+            f"{k}: {v['median_ms']:.1f} ({v['passes']})"
+            for k, v in res["pass_ms_by_rows"].items()), flush=True)
+    out["served_over_plain"] = total["plain"] / total["served"]
+    print(f"[profile_qp] served over plain: {out['served_over_plain']:.2f}x", flush=True)
+    if a.json:
+        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.json).write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
