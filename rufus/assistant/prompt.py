@@ -17,14 +17,14 @@ from rufus.retrieval.catalog import Product
 
 HISTORY_TURNS = 4          # previous turns given to the answer model
 # Per previous turn, by role: a customer's question nearly whole; an earlier answer only its
-# opening, which names what it recommended first. A follow-up's history is prefilled while
-# the planner runs, and when it takes longer than the plan the answer waits for it: with
-# whole answers (400 chars) every follow-up's first answer token passed 1 s on AVX2
-# (docs/benchmarks.md, "Follow-ups"); the products the answer needs are in the new prompt.
+# opening, which names what it recommended first. Why: a follow-up's history is prefilled
+# while the planner runs, and where that outlasts the plan the answer waits for it (whole
+# answers did so on AVX2: docs/benchmarks.md, "Follow-ups"); the products the new answer
+# needs are in its own prompt.
 HISTORY_CHARS = {"user": 400, "assistant": 160}
-# The products the answer prompt lists: the top 4 of the cards (num_products, 5). The answer
-# recommends two or three of them; each line is ~28 tokens prefilled after the plan, on the
-# critical path (docs/benchmarks.md, "Follow-ups"). rufus_assistant's ``answer_products``.
+# The products the answer prompt lists, the top of the cards (rufus_assistant's
+# ``answer_products``): the answer recommends two or three, and every product line is
+# prefilled after the plan, on the critical path (docs/benchmarks.md, "Follow-ups").
 ANSWER_PRODUCTS = 4
 
 SYSTEM_PRODUCTS = (

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from rufus.assistant.pipeline import Assistant, NullMetrics, fallback_plan
-from rufus.assistant.prompt import LinkRenderer, answer_messages, cards
+from rufus.assistant.prompt import ANSWER_PRODUCTS, LinkRenderer, answer_messages, cards
 from rufus.client import RequestFailed
 from rufus.errors import Cancelled, Internal, InvalidInput, RufusError, Unavailable, client_error
 from rufus.serving.cancel import CancelWatcher
@@ -196,7 +196,8 @@ class AssistantModel(TritonModel):
         settings = dict(planner_model=self.param("planner_model", "rufus_qp_medusa"),
                         answer_model=self.param("answer_model", "rufus_llm"),
                         k=int(self.param("num_products", "5")),
-                        answer_products=int(self.param("answer_products", "4")),
+                        answer_products=int(self.param("answer_products",
+                                                       str(ANSWER_PRODUCTS))),
                         max_tokens=int(self.param("answer_max_tokens", "160")))
         self.assistant = Assistant(url, retriever, metrics=self.metrics, **settings)
         self.loop = asyncio.new_event_loop()

@@ -34,10 +34,9 @@ DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch
           "int8": torch.bfloat16}
 FP32_PACK_ROWS = 8  # oneDNN blocking hint: the few-row verification passes
 # Passes of at most this many rows run through the fused int8 stack (:class:`_FusedStack`),
-# longer ones op by op, whose attention (PyTorch's fused kernel) catches up there: with the
-# integer kernel the fused pass is faster up to 64 rows, even at 128 and 0.96-0.99x at 256
-# (one thread, 200 cached tokens, both CPU classes: docs/benchmarks.md). So a question's
-# prefill, a follow-up's history (~50 rows) included, takes the fused pass.
+# longer ones op by op, whose attention (PyTorch's fused kernel) catches up with the fused
+# pass around this size (measured on both CPU classes: docs/benchmarks.md, "Follow-ups").
+# So a question's prefill, a follow-up's history included, takes the fused pass.
 FUSED_MAX_ROWS = 128
 _int8_op_failed: list[str] = []  # why _weight_int8pack_mm is not used (logged once)
 
