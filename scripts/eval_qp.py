@@ -31,6 +31,7 @@ from rufus.qp.tooling.evaluate import (  # noqa: E402
     run,
     score,
     speed_compare,
+    speed_planners,
     summary_line,
 )
 from rufus.qp.tooling.prompts import baseline_messages  # noqa: E402
@@ -98,13 +99,8 @@ def speed_eval(a: argparse.Namespace, rows: list[dict[str, Any]]) -> dict[str, A
     tree = served_tree(mj, MODEL_DIR, str(model), a.dtype)
     heads = int(mj["num_medusa_heads"])
     cf = copy_fields(a, mj)
-    planners = {
-        "plain": TorchPlanner(model, a.dtype, threads=a.threads, copy_fields=cf),
-        "medusa": TorchPlanner(model, a.dtype, medusa_dir(), tree, heads, threads=a.threads,
-                               copy_fields=cf),
-        "served": TorchPlanner(model, a.dtype, medusa_dir(), tree, heads, threads=a.threads,
-                               copy_fields=cf, **drafts(a, mj)),
-    }
+    planners = speed_planners(model, a.dtype, medusa_dir(), tree, heads, a.threads, cf,
+                              drafts(a, mj))
     for p in planners.values():
         p.plan("warm up")
     res = speed_compare(planners, rows, say)

@@ -60,20 +60,17 @@ def main() -> None:
     from rufus.qp.backends import served_tree
     from rufus.qp.plan import load_eval
     from rufus.qp.tooling.build import medusa_dir, qp_model_dir
-    from rufus.qp.tooling.evaluate import TorchPlanner
+    from rufus.qp.tooling.evaluate import speed_planners
     from rufus.serving.machine import describe
 
     mj = json.loads((MODEL_DIR / "model.json").read_text())
     model = qp_model_dir()
     tree = served_tree(mj, MODEL_DIR, str(model), a.dtype)
-    copy = tuple(mj.get("copy_fields") or ())
-    planners = {
-        "plain": TorchPlanner(model, a.dtype, threads=a.threads, copy_fields=copy),
-        "served": TorchPlanner(model, a.dtype, medusa_dir(), tree, int(mj["num_medusa_heads"]),
-                               threads=a.threads, copy_fields=copy,
-                               grammar_drafts=int(mj.get("grammar_drafts", 0)),
-                               lookup_drafts=int(mj.get("lookup_drafts", 0))),
-    }
+    planners = speed_planners(
+        model, a.dtype, medusa_dir(), tree, int(mj["num_medusa_heads"]), a.threads,
+        tuple(mj.get("copy_fields") or ()),
+        {k: int(mj.get(k, 0)) for k in ("grammar_drafts", "lookup_drafts")},
+        kinds=("plain", "served"))
     logs: dict[str, dict[str, list[tuple[int, float]]]] = {}
     for name, p in planners.items():
         p.plan("warm up")

@@ -189,6 +189,26 @@ def run(planner: TorchPlanner, rows: list[dict[str, Any]], say: Any = None) -> l
     return preds
 
 
+def speed_planners(model_dir: str | Path, dtype: str, medusa: str | Path,
+                   tree: list[list[int]], num_heads: int, threads: int,
+                   copy_fields: tuple[str, ...], drafts: dict[str, int],
+                   kinds: tuple[str, ...] = ("plain", "medusa", "served"),
+                   ) -> dict[str, TorchPlanner]:
+    """The decoders a speed comparison sets side by side, same model and precision: plain
+    greedy decoding, the Medusa heads alone, and the served decoder (the heads plus
+    grammar-forced and prompt-lookup ``drafts``). scripts/eval_qp.py ``--speed`` and
+    scripts/profile_qp.py build them here, so the profile explains the ratio measured."""
+    make = {
+        "plain": lambda: TorchPlanner(model_dir, dtype, threads=threads,
+                                      copy_fields=copy_fields),
+        "medusa": lambda: TorchPlanner(model_dir, dtype, medusa, tree, num_heads,
+                                       threads=threads, copy_fields=copy_fields),
+        "served": lambda: TorchPlanner(model_dir, dtype, medusa, tree, num_heads,
+                                       threads=threads, copy_fields=copy_fields, **drafts),
+    }
+    return {k: make[k]() for k in kinds}
+
+
 def speed_compare(planners: dict[str, TorchPlanner], rows: list[dict[str, Any]],
                   say: Any = None, baseline: str = "plain") -> dict[str, Any]:
     """The same questions through every planner (``baseline`` is plain decoding), interleaved
