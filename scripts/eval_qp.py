@@ -52,9 +52,8 @@ def copy_fields(a: argparse.Namespace, mj: dict[str, Any]) -> tuple[str, ...]:
 def drafts(a: argparse.Namespace, mj: dict[str, Any]) -> dict[str, int]:
     """Grammar-forced and prompt-lookup drafts: model.json's, unless --no-drafts."""
     if a.no_drafts:
-        return {"grammar_drafts": 0, "lookup_drafts": 0}
-    return {"grammar_drafts": int(mj.get("grammar_drafts", 0)),
-            "lookup_drafts": int(mj.get("lookup_drafts", 0))}
+        return {"grammar_drafts": 0, "lookup_drafts": 0, "history_drafts": 0}
+    return {k: int(mj.get(k, 0)) for k in ("grammar_drafts", "lookup_drafts", "history_drafts")}
 
 
 def torch_eval(a: argparse.Namespace, rows: list[dict[str, Any]]) -> dict[str, Any]:

@@ -47,6 +47,16 @@ def timed(planner: Any, log: dict[str, list[tuple[int, float]]]) -> None:
         return out
 
     model.forward_many, model.logits = fwd, head
+    some = getattr(model.lm_head, "some", None)
+    if some is not None:  # the few allowed tokens' logits (forced rows): LM head time too
+
+        def head_some(hidden: Any, rows: Any, cols: Any) -> Any:
+            t = time.perf_counter()
+            out = some(hidden, rows, cols)
+            log["logits_some"].append((len(set(rows.tolist())), time.perf_counter() - t))
+            return out
+
+        model.lm_head.some = head_some
 
 
 def main() -> None:
@@ -69,7 +79,8 @@ def main() -> None:
     planners = speed_planners(
         model, a.dtype, medusa_dir(), tree, int(mj["num_medusa_heads"]), a.threads,
         tuple(mj.get("copy_fields") or ()),
-        {k: int(mj.get(k, 0)) for k in ("grammar_drafts", "lookup_drafts")},
+        {k: int(mj.get(k, 0))
+         for k in ("grammar_drafts", "lookup_drafts", "history_drafts")},
         kinds=("plain", "served"))
     logs: dict[str, dict[str, list[tuple[int, float]]]] = {}
     for name, p in planners.items():
@@ -93,14 +104,15 @@ def main() -> None:
                            "cpu": cpu, "threads": a.threads, "dtype": a.dtype, "tree": tree,
                            "questions": n}
     for name in planners:
-        fw, lg = logs[name]["forward"], logs[name]["logits"]
+        fw, lg = logs[name]["forward"], logs[name]["logits"] + logs[name]["logits_some"]
         by_rows: dict[int, list[float]] = defaultdict(list)
         for k, s in fw:
             by_rows[k].append(s)
         f_ms, l_ms = sum(s for _, s in fw) / n * 1e3, sum(s for _, s in lg) / n * 1e3
         res = {"ms_per_plan": total[name] / n * 1e3, "tokens_per_plan": tokens[name] / n,
                "passes_per_plan": len(fw) / n, "forward_ms": f_ms, "lm_head_ms": l_ms,
-               "lm_head_rows_per_plan": sum(k for k, _ in lg) / n,
+               "lm_head_rows_per_plan": sum(k for k, _ in logs[name]["logits"]) / n,
+               "forced_rows_per_plan": sum(k for k, _ in logs[name]["logits_some"]) / n,
                "other_ms": total[name] / n * 1e3 - f_ms - l_ms,
                "pass_ms_by_rows": {k: {"passes": len(v), "median_ms":
                                        sorted(v)[len(v) // 2] * 1e3}
@@ -109,7 +121,8 @@ def main() -> None:
         print(f"[profile_qp] {name}: {res['ms_per_plan']:.1f} ms per plan, "
               f"{res['tokens_per_plan']:.1f} tokens in {res['passes_per_plan']:.1f} passes; "
               f"forward {f_ms:.1f} ms, LM head {l_ms:.1f} ms "
-              f"({res['lm_head_rows_per_plan']:.1f} rows), rest {res['other_ms']:.1f} ms",
+              f"({res['lm_head_rows_per_plan']:.1f} rows, {res['forced_rows_per_plan']:.1f} "
+              f"forced rows with only their allowed tokens), rest {res['other_ms']:.1f} ms",
               flush=True)
         print("[profile_qp]   pass ms by rows (passes): " + ", ".join(
             f"{k}: {v['median_ms']:.1f} ({v['passes']})"

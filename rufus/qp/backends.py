@@ -6,8 +6,9 @@ NxDI-style Medusa knobs) into what the engine needs; ``create_backend`` picks th
 * ``torch_medusa`` (default off Neuron): the project's own batch-1 decoder
   (rufus/qp/decoder/medusa_decode.py): the ``medusa_tree`` verified in one forward pass with a tree
   attention mask, greedy acceptance under the plan grammar (rufus/qp/decoder/constraints.py);
-  the tokens the grammar forces (``grammar_drafts``) and prompt-lookup copies
-  (``lookup_drafts``) join the same pass. The
+  the tokens the grammar forces (``grammar_drafts``), the question's words
+  (``lookup_drafts``) and the plan skeleton learnt from earlier plans (``history_drafts``)
+  join the same pass. The
   fastest correct path measured on the 2-core CPU, where vLLM's speculative step costs more
   than twice its plain step (figures: docs/benchmarks.md, "Query planner").
 * ``torch_autoregressive``: the same decoder without the heads or any draft (algorithmic
@@ -43,7 +44,7 @@ QP_KEYS = ("qp_backend", "num_medusa_heads", "medusa_speculation_length", "medus
            "medusa_model", "vllm_num_speculative_tokens", "structured_output", "torch_threads",
            "nxdi_compiled_path", "nxdi_max_new_tokens", "ground_filters", "grammar_drafts",
            "lookup_drafts", "max_draft_nodes", "copy_fields", "torch_max_batch",
-           "batch_draft_nodes")
+           "batch_draft_nodes", "history_drafts")
 BACKENDS = ("torch_medusa", "torch_autoregressive", "vllm_medusa", "autoregressive", "nxdi")
 # what the torch decoder reads from model.json; the other vLLM engine arguments do not apply
 # (``copy_fields`` changes what is decoded, so the plain reference has it too)
@@ -51,7 +52,8 @@ TORCH_ARGS = ("model", "dtype", "max_model_len", "torch_threads", "copy_fields",
               "torch_max_batch")
 # the speculative torch path's extra drafts (rufus/qp/decoder/medusa_decode.py): verified in
 # the same pass as the Medusa tree; ``torch_autoregressive``, the plain reference, has none
-DRAFT_ARGS = ("grammar_drafts", "lookup_drafts", "max_draft_nodes", "batch_draft_nodes")
+DRAFT_ARGS = ("grammar_drafts", "lookup_drafts", "max_draft_nodes", "batch_draft_nodes",
+              "history_drafts")
 
 
 @dataclass

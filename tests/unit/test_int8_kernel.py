@@ -27,6 +27,7 @@ def fresh(monkeypatch: pytest.MonkeyPatch, tmp_path):
     monkeypatch.setattr(int8_kernel, "_loaded", {})
     monkeypatch.setattr(int8_kernel, "_why_not", {})
     monkeypatch.setattr(int8_kernel, "_forward", {})
+    monkeypatch.setattr(int8_kernel, "_some", {})
     monkeypatch.setenv("RUFUS_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("RUFUS_COMPILE_CACHE_DIR", raising=False)
     return tmp_path
@@ -135,6 +136,29 @@ def test_a_row_does_not_depend_on_the_other_rows_or_threads(variant: str, fresh,
                 assert torch.equal(mm(x[perm[:7]]), alone[perm[:7]])
     finally:
         torch.set_num_threads(n)
+
+
+@pytest.mark.skipif(not VARIANTS, reason="no AVX2/AVX-512 on this CPU: the kernel is not built")
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_selected_outputs_equal_the_full_pass_bit_for_bit(variant: str, fresh,
+                                                          monkeypatch) -> None:
+    """``some`` (the logits of the few tokens a grammar allows) computes exactly what the
+    full pass computes for those outputs: a forced row's choice cannot differ from plain
+    decoding's. Both input widths of the planner's layers, a last tile with padding, rows
+    repeated and in any order."""
+    kernel = _load(variant, monkeypatch)
+    torch.manual_seed(2)
+    for n, k in ((100, 576), (37, 1536), (9, 64)):
+        q, scale = quantize_int8(torch.randn(n, k))
+        mm = int8_kernel.linear(q, scale, kernel)
+        x = torch.randn(6, k)
+        x[:, 5] *= 30
+        full = mm(x)
+        rows = torch.randint(0, 6, (300,))
+        cols = torch.randint(0, n, (300,))
+        assert torch.equal(mm.some(x, rows, cols), full[rows, cols])
+        assert torch.equal(mm.some(x[2:3], torch.tensor([0, 0]), torch.tensor([n - 1, 0])),
+                           full[2, [n - 1, 0]])
 
 
 @pytest.mark.skipif(len(VARIANTS) < 2, reason="needs a CPU with AVX-512 (two variants)")

@@ -133,10 +133,10 @@ def _planner_or_skip() -> tuple[Path, Path]:
 
 
 def test_int8_served_decoding_is_lossless_on_eval_questions() -> None:
-    """The served path (tree, grammar, grammar-forced and prompt-lookup drafts, copied brand)
-    with int8 weights against plain greedy decoding of the same int8 model: identical tokens
-    (each row of an int8 pass is computed independently of the pass's other rows, by our
-    kernel and by PyTorch's op)."""
+    """The served path (tree, grammar, grammar-forced, question-word and skeleton drafts,
+    forced rows' allowed-token logits, copied brand) with int8 weights against plain greedy
+    decoding of the same int8 model: identical tokens (each row of an int8 pass is computed
+    independently of the pass's other rows, by our kernel and by PyTorch's op)."""
     from rufus.harness.server import ROOT
     from rufus.qp.plan import load_eval
     from rufus.qp.tooling.evaluate import TorchPlanner
@@ -151,9 +151,12 @@ def test_int8_served_decoding_is_lossless_on_eval_questions() -> None:
     served.decoder = Decoder(TorchLlama(model, "int8", 1024),
                              MedusaHeads(heads, "int8", int(mj["num_medusa_heads"])),
                              Tree.from_paths(tree), plain.decoder.eos_ids,
-                             int(mj.get("grammar_drafts", 0)), int(mj.get("lookup_drafts", 0)))
+                             int(mj.get("grammar_drafts", 0)), int(mj.get("lookup_drafts", 0)),
+                             history_drafts=int(mj.get("history_drafts", 0)))
     rows = load_eval(ROOT / "data/qp/eval.jsonl")
-    rows = [rows[0], next(r for r in rows if r.get("history"))]
+    # four first turns, so the plan skeleton learnt from earlier plans drafts too, and a
+    # follow-up
+    rows = [*rows[:4], next(r for r in rows if r.get("history"))]
     steps = tokens = 0
     for r in rows:
         want = plain.plan(r["question"], r.get("history"))

@@ -476,3 +476,107 @@ def test_fp32_linear_packs_few_row_passes_and_keeps_one_row_on_f_linear(
     from rufus.env import EnvError
     with pytest.raises(EnvError, match="RUFUS_QP_FP32_PACKED"):
         _packed_linear(w)
+
+
+def test_plan_history_proposes_only_the_usual_follower() -> None:
+    """Earlier plans' followers are proposed once seen ``min_count`` times and at least
+    ``min_share`` of what followed there; a question shape seen often enough has its own."""
+    from rufus.qp.decoder.medusa_decode import PlanHistory
+
+    h = PlanHistory()
+    h.add([1, 2, 3, 4, 5])
+    assert h.predict([9, 1, 2, 3]) is None  # seen once
+    h.add([1, 2, 3, 4, 6])
+    assert h.predict([9, 1, 2, 3]) == 4 and h.predict([2, 3, 4]) is None  # 5 / 6: a tie
+    h.add([1, 2, 3, 7], shape=2)
+    h.add([1, 2, 3, 7], shape=2)
+    assert h.predict([1, 2, 3], shape=2) == 7  # short questions' own follower
+    h.add([1, 2, 3, 7], shape=2)
+    assert h.predict([1, 2, 3]) == 7 == h.predict([1, 2, 3], shape=5)  # 3 of 5; no shape 5
+    spread = PlanHistory()
+    for t in (4, 5, 6, 4, 5, 6):
+        spread.add([1, 2, 3, t])
+    assert spread.predict([1, 2, 3]) is None  # a customer's words: no usual follower
+    small = PlanHistory(max_keys=3)
+    for i in range(5):
+        small.add([i, i + 1, i + 2, i + 3, i + 4])
+    assert len(small.next_counts) <= 3 + 2  # bounded (cleared, then refilled)
+
+
+def test_word_drafts_continue_an_open_string_from_the_question() -> None:
+    """Matched on text, so a word split differently in the question still continues."""
+    from rufus.qp.decoder.constraints import TokenText, WordDrafts
+
+    vocab = ['{"q": "', "es", "presso", " es", " maker", " too", '"', "x"]
+    text = TokenText(vocab)
+
+    def encode(s: str) -> list[int]:
+        out, i = [], 0
+        while i < len(s):
+            t = max((t for t in range(len(vocab)) if s.startswith(vocab[t], i)),
+                    key=lambda t: len(vocab[t]))
+            out.append(t)
+            i += len(vocab[t])
+        return out
+
+    w = WordDrafts("An espresso maker, too?", text, encode)
+    assert w.shape == 4
+    assert w.draft(4) == []  # no string open
+    for t in (0, 1):  # {"q": "es
+        w.advance(t)
+    assert w.draft(4) == [2, 4]  # "presso maker", stopped at the comma
+    assert w.draft(1) == [2]
+    assert w.draft(4, extra="presso maker") == []  # the question goes on after a comma
+    w.advance(6)  # the string closed
+    assert w.draft(4) == []
+
+
+def test_skeleton_drafts_and_forced_rows_keep_greedy_output(tiny: tuple[Path, Path]) -> None:
+    """With the plan skeleton (earlier outputs' followers, the grammar's forced text), the
+    allowed-token logits of forced rows (int8: bit for bit through the kernel) and the
+    certain end emitted without a pass, the output is plain greedy decoding's, in fewer
+    passes once the skeleton is learnt."""
+    import xgrammar as xgr
+
+    from rufus.qp.decoder import int8_kernel
+    from rufus.qp.decoder.constraints import Grammar
+
+    vocab = ["<eos>"] + [chr(ord("a") + i) for i in range(26)] + [f"w{i}" for i in range(69)]
+    info = xgr.TokenizerInfo(vocab, stop_token_ids=[0])
+    compiled = xgr.GrammarCompiler(info).compile_grammar(
+        'root ::= "abc" [a-z] [a-z] "xyz" [a-z] "k"')
+
+    def encode(text: str) -> list[int]:
+        return [vocab.index(c) for c in text]
+
+    model_dir, _ = tiny
+    for dtype in ("float32", "int8"):
+        if dtype == "int8" and int8_kernel.load() is None:
+            continue
+        plain = Decoder(TorchLlama(model_dir, dtype, 64), None, None, eos_ids={0})
+        served = Decoder(TorchLlama(model_dir, dtype, 64), None, None, eos_ids={0},
+                         grammar_drafts=8, history_drafts=8)
+        seen: list[dict[int, list[int]]] = []
+        draft = served.draft
+
+        def logged(*a: object, _draft=draft, _seen=seen, **k: object) -> object:
+            d = _draft(*a, **k)
+            _seen.append(d.allowed)
+            return d
+
+        served.draft = logged  # type: ignore[method-assign]
+        if dtype == "int8":
+            assert served.model.logits_some is not None
+        for prompt in ([3, 4, 5], [3, 4, 5], [3, 4, 5], [6, 7]):
+            want = [t for s in plain.generate(prompt, 20, Grammar(compiled, VOCAB, encode))
+                    for t in s.tokens]
+            seen.clear()
+            steps = list(served.generate(prompt, 20, Grammar(compiled, VOCAB, encode)))
+            assert [t for s in steps for t in s.tokens] == want, (dtype, prompt)
+            assert steps[-1].finish_reason == "stop"
+            assert seen[0][0] == [1]  # the root's allowed set: "a", forced
+        # third time the same prompt: the skeleton drafts both free letters, and the last
+        # letter's "k" is certain: two passes
+        assert len(steps) <= 2
+    plain_steps = list(plain.generate([3, 4, 5], 20, Grammar(compiled, VOCAB, encode)))
+    assert len(plain_steps) == 10  # one per token (the certain stop token needs none)

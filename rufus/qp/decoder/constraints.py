@@ -104,12 +104,17 @@ class CopyConstraint:
     def advance(self, tok: int) -> None:
         self.text += self.vocab.texts[tok]
 
-    def _open_value(self) -> str | None:
+    def _open_value(self, ahead: str = "") -> str | None:
+        text = self.text + ahead
         for op in self.openers:
-            i = self.text.rfind(op)
-            if i >= 0 and '"' not in self.text[i + len(op):]:
-                return self.text[i + len(op):]
+            i = text.rfind(op)
+            if i >= 0 and '"' not in text[i + len(op):]:
+                return text[i + len(op):]
         return None
+
+    def open_after(self, ahead: str) -> bool:
+        """Whether a copied value is open once ``ahead`` (drafted text) is emitted too."""
+        return self._open_value(ahead) is not None
 
     def allowed(self) -> list[int] | None:
         """Token ids allowed next, or None when no copied value is open."""
@@ -125,6 +130,56 @@ class CopyConstraint:
             for n in range(1, len(rest) + 1):
                 ids.update(self.vocab.by_text.get(rest[:n], ()))
         return sorted(ids)
+
+
+class WordDrafts:
+    """The customer's words as drafts for the string value being written (a search query
+    copies them): the continuation, in the question, of what the value holds so far.
+
+    Matched on text, not tokens: the question has `` espresso`` where a query starts
+    ``es`` ``presso``, so token-level prompt lookup finds nothing there. Drafts only (the
+    model's own choice is kept), so a wrong continuation costs verification rows, never
+    the output."""
+
+    MAX_CHARS = 40  # continuation taken from the question, before tokenizing
+    SHAPES = 8
+
+    def __init__(self, context: str, vocab: TokenText,
+                 encode: Callable[[str], list[int]]) -> None:
+        self.context = " ".join(context.lower().split())
+        self.vocab, self.encode = vocab, encode
+        self.text = ""  # what has been emitted
+        # the question's length in words, capped: plans of short questions and of sentences
+        # differ (``query_type``), so earlier plans are also counted per shape (PlanHistory)
+        self.shape = min(len(self.context.split()), self.SHAPES)
+
+    @classmethod
+    def for_prompt(cls, tokenizer: Any, prompt: list[int], vocab: TokenText,
+                   encode: Callable[[str], list[int]]) -> WordDrafts:
+        from rufus.qp.plan import prompt_context
+
+        return cls(prompt_context(tokenizer.decode(prompt, skip_special_tokens=False)),
+                   vocab, encode)
+
+    def advance(self, tok: int) -> None:
+        self.text += self.vocab.texts[tok]
+
+    def draft(self, limit: int, extra: str = "") -> list[int]:
+        """Up to ``limit`` tokens continuing the open string value (after ``extra``, text
+        drafted ahead of it) as the question continues it, or []."""
+        text = self.text + extra
+        start = text.rfind('"')
+        if start < 0 or text.count('"') % 2 == 0:  # not inside a string
+            return []
+        value = text[start + 1:].lower()
+        for n in range(min(len(value), 24), 1, -1):  # the longest suffix found, >= 2 chars
+            i = self.context.find(value[-n:])
+            if i >= 0:
+                rest = self.context[i + n:i + n + self.MAX_CHARS]
+                for stop in '?!.,;"':
+                    rest = rest.split(stop, 1)[0]
+                return self.encode(rest)[:limit] if rest else []
+        return []
 
 
 class Grammar:
@@ -144,6 +199,7 @@ class Grammar:
         self.bitmask = xgr.allocate_token_bitmask(1, vocab_size)
         self.encode = encode
         self.copy = copy
+        self.words: WordDrafts | None = None  # drafts from the customer's words
 
     def forced_tokens(self, limit: int) -> list[int]:
         """Tokens of the text the grammar forces next (its jump-forward string), at most
@@ -184,9 +240,65 @@ class Grammar:
             raise RuntimeError(f"grammar refused token {tok} that its own mask allowed")
         return self._accepted(tok)
 
+    def few_allowed(self, ahead: str | None = None, limit: int = 64) -> list[int] | None:
+        """The tokens the grammar allows next (ascending), where its text is forced and they
+        are at most ``limit``, else None; also None while a copied value is open (its own
+        restriction applies) with ``ahead``, text not yet emitted, counted in."""
+        if not self.matcher.find_jump_forward_string():
+            return None
+        if self.copy is not None and self.copy.open_after(ahead or ""):
+            return None
+        self.matcher.fill_next_token_bitmask(self.bitmask)
+        words = self.bitmask[0].numpy()
+        nz = words.nonzero()[0]
+        if len(nz) > limit:
+            return None
+        ids: list[int] = []
+        for w in nz.tolist():
+            v = int(words[w]) & 0xFFFFFFFF
+            while v:
+                low = v & -v
+                ids.append(w * 32 + low.bit_length() - 1)
+                v ^= low
+        return ids if len(ids) <= limit else None
+
+    def choose_among(self, ids: list[int], logits: torch.Tensor) -> int:
+        """:meth:`choose` where ``ids`` (ascending) are all the grammar allows and
+        ``logits`` theirs: the same token (the first of the largest), accepted."""
+        tok = ids[int(logits.argmax())]
+        if not self.matcher.accept_token(tok):
+            raise RuntimeError(f"grammar refused token {tok} that its own mask allowed")
+        return self._accepted(tok)
+
+    def only_token(self) -> int | None:
+        """The one token the grammar allows next, if exactly one is allowed (and no copied
+        value is open), else None. Any greedy choice there is that token, whatever the
+        logits, so it needs no forward pass."""
+        ids = self.few_allowed(limit=1)
+        return ids[0] if ids else None
+
+    def certain_end(self, limit: int) -> list[int]:
+        """The tokens up to completion (at most ``limit``) when each is the only one
+        allowed, accepted; else [] and the matcher unchanged."""
+        tail: list[int] = []
+        while len(tail) < limit:
+            tok = self.only_token()
+            if tok is None or not self.matcher.accept_token(tok):
+                break
+            tail.append(tok)
+            if self.finished:
+                for t in tail:
+                    self._accepted(t)
+                return tail
+        if tail:
+            self.matcher.rollback(len(tail))
+        return []
+
     def _accepted(self, tok: int) -> int:
         if self.copy is not None:
             self.copy.advance(tok)
+        if self.words is not None:
+            self.words.advance(tok)
         return tok
 
     @property

@@ -52,6 +52,7 @@ _loaded: dict[str, tuple[Callable[..., None], int] | None] = {}
 _forward: dict[str, tuple[Callable[..., None], Callable[[int], int]]] = {}  # w8_forward,
 # w8_head_supported per variant
 _why_not: dict[str, str] = {}
+_some: dict[str, Callable[..., None]] = {}  # w8_linear_some per variant
 
 
 def isa(flags: set[str]) -> str | None:
@@ -121,6 +122,10 @@ def load(env: Mapping[str, str] | None = None) -> tuple[Callable[..., None], int
         fwd.argtypes = ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                          ctypes.c_float] + [ctypes.c_void_p] * 4
                         + [ctypes.c_int64] + [ctypes.c_void_p] * 3 + [ctypes.c_int])
+        some = lib.w8_linear_some
+        some.restype = None
+        some.argtypes = ([ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_void_p] * 2
+                         + [ctypes.c_int64, ctypes.c_void_p])
         head_ok = lib.w8_head_supported
         head_ok.restype = ctypes.c_int
         head_ok.argtypes = [ctypes.c_int64]
@@ -131,6 +136,7 @@ def load(env: Mapping[str, str] | None = None) -> tuple[Callable[..., None], int
         return None
     _loaded[key] = (fn, width)
     _forward[key] = (fwd, head_ok)
+    _some[key] = some
     log.info("int8 weight-only matmul: rufus's %s kernel (%s)", variant, path)
     return _loaded[key]
 
@@ -192,5 +198,19 @@ def linear(q: torch.Tensor, scale: torch.Tensor, kernel: tuple[Callable[..., Non
         fn(x.data_ptr(), qp, sp, y.data_ptr(), x.numel() // k, n, k, torch.get_num_threads())
         return y
 
+    some_fn = _some.get(next((k for k, v in _loaded.items() if v is kernel), ""))
+
+    def some(x: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        """``mm(x)[rows, cols]`` (int64 index tensors), bit for bit, computing only those
+        outputs (``w8_linear_some``)."""
+        assert some_fn is not None
+        x = x.float().contiguous()
+        y = torch.empty(rows.numel(), dtype=torch.float32)
+        some_fn(x.data_ptr(), qp, sp, x.numel() // k, k, rows.data_ptr(), cols.data_ptr(),
+                rows.numel(), y.data_ptr())
+        return y
+
     mm.keep = (packed, s)  # type: ignore[attr-defined]  # the pointers' owners
+    if some_fn is not None:
+        mm.some = some  # type: ignore[attr-defined]
     return mm

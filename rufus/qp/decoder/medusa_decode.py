@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -75,6 +76,9 @@ class Draft:
     depth: list[int]
     children: list[list[int]]
     mask: torch.Tensor  # [nodes, nodes]: ancestor-or-self
+    # node -> the few tokens the grammar allows after it (sorted), where its text is forced:
+    # only those tokens' logits are computed for its row (Decoder.step)
+    allowed: dict[int, list[int]] = field(default_factory=dict)
 
 
 def _no_draft() -> Draft:
@@ -95,6 +99,54 @@ class Step:
 
 # draft trie size cap per step (model.json ``max_draft_nodes``)
 MAX_DRAFT_NODES = 24
+
+
+class PlanHistory:
+    """Earlier outputs as a draft source: which token followed the same three tokens in the
+    plans this decoder already emitted (suffix decoding over its own outputs).
+
+    Plans share their skeleton (keys, punctuation, the common enum values, an empty filter
+    object), so what followed ``"intent": "`` last time is usually right again; the grammar
+    forces most of the rest (:meth:`Decoder.draft`). A follower is proposed only when it
+    was seen at least ``min_count`` times and is at least ``min_share`` of what followed
+    there: a customer's own words are not (they differ per plan), so the drafts stop where
+    the plans diverge instead of spending verification rows on guesses. Drafts never change
+    the output, only how many passes it takes.
+    """
+
+    CONTEXT = 3
+
+    def __init__(self, min_count: int = 2, min_share: float = 0.5,
+                 max_keys: int = 1 << 16) -> None:
+        self.min_count, self.min_share, self.max_keys = min_count, min_share, max_keys
+        # (question shape or 0, *the previous tokens) -> {next token: count}
+        self.next_counts: dict[tuple[int, ...], dict[int, int]] = {}
+
+    def add(self, tokens: list[int], shape: int = 0) -> None:
+        """Count one output (preceded by the prompt's last ``CONTEXT`` tokens), for any
+        question and for questions of this ``shape`` (:attr:`WordDrafts.shape`)."""
+        if len(self.next_counts) > self.max_keys:  # bounded: start over, it refills fast
+            self.next_counts.clear()
+        n = self.CONTEXT
+        for i in range(n, len(tokens)):
+            for key in ((0, *tokens[i - n:i]), (shape, *tokens[i - n:i])) if shape else \
+                    ((0, *tokens[i - n:i]),):
+                after = self.next_counts.setdefault(key, {})
+                after[tokens[i]] = after.get(tokens[i], 0) + 1
+
+    def predict(self, tail: list[int], shape: int = 0) -> int | None:
+        """The usual follower of ``tail``'s last ``CONTEXT`` tokens after questions of this
+        ``shape`` (where seen ``min_count`` times), else after any question; or None."""
+        ngram = tuple(tail[-self.CONTEXT:])
+        after = self.next_counts.get((shape, *ngram)) if shape else None
+        if not after or sum(after.values()) < self.min_count:
+            after = self.next_counts.get((0, *ngram))
+        if not after:
+            return None
+        tok, count = max(after.items(), key=lambda kv: kv[1])
+        if count < self.min_count or count < self.min_share * sum(after.values()):
+            return None
+        return tok
 
 
 def prompt_lookup(seq: list[int], limit: int) -> list[int]:
@@ -164,7 +216,7 @@ class Decoder:
     def __init__(self, model: TorchLlama, heads: MedusaHeads | None, tree: Tree | None,
                  eos_ids: set[int], grammar_drafts: int = 0, lookup_drafts: int = 0,
                  max_draft_nodes: int = MAX_DRAFT_NODES,
-                 batch_draft_nodes: int = MAX_DRAFT_NODES) -> None:
+                 batch_draft_nodes: int = MAX_DRAFT_NODES, history_drafts: int = 0) -> None:
         if (heads is None) != (tree is None):
             raise ValueError("Medusa needs both heads and a tree")
         if tree is not None and heads is not None and tree.max_depth > heads.num_heads:
@@ -183,6 +235,10 @@ class Decoder:
         # per sequence when several share a pass: rows cost compute once the pass is no
         # longer bound by reading the weights, so each plan drafts less
         self.batch_draft_nodes = batch_draft_nodes
+        # up to this many tokens beyond the forced chain are drafted from earlier plans and
+        # the grammar's forced text after them (:meth:`_skeleton`; 0: off)
+        self.history_drafts = history_drafts
+        self.history = PlanHistory()
 
     def draft(self, seq: list[int], h_last: torch.Tensor | None, grammar: Grammar | None,
               cap: int = 0) -> Draft:
@@ -195,14 +251,26 @@ class Decoder:
             forced = grammar.forced_tokens(self.grammar_drafts)
         k = len(forced)
         chains = [forced]
+        skeleton: list[int] = []
+        allowed_at: dict[int, list[int]] = {}
+        if grammar is not None and self.history_drafts:
+            skeleton, allowed_at = self._skeleton(seq, forced, grammar)
+            chains.append(skeleton)
+        lookup: list[int] = []
+        if self.lookup_drafts:
+            words = grammar.words.draft(self.lookup_drafts) \
+                if grammar is not None and grammar.words is not None and not forced else []
+            lookup = words or prompt_lookup(seq + forced, self.lookup_drafts)
+        # the heads draft where nothing surer does: their rows cost more than they gained
+        # beside the skeleton and the question's words (docs/benchmarks.md, "Plan skeleton")
         if h_last is not None and self.tree is not None and self.heads is not None \
-                and k < self.tree.max_depth:
+                and k < self.tree.max_depth and not lookup and len(skeleton) <= k:
             top = self.heads.topk(h_last, self.tree.max_rank + 1, self.tree.max_depth)
             for path in self.tree.paths:
                 if len(path) > k and not any(path[:k]):
                     chains.append(forced + [top[d][r] for d, r in enumerate(path)][k:])
         if self.lookup_drafts:
-            chains.append(forced + prompt_lookup(seq + forced, self.lookup_drafts))
+            chains.append(forced + lookup)
         tok, depth = [-1], [0]
         children: list[list[int]] = [[]]
         rows: list[list[int]] = [[0]]
@@ -224,7 +292,71 @@ class Decoder:
         mask = torch.zeros(n, n, dtype=torch.bool)
         for i in range(1, n):
             mask[i, rows[i]] = True
-        return Draft(tok[1:], depth, children, mask)
+        allowed: dict[int, list[int]] = {}
+        node: int | None = 0
+        for d in range(len(skeleton) + 1):  # the skeleton's nodes: allowed sets by depth
+            if d in allowed_at:
+                allowed[node] = allowed_at[d]
+            if d == len(skeleton):
+                break
+            node = next((c for c in children[node] if tok[c] == skeleton[d]), None)
+            if node is None:
+                break
+        return Draft(tok[1:], depth, children, mask, allowed)
+
+    def _skeleton(self, seq: list[int], forced: list[int], grammar: Grammar
+                  ) -> tuple[list[int], dict[int, list[int]]]:
+        """``forced``, then the plan skeleton beyond it: the text the grammar forces, else
+        the question's continuation of an open string (:class:`WordDrafts`), else the token
+        that usually came next in earlier plans (:class:`PlanHistory`), each checked by the
+        grammar, up to ``history_drafts`` more tokens. One draft chain then spans several
+        forced strings (``product_search", "query_type": "keyword", "``) where the forced
+        chain alone stops at the first choice. Also returns, by depth, the few tokens the
+        grammar allows where its text is forced (:meth:`Grammar.few_allowed`). The matcher
+        is walked ahead and rolled back: it stays at the sequence's real position."""
+        m, words = grammar.matcher, grammar.words
+        chain: list[int] = []
+        allowed: dict[int, list[int]] = {}
+        texts = words.vocab.texts if words is not None else None
+
+        def note() -> None:  # the allowed set after chain (where it is small)
+            ids = grammar.few_allowed("".join(texts[t] for t in chain) if texts else None)
+            if ids is not None:
+                allowed[len(chain)] = ids
+
+        try:
+            for t in forced:
+                note()
+                if not m.accept_token(t):
+                    return chain, allowed
+                chain.append(t)
+            limit = len(forced) + self.history_drafts
+            while len(chain) < limit and not m.is_terminated():
+                text = m.find_jump_forward_string()
+                new = grammar.encode(text) if text and grammar.encode is not None else []
+                if not new and words is not None:
+                    new = words.draft(limit - len(chain),
+                                      "".join(words.vocab.texts[t] for t in chain))
+                if not new:
+                    tok = self.history.predict(seq + chain, words.shape if words else 0)
+                    if tok is None:
+                        break
+                    new = [tok]
+                before = len(chain)
+                for t in new[:limit - len(chain)]:
+                    if text:
+                        note()
+                    if not m.accept_token(t):
+                        break
+                    chain.append(t)
+                    text = m.find_jump_forward_string()
+                if len(chain) == before:
+                    break
+            if not m.is_terminated():
+                note()
+            return chain, allowed
+        finally:
+            m.rollback(len(chain))
 
     @property
     def cached(self) -> list[int]:
@@ -262,12 +394,46 @@ class Decoder:
         for r, sg in zip(runs, segs, strict=True):
             picks.append((row + r.n_pend - 1, row + sg.ids.shape[0]))
             row += sg.ids.shape[0]
-        rows = hs[picks[0][0]:] if len(runs) == 1 else torch.cat([hs[a:b] for a, b in picks])
-        logits = self.model.logits(rows)
-        out, at = [], 0
+        some = getattr(self.model, "logits_some", None)
+        if some is None or not any(r.draft is not None and r.draft.allowed and not r.logprobs
+                                   for r in runs):
+            rows = hs[picks[0][0]:] if len(runs) == 1 else \
+                torch.cat([hs[a:b] for a, b in picks])
+            logits = self.model.logits(rows)
+            out, at = [], 0
+            for r, (a, b) in zip(runs, picks, strict=True):
+                out.append(self._walk(r, hs[a:b], list(logits[at:at + b - a])))
+                at += b - a
+            return out
+        # rows whose token the grammar forces need only their allowed tokens' logits
+        full: list[int] = []
+        sub_rows: list[int] = []
+        sub_cols: list[int] = []
         for r, (a, b) in zip(runs, picks, strict=True):
-            out.append(self._walk(r, rows[at:at + b - a], logits[at:at + b - a]))
-            at += b - a
+            allowed = r.draft.allowed if r.draft is not None and not r.logprobs else {}
+            for i in range(b - a):
+                ids = allowed.get(i)
+                if ids is None:
+                    full.append(a + i)
+                else:
+                    sub_rows += [a + i] * len(ids)
+                    sub_cols += ids
+        logits = self.model.logits(hs[full]) if full else None
+        sub = some(hs, torch.tensor(sub_rows), torch.tensor(sub_cols))
+        out, f_at, s_at = [], 0, 0
+        for r, (a, b) in zip(runs, picks, strict=True):
+            allowed = r.draft.allowed if r.draft is not None and not r.logprobs else {}
+            per_node: list[Any] = []
+            for i in range(b - a):
+                ids = allowed.get(i)
+                if ids is None:
+                    assert logits is not None
+                    per_node.append(logits[f_at])
+                    f_at += 1
+                else:
+                    per_node.append((ids, sub[s_at:s_at + len(ids)]))
+                    s_at += len(ids)
+            out.append(self._walk(r, hs[a:b], per_node))
         return out
 
     def generate(self, prompt: list[int], max_tokens: int, grammar: Grammar | None = None,
@@ -307,16 +473,22 @@ class Decoder:
             mask[n_pend:, cache_len + n_pend:] = draft.mask[1:, 1:]
         return Segment(torch.tensor(ids), torch.tensor(pos), cache_len, mask, run.slot)
 
-    def _walk(self, run: Run, hs: torch.Tensor, logits: torch.Tensor) -> Step:
+    def _walk(self, run: Run, hs: torch.Tensor, logits: list[Any]) -> Step:
         """Walk ``run``'s trie with the model's greedy choices (row i: draft node i, 0 the
-        last pending token), keep the accepted path's KV, and report the step."""
+        last pending token; its logits, or ``(allowed ids, their logits)`` where the grammar
+        leaves only those), keep the accepted path's KV, and report the step."""
         draft, grammar = run.draft, run.grammar
         assert draft is not None
         node_tok = draft.tokens
         node, path, toks, lps = 0, [0], [], []
         finish = None
         while True:
-            tok, lp = _pick(logits[node], grammar, run.logprobs)
+            lg = logits[node]
+            if isinstance(lg, tuple):
+                assert grammar is not None
+                tok, lp = grammar.choose_among(*lg), None
+            else:
+                tok, lp = _pick(lg, grammar, run.logprobs)
             toks.append(tok)
             if lp is not None:
                 lps.append(lp)
@@ -329,14 +501,33 @@ class Decoder:
                 break
             node = nxt
             path.append(node)
+        if finish is None and grammar is not None and self.grammar_drafts and not run.logprobs:
+            finish = self._forced_end(run, grammar, toks)
         base = run.cache_len + run.n_pend - 1  # slot of the last pending token
         self.model.compact([base + i for i in path], base, run.slot)
         self.slot_cached[run.slot] += run.pend + [node_tok[i - 1] for i in path[1:]]
         run.cache_len = base + len(path)
         run.seq += toks
+        if finish is not None and self.history_drafts:
+            # this output (after the prompt's last tokens) joins the skeleton's history
+            words = grammar.words if grammar is not None else None
+            self.history.add(run.seq[-(run.emitted + PlanHistory.CONTEXT):],
+                             words.shape if words else 0)
         run.h_last = hs[node]
         run.pend = [toks[-1]]
         return Step(toks, lps if run.logprobs else None, len(node_tok), len(path) - 1, finish)
+
+    def _forced_end(self, run: Run, grammar: Grammar, toks: list[int]) -> str | None:
+        """If the plan's end is certain (each next token the only one the grammar allows,
+        up to completion: ``}}`` closing the plan), emit it now rather than spend a forward
+        pass per token on choices that are no choice (plain decoding picks the same tokens
+        from any logits)."""
+        tail = grammar.certain_end(min(4, run.max_tokens - run.emitted))
+        if not tail:
+            return None
+        toks += tail
+        run.emitted += len(tail)
+        return "stop"
 
     def _finished(self, tok: int, grammar: Grammar | None, emitted: int, max_tokens: int
                   ) -> str | None:

@@ -157,7 +157,8 @@ class TorchPlannerEngine:
         decoder = Decoder(model, heads, tree, eos, int(args.get("grammar_drafts", 0) or 0),
                           int(args.get("lookup_drafts", 0) or 0),
                           int(args.get("max_draft_nodes") or MAX_DRAFT_NODES),
-                          int(args.get("batch_draft_nodes") or MAX_DRAFT_NODES))
+                          int(args.get("batch_draft_nodes") or MAX_DRAFT_NODES),
+                          int(args.get("history_drafts", 0) or 0))
         for n in counts:  # warm-up: allocations, kernels, each team size's threads
             torch.set_num_threads(n)
             list(decoder.generate([int(next(iter(eos)))] * 4, 2))
@@ -249,8 +250,9 @@ class TorchPlannerEngine:
             t0 = time.monotonic()
             self._grammars[key] = compile_grammar(self._xgr_compiler, key)
             log.info("compiled JSON-schema grammar in %.2f s", time.monotonic() - t0)
-            if self._copy_fields and self._token_text is None:  # at warm-up, once per engine
-                self._token_text = TokenText.of(self._grammars[key])
+            if self._token_text is None and (self._copy_fields or self.decoder.lookup_drafts
+                                             or self.decoder.history_drafts):
+                self._token_text = TokenText.of(self._grammars[key])  # at warm-up, once
         if self._encode is None:
             self._encode = draft_encoder(self.tokenizer)
         return Grammar(self._grammars[key], self.decoder.model.vocab_size, self._encode)
@@ -317,6 +319,12 @@ class TorchPlannerEngine:
 
                 grammar.copy = CopyConstraint.for_prompt(self._copy_fields, self.tokenizer,
                                                          req.prompt, self._token_text)
+            if grammar is not None and self._token_text is not None and self._encode \
+                    and (self.decoder.lookup_drafts or self.decoder.history_drafts):
+                from rufus.qp.decoder.constraints import WordDrafts
+
+                grammar.words = WordDrafts.for_prompt(self.tokenizer, req.prompt,
+                                                      self._token_text, self._encode)
         except BaseException as exc:  # a request's schema: that request fails, nothing else
             log.exception("request %s: grammar failed in the torch planner engine",
                           req.request_id)

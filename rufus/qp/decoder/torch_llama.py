@@ -319,6 +319,13 @@ class TorchLlama:
         """float32 logits for ``hidden`` rows (computed in the model dtype)."""
         return self.lm_head(hidden).float()
 
+    @property
+    def logits_some(self) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor],
+                                      torch.Tensor] | None:
+        """``(hidden, rows, cols) -> logits(hidden)[rows, cols]``, bit for bit, computing
+        only those, where the LM head runs through our int8 kernel; else None."""
+        return getattr(self.lm_head, "some", None)
+
     def compact(self, src: list[int], dst_start: int, slot: int = 0) -> None:
         """Move KV of cache slots ``src`` to ``dst_start, dst_start+1, ...`` (accepted path)
         within region ``slot``."""
@@ -434,3 +441,4 @@ class MedusaHeads:
         if self.token_map is not None:
             idx = self.token_map[idx]
         return idx.tolist()
+

@@ -371,6 +371,37 @@ void w8_linear(const float* x, const int8_t* qp, const float* s, float* y, int64
   linear(x, qp, s, y, M, N, K, threads, xq.data(), xs.data());
 }
 
+// Selected outputs of w8_linear: y[p] = (x @ (q * s)^T)[rows[p], cols[p]] for p < P (x
+// [M, K]; q packed as for w8_linear), with the tiles' arithmetic term for term: the row's
+// int16 quantization, exact int32 sums per block of KB k's, float32 block sums in k order,
+// the same two products. So each equals the full w8_linear's output bit for bit; the
+// planner's decoder takes the logits of the few tokens a grammar allows this way.
+void w8_linear_some(const float* x, const int8_t* qp, const float* s, int64_t M, int64_t K,
+                    const int64_t* rows, const int64_t* cols, int64_t P, float* y) {
+  std::vector<int16_t> xq(M * K);
+  std::vector<float> xs(M);
+  std::vector<char> done(M, 0);
+  for (int64_t p = 0; p < P; p++) {
+    const int64_t r = rows[p], c = cols[p];
+    if (!done[r]) {
+      xs[r] = quantize_row(x + r * K, xq.data() + r * K, K);
+      done[r] = 1;
+    }
+    // column c's pair (q[c][k], q[c][k+1]) sits at byte k * NT + 2 * (c % NT) of its tile
+    const int8_t* qc = qp + (c / NT) * NT * K + 2 * (c % NT);
+    const int16_t* xr = xq.data() + r * K;
+    float f = 0.0f;
+    for (int64_t k0 = 0; k0 < K; k0 += KB) {
+      const int64_t k1 = K - k0 < KB ? K : k0 + KB;
+      int32_t a = 0;
+      for (int64_t k = k0; k < k1; k += 2)
+        a += (int32_t)xr[k] * qc[k * NT] + (int32_t)xr[k + 1] * qc[k * NT + 1];
+      f += (float)a;
+    }
+    y[p] = f * (s[c] * xs[r]);
+  }
+}
+
 // Every decoder layer of a Llama model over M rows, x [M, H] updated in place (the input
 // is the token embeddings; the output goes to the final norm). Per layer, w holds 10
 // pointers: qkv, qkv scales, o, o scales, gate_up, gate_up scales, down, down scales (packed

@@ -189,7 +189,8 @@ def run(a: Any) -> dict[str, Any]:
     elif configured == "torch_medusa":
         # the served decoder verifies grammar-forced and prompt-lookup drafts with the Medusa
         # tree; this server has the heads alone, so Medusa's own share stays measurable
-        phases[0]["medusa_heads"] = {**mine, "grammar_drafts": 0, "lookup_drafts": 0}
+        phases[0]["medusa_heads"] = {**mine, "grammar_drafts": 0, "lookup_drafts": 0,
+                                     "history_drafts": 0}
     extra = {b: BASELINES[b] for b in a.baselines
              if BASELINES[b]["qp_backend"] not in (configured, same_engine_ar)}
     if extra and not a.solo:

@@ -124,7 +124,7 @@ class TorchPlanner:
     def __init__(self, model_dir: str | Path, dtype: str = "bfloat16",
                  medusa_dir: str | Path | None = None, tree: list[list[int]] | None = None,
                  num_heads: int = 0, grammar: bool = True, threads: int = 0,
-                 grammar_drafts: int = 0, lookup_drafts: int = 0,
+                 grammar_drafts: int = 0, lookup_drafts: int = 0, history_drafts: int = 0,
                  copy_fields: tuple[str, ...] = ()) -> None:
         import torch
         from transformers import AutoTokenizer
@@ -144,7 +144,7 @@ class TorchPlanner:
             t = Tree.from_paths(tree)
         eos = {int(self.tok.convert_tokens_to_ids("<|im_end|>")), int(self.tok.eos_token_id)}
         self.decoder = Decoder(model, heads, t, eos, grammar_drafts if grammar else 0,
-                               lookup_drafts)
+                               lookup_drafts, history_drafts=history_drafts if grammar else 0)
         self.encode = draft_encoder(self.tok)
         self.compiled = None
         self.copy_fields = tuple(copy_fields)
@@ -154,12 +154,12 @@ class TorchPlanner:
 
             info = xgr.TokenizerInfo.from_huggingface(self.tok, vocab_size=model.vocab_size)
             self.compiled = compile_grammar(xgr.GrammarCompiler(info), json.dumps(plan_schema()))
-            if self.copy_fields:
+            if self.copy_fields or lookup_drafts or history_drafts:
                 self.token_text = TokenText.of(self.compiled)
 
     def plan(self, question: str, history: list[dict[str, str]] | None = None,
              max_tokens: int = 96) -> Prediction:
-        from rufus.qp.decoder.constraints import CopyConstraint, Grammar
+        from rufus.qp.decoder.constraints import CopyConstraint, Grammar, WordDrafts
 
         grammar = None
         ids = render_prompt_ids(self.tok, question, history)
@@ -168,6 +168,10 @@ class TorchPlanner:
             if self.copy_fields:
                 copy = CopyConstraint.for_prompt(self.copy_fields, self.tok, ids, self.token_text)
             grammar = Grammar(self.compiled, self.decoder.model.vocab_size, self.encode, copy)
+            if self.token_text is not None and (self.decoder.lookup_drafts
+                                                or self.decoder.history_drafts):
+                grammar.words = WordDrafts.for_prompt(self.tok, ids, self.token_text,
+                                                      self.encode)
         t0 = time.perf_counter()
         out: list[int] = []
         steps = 0
