@@ -136,3 +136,18 @@ def structured_outputs() -> Any:
 def load_eval(path: str | Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines()
             if line.strip()]
+
+
+def plan_seed(tokenizer: Any, path: str | Path) -> list[tuple[list[int], list[int], str]]:
+    """``(prompt ids, plan ids, the prompt's customer words)`` for each plan of a seed file
+    (rufus/qp/tooling/build.py ``write_plan_seed``): what the torch planner's plan skeleton
+    starts from. Missing file: []."""
+    p = Path(path)
+    if not p.is_file():
+        return []
+    out = []
+    for r in load_eval(p):
+        ids = render_prompt_ids(tokenizer, r["question"], r.get("history"))
+        out.append((ids, list(tokenizer.encode(r["plan"], add_special_tokens=False)),
+                    prompt_context(tokenizer.decode(ids, skip_special_tokens=False))))
+    return out

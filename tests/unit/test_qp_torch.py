@@ -483,7 +483,7 @@ def test_plan_history_proposes_only_the_usual_follower() -> None:
     ``min_share`` of what followed there; a question shape seen often enough has its own."""
     from rufus.qp.decoder.medusa_decode import PlanHistory
 
-    h = PlanHistory()
+    h = PlanHistory(min_share=0.5)
     h.add([1, 2, 3, 4, 5])
     assert h.predict([9, 1, 2, 3]) is None  # seen once
     h.add([1, 2, 3, 4, 6])
@@ -493,6 +493,14 @@ def test_plan_history_proposes_only_the_usual_follower() -> None:
     assert h.predict([1, 2, 3], shape=2) == 7  # short questions' own follower
     h.add([1, 2, 3, 7], shape=2)
     assert h.predict([1, 2, 3]) == 7 == h.predict([1, 2, 3], shape=5)  # 3 of 5; no shape 5
+    h.min_share = PlanHistory().min_share
+    assert h.predict([1, 2, 3]) is None  # 3 of 5 is not the default's 80%
+    h.add([9, 1, 2, 3, 5], seed=True)
+    h.add([8, 1, 2, 3, 5], seed=True)
+    assert h.predict([2, 3, 5]) is None and h.predict([1, 2, 3, 5], shape=4) is None
+    h.add([7, 2, 3, 5, 6], seed=True)
+    h.add([7, 2, 3, 5, 6], seed=True)
+    assert h.predict([2, 3, 5]) == 6  # only the seed has seen it: the seed answers
     spread = PlanHistory()
     for t in (4, 5, 6, 4, 5, 6):
         spread.add([1, 2, 3, t])
@@ -529,6 +537,11 @@ def test_word_drafts_continue_an_open_string_from_the_question() -> None:
     assert w.draft(4, extra="presso maker") == []  # the question goes on after a comma
     w.advance(6)  # the string closed
     assert w.draft(4) == []
+    # two words start alike: the one not yet in the plan continues
+    chars = TokenText([chr(c) for c in range(32, 127)])
+    both = WordDrafts("roomba vs roborock", chars, lambda t: [ord(c) - 32 for c in t])
+    both.text = '["roomba", "ro'
+    assert "".join(chr(t + 32) for t in both.draft(6)) == "borock"
 
 
 def test_skeleton_drafts_and_forced_rows_keep_greedy_output(tiny: tuple[Path, Path]) -> None:

@@ -149,9 +149,14 @@ class WordDrafts:
         self.context = " ".join(context.lower().split())
         self.vocab, self.encode = vocab, encode
         self.text = ""  # what has been emitted
-        # the question's length in words, capped: plans of short questions and of sentences
-        # differ (``query_type``), so earlier plans are also counted per shape (PlanHistory)
-        self.shape = min(len(self.context.split()), self.SHAPES)
+        self.shape = self.shape_of(context)
+
+    @classmethod
+    def shape_of(cls, context: str) -> int:
+        """The question's length in words, capped: plans of short questions and of
+        sentences differ (``query_type``), so earlier plans are also counted per shape
+        (PlanHistory)."""
+        return min(len(context.split()), cls.SHAPES)
 
     @classmethod
     def for_prompt(cls, tokenizer: Any, prompt: list[int], vocab: TokenText,
@@ -172,14 +177,28 @@ class WordDrafts:
         if start < 0 or text.count('"') % 2 == 0:  # not inside a string
             return []
         value = text[start + 1:].lower()
+        emitted = text.lower()
         for n in range(min(len(value), 24), 1, -1):  # the longest suffix found, >= 2 chars
             i = self.context.find(value[-n:])
-            if i >= 0:
-                rest = self.context[i + n:i + n + self.MAX_CHARS]
+            rest = None
+            while i >= 0:  # the first occurrence whose next word is not yet in the plan
+                cont = self.context[i + n:i + n + self.MAX_CHARS]
                 for stop in '?!.,;"':
-                    rest = rest.split(stop, 1)[0]
+                    cont = cont.split(stop, 1)[0]
+                head = cont.split()[0] if cont.split() else ""
+                rest = cont if rest is None else rest
+                if head and head not in emitted:
+                    rest = cont
+                    break
+                i = self.context.find(value[-n:], i + 1)
+            if rest is not None:
                 return self.encode(rest)[:limit] if rest else []
         return []
+
+    def in_free_text(self, extra: str = "") -> bool:
+        """Inside a string value (after ``extra``, drafted text)."""
+        text = self.text + extra
+        return text.count('"') % 2 == 1
 
 
 class Grammar:
@@ -261,6 +280,12 @@ class Grammar:
                 ids.append(w * 32 + low.bit_length() - 1)
                 v ^= low
         return ids if len(ids) <= limit else None
+
+    def allows_few(self, limit: int = 64) -> bool:
+        """Whether the grammar allows at most about ``limit`` tokens next (an enum value, a
+        key, punctuation), not free text."""
+        self.matcher.fill_next_token_bitmask(self.bitmask)
+        return int(self.bitmask[0].count_nonzero()) <= limit
 
     def choose_among(self, ids: list[int], logits: torch.Tensor) -> int:
         """:meth:`choose` where ``ids`` (ascending) are all the grammar allows and

@@ -24,11 +24,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from rufus.qp.decoder.constraints import Grammar
+from rufus.qp.decoder.constraints import Grammar, WordDrafts
 from rufus.qp.decoder.torch_llama import MedusaHeads, Segment, TorchLlama
 
 
@@ -99,54 +100,72 @@ class Step:
 
 # draft trie size cap per step (model.json ``max_draft_nodes``)
 MAX_DRAFT_NODES = 24
+# the question's words drafted at a time into the skeleton (a query copies a few of them)
+WORD_DRAFTS = 6
 
 
 class PlanHistory:
     """Earlier outputs as a draft source: which token followed the same three tokens in the
-    plans this decoder already emitted (suffix decoding over its own outputs).
+    plans this decoder already emitted (suffix decoding over its own outputs), and before
+    those, in the planner's training plans (:meth:`seed`).
 
     Plans share their skeleton (keys, punctuation, the common enum values, an empty filter
     object), so what followed ``"intent": "`` last time is usually right again; the grammar
     forces most of the rest (:meth:`Decoder.draft`). A follower is proposed only when it
     was seen at least ``min_count`` times and is at least ``min_share`` of what followed
-    there: a customer's own words are not (they differ per plan), so the drafts stop where
-    the plans diverge instead of spending verification rows on guesses. Drafts never change
-    the output, only how many passes it takes.
+    there (0.8: on both CPU classes the fastest of 0.5-0.97, docs/benchmarks.md): the
+    drafts stop where plans diverge instead of spending verification rows on guesses.
+    Served plans decide wherever they have been seen: the training set's mix of intents is
+    not the traffic's. Drafts never change the output, only how many passes it takes.
     """
 
     CONTEXT = 3
 
-    def __init__(self, min_count: int = 2, min_share: float = 0.5,
+    def __init__(self, min_count: int = 2, min_share: float = 0.8,
                  max_keys: int = 1 << 16) -> None:
         self.min_count, self.min_share, self.max_keys = min_count, min_share, max_keys
-        # (question shape or 0, *the previous tokens) -> {next token: count}
+        # (question shape or 0, *the previous tokens) -> {next token: count}, for served
+        # plans and for the seed
         self.next_counts: dict[tuple[int, ...], dict[int, int]] = {}
+        self.seed_counts: dict[tuple[int, ...], dict[int, int]] = {}
 
-    def add(self, tokens: list[int], shape: int = 0) -> None:
+    def add(self, tokens: list[int], shape: int = 0, *, seed: bool = False) -> None:
         """Count one output (preceded by the prompt's last ``CONTEXT`` tokens), for any
         question and for questions of this ``shape`` (:attr:`WordDrafts.shape`)."""
-        if len(self.next_counts) > self.max_keys:  # bounded: start over, it refills fast
-            self.next_counts.clear()
+        table = self.seed_counts if seed else self.next_counts
+        if len(table) > self.max_keys:  # bounded: start over, it refills fast
+            table.clear()
         n = self.CONTEXT
         for i in range(n, len(tokens)):
             for key in ((0, *tokens[i - n:i]), (shape, *tokens[i - n:i])) if shape else \
                     ((0, *tokens[i - n:i]),):
-                after = self.next_counts.setdefault(key, {})
+                after = table.setdefault(key, {})
                 after[tokens[i]] = after.get(tokens[i], 0) + 1
 
+    def seed(self, tokenizer: Any, path: str | Path) -> int:
+        """Count the plans of a seed file (rufus/qp/tooling/build.py ``write_plan_seed``)
+        before any is served; returns how many (0: no file)."""
+        from rufus.qp.plan import plan_seed
+
+        plans = plan_seed(tokenizer, path)
+        for prompt, plan, context in plans:
+            self.add(prompt[-self.CONTEXT:] + plan, WordDrafts.shape_of(context), seed=True)
+        return len(plans)
+
     def predict(self, tail: list[int], shape: int = 0) -> int | None:
-        """The usual follower of ``tail``'s last ``CONTEXT`` tokens after questions of this
-        ``shape`` (where seen ``min_count`` times), else after any question; or None."""
+        """The usual follower of ``tail``'s last ``CONTEXT`` tokens: after served questions
+        of this ``shape``, else any served question, else the same in the seed, whichever
+        has seen it ``min_count`` times first; or None."""
         ngram = tuple(tail[-self.CONTEXT:])
-        after = self.next_counts.get((shape, *ngram)) if shape else None
-        if not after or sum(after.values()) < self.min_count:
-            after = self.next_counts.get((0, *ngram))
-        if not after:
-            return None
-        tok, count = max(after.items(), key=lambda kv: kv[1])
-        if count < self.min_count or count < self.min_share * sum(after.values()):
-            return None
-        return tok
+        for table in (self.next_counts, self.seed_counts):
+            for key in ((shape, *ngram), (0, *ngram)) if shape else ((0, *ngram),):
+                after = table.get(key)
+                if not after or sum(after.values()) < self.min_count:
+                    continue
+                tok, count = max(after.items(), key=lambda kv: kv[1])
+                ok = count >= self.min_count and count >= self.min_share * sum(after.values())
+                return tok if ok else None
+        return None
 
 
 def prompt_lookup(seq: list[int], limit: int) -> list[int]:
@@ -335,9 +354,11 @@ class Decoder:
                 text = m.find_jump_forward_string()
                 new = grammar.encode(text) if text and grammar.encode is not None else []
                 if not new and words is not None:
-                    new = words.draft(limit - len(chain),
+                    new = words.draft(min(limit - len(chain), WORD_DRAFTS),
                                       "".join(words.vocab.texts[t] for t in chain))
                 if not new:
+                    if not grammar.allows_few():  # free text: earlier plans cannot know it
+                        break
                     tok = self.history.predict(seq + chain, words.shape if words else 0)
                     if tok is None:
                         break

@@ -139,6 +139,7 @@ class TorchPlannerEngine:
         from rufus.qp.decoder.cores import CoreWatch, parse_threads
         from rufus.qp.decoder.medusa_decode import MAX_DRAFT_NODES, Decoder, Tree
         from rufus.qp.decoder.torch_llama import MedusaHeads, TorchLlama
+        from rufus.qp.tooling.build import SEED_FILE
 
         # A fixed team stalls at every barrier when a busy neighbour (the answer model's vLLM
         # worker) holds one of its cores; "auto" (shipped) sizes it to the idle cores
@@ -159,6 +160,10 @@ class TorchPlannerEngine:
                           int(args.get("max_draft_nodes") or MAX_DRAFT_NODES),
                           int(args.get("batch_draft_nodes") or MAX_DRAFT_NODES),
                           int(args.get("history_drafts", 0) or 0))
+        if decoder.history_drafts and medusa_dir:
+            n_seed = decoder.history.seed(self.tokenizer, Path(medusa_dir) / SEED_FILE)
+            log.info("plan skeleton: %d training plans counted from %s", n_seed,
+                     Path(medusa_dir) / SEED_FILE)
         for n in counts:  # warm-up: allocations, kernels, each team size's threads
             torch.set_num_threads(n)
             list(decoder.generate([int(next(iter(eos)))] * 4, 2))

@@ -5,7 +5,8 @@ heads' residual blocks (``data/qp/medusa_heads.safetensors``); the tree is commi
 it is served (``model_repository/rufus_qp_medusa/1/medusa_tree.json``), not read here.
 Rebuilt here (seconds, ``scripts/setup.sh qp``): the planner model (default model + merged
 LoRA, 270 MB) and vLLM's Medusa checkpoint directory (the blocks, the draft vocabulary
-``token_map`` and one vocabulary projection copied from the planner's tied embedding).
+``token_map`` and one vocabulary projection copied from the planner's tied embedding), with
+the plan skeleton's seed beside them (``plan_seed.jsonl``: training plans, drafts only).
 """
 
 from __future__ import annotations
@@ -30,6 +31,11 @@ HEADS_PATH = DATA / "medusa_heads.safetensors"
 # cheaper; a token outside the map can never be drafted, which costs acceptance, never
 # correctness (verification is by the full model).
 TOKEN_MAP_LOW_IDS = 6144
+# Plans of the training set written next to the heads as the plan skeleton's seed
+# (rufus/qp/decoder/medusa_decode.py PlanHistory): a started planner drafts the usual plan
+# structure from its first request instead of after a few served plans.
+SEED_FILE = "plan_seed.jsonl"
+SEED_PLANS = 512
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -126,7 +132,7 @@ def build_medusa_dir(model: Path | None = None, heads: Path = HEADS_PATH,
     model = model or qp_model_dir()
     out = out or medusa_dir()
     want = _digest(heads, model / "model.safetensors", DATA / "train.jsonl",
-                   DATA / "calib.jsonl") + f"-tm{TOKEN_MAP_LOW_IDS}"
+                   DATA / "calib.jsonl") + f"-tm{TOKEN_MAP_LOW_IDS}-seed{SEED_PLANS}"
     if not force and _stamp_ok(out, want):
         say(f"Medusa heads up to date ({out})")
         return out
@@ -157,12 +163,28 @@ def build_medusa_dir(model: Path | None = None, heads: Path = HEADS_PATH,
         "truncated_vocab_size": len(token_map),
         "torch_dtype": "bfloat16",
     }, indent=1))
+    write_plan_seed(tmp / SEED_FILE)
     (tmp / "rufus-qp-build.json").write_text(json.dumps({"inputs": want}))
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
     say(f"Medusa checkpoint written ({meta['num_heads']} heads, draft vocabulary "
         f"{len(token_map)} of {cfg['vocab_size']} tokens)")
     return out
+
+
+def write_plan_seed(path: Path, n: int = SEED_PLANS) -> None:
+    """The first ``n`` training rows as ``{"question", "history"?, "plan"}`` with the plan in
+    its served layout (:func:`rufus.qp.plan.render_plan`)."""
+    from rufus.qp.plan import render_plan
+
+    lines = []
+    for line in (DATA / "train.jsonl").read_text(encoding="utf-8").splitlines()[:n]:
+        r = json.loads(line)
+        row = {"question": r["question"], "plan": render_plan(r["plan"])}
+        if r.get("history"):
+            row["history"] = r["history"]
+        lines.append(json.dumps(row))
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
 def main() -> None:

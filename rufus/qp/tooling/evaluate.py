@@ -145,6 +145,10 @@ class TorchPlanner:
         eos = {int(self.tok.convert_tokens_to_ids("<|im_end|>")), int(self.tok.eos_token_id)}
         self.decoder = Decoder(model, heads, t, eos, grammar_drafts if grammar else 0,
                                lookup_drafts, history_drafts=history_drafts if grammar else 0)
+        if self.decoder.history_drafts and medusa_dir:  # as the served engine does
+            from rufus.qp.tooling.build import SEED_FILE
+
+            self.decoder.history.seed(self.tok, Path(medusa_dir) / SEED_FILE)
         self.encode = draft_encoder(self.tok)
         self.compiled = None
         self.copy_fields = tuple(copy_fields)
