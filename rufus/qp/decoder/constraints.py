@@ -195,11 +195,6 @@ class WordDrafts:
                 return self.encode(rest)[:limit] if rest else []
         return []
 
-    def in_free_text(self, extra: str = "") -> bool:
-        """Inside a string value (after ``extra``, drafted text)."""
-        text = self.text + extra
-        return text.count('"') % 2 == 1
-
 
 class Grammar:
     """xgrammar matcher for one request: masks logits to the schema, advances on tokens.
