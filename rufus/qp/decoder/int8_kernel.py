@@ -52,7 +52,7 @@ _loaded: dict[str, tuple[Callable[..., None], int] | None] = {}
 _forward: dict[str, tuple[Callable[..., None], Callable[[int], int]]] = {}  # w8_forward,
 # w8_head_supported per variant
 _why_not: dict[str, str] = {}
-_some: dict[str, Callable[..., None]] = {}  # w8_linear_some per variant
+_some: dict[int, Callable[..., None]] = {}  # id(w8_linear) -> its library's w8_linear_some
 
 
 def isa(flags: set[str]) -> str | None:
@@ -136,7 +136,7 @@ def load(env: Mapping[str, str] | None = None) -> tuple[Callable[..., None], int
         return None
     _loaded[key] = (fn, width)
     _forward[key] = (fwd, head_ok)
-    _some[key] = some
+    _some[id(fn)] = some
     log.info("int8 weight-only matmul: rufus's %s kernel (%s)", variant, path)
     return _loaded[key]
 
@@ -198,7 +198,7 @@ def linear(q: torch.Tensor, scale: torch.Tensor, kernel: tuple[Callable[..., Non
         fn(x.data_ptr(), qp, sp, y.data_ptr(), x.numel() // k, n, k, torch.get_num_threads())
         return y
 
-    some_fn = _some.get(next((k for k, v in _loaded.items() if v is kernel), ""))
+    some_fn = _some.get(id(fn))
 
     def some(x: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
         """``mm(x)[rows, cols]`` (int64 index tensors), bit for bit, computing only those

@@ -359,7 +359,8 @@ class Decoder:
                 if not new:
                     if not grammar.allows_few():  # free text: earlier plans cannot know it
                         break
-                    tok = self.history.predict(seq + chain, words.shape if words else 0)
+                    tok = self.history.predict(seq[-PlanHistory.CONTEXT:] + chain,
+                                              words.shape if words else 0)
                     if tok is None:
                         break
                     new = [tok]
@@ -415,43 +416,36 @@ class Decoder:
         for r, sg in zip(runs, segs, strict=True):
             picks.append((row + r.n_pend - 1, row + sg.ids.shape[0]))
             row += sg.ids.shape[0]
+        # rows whose text the grammar forces (draft.allowed) need only their allowed
+        # tokens' logits, where the LM head can compute just those (int8 kernel)
         some = getattr(self.model, "logits_some", None)
-        if some is None or not any(r.draft is not None and r.draft.allowed and not r.logprobs
-                                   for r in runs):
-            rows = hs[picks[0][0]:] if len(runs) == 1 else \
-                torch.cat([hs[a:b] for a, b in picks])
-            logits = self.model.logits(rows)
-            out, at = [], 0
-            for r, (a, b) in zip(runs, picks, strict=True):
-                out.append(self._walk(r, hs[a:b], list(logits[at:at + b - a])))
-                at += b - a
-            return out
-        # rows whose token the grammar forces need only their allowed tokens' logits
+        allowed = [r.draft.allowed if some is not None and r.draft is not None
+                   and not r.logprobs else {} for r in runs]
         full: list[int] = []
         sub_rows: list[int] = []
         sub_cols: list[int] = []
-        for r, (a, b) in zip(runs, picks, strict=True):
-            allowed = r.draft.allowed if r.draft is not None and not r.logprobs else {}
+        for al, (a, b) in zip(allowed, picks, strict=True):
             for i in range(b - a):
-                ids = allowed.get(i)
+                ids = al.get(i)
                 if ids is None:
                     full.append(a + i)
                 else:
                     sub_rows += [a + i] * len(ids)
                     sub_cols += ids
         logits = self.model.logits(hs[full]) if full else None
-        sub = some(hs, torch.tensor(sub_rows), torch.tensor(sub_cols))
+        sub = some(hs, torch.tensor(sub_rows), torch.tensor(sub_cols)) \
+            if some is not None and sub_rows else None
         out, f_at, s_at = [], 0, 0
-        for r, (a, b) in zip(runs, picks, strict=True):
-            allowed = r.draft.allowed if r.draft is not None and not r.logprobs else {}
+        for r, al, (a, b) in zip(runs, allowed, picks, strict=True):
             per_node: list[Any] = []
             for i in range(b - a):
-                ids = allowed.get(i)
+                ids = al.get(i)
                 if ids is None:
                     assert logits is not None
                     per_node.append(logits[f_at])
                     f_at += 1
                 else:
+                    assert sub is not None
                     per_node.append((ids, sub[s_at:s_at + len(ids)]))
                     s_at += len(ids)
             out.append(self._walk(r, hs[a:b], per_node))

@@ -441,4 +441,3 @@ class MedusaHeads:
         if self.token_map is not None:
             idx = self.token_map[idx]
         return idx.tolist()
-
