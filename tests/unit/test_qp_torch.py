@@ -505,6 +505,12 @@ def test_plan_history_proposes_only_the_usual_follower() -> None:
     for t in (4, 5, 6, 4, 5, 6):
         spread.add([1, 2, 3, t])
     assert spread.predict([1, 2, 3]) is None  # a customer's words: no usual follower
+    assert not spread.rare([1, 2, 3], 4) and spread.rare([9, 9, 9], 4) is False  # unseen
+    assert PlanHistory().rare([7, 7, 7], 4) is False
+    h2 = PlanHistory()
+    for t in (5, 5, 5, 5, 5, 5, 5, 5, 5, 4):
+        h2.add([1, 2, 3, t])
+    assert h2.rare([1, 2, 3], 4) and not h2.rare([1, 2, 3], 5)  # 1 of 10: the model's is 5
     small = PlanHistory(max_keys=3)
     for i in range(5):
         small.add([i, i + 1, i + 2, i + 3, i + 4])
@@ -544,6 +550,51 @@ def test_word_drafts_continue_an_open_string_from_the_question() -> None:
     assert "".join(chr(t + 32) for t in both.draft(6)) == "borock"
 
 
+def test_word_drafts_plan_pieces_from_the_question() -> None:
+    """A value's first letter continues a word of the question; a phrase's end drafts the
+    string's close (the next compared product's query after ``vs``), a price phrase is not
+    query words but ``max_price``, a brand is the first query's first word, and a
+    follow-up's copied words stop at the history's next turn."""
+    from rufus.qp.decoder.constraints import TokenText, WordDrafts
+
+    chars = TokenText([chr(c) for c in range(32, 127)])
+
+    def words(context: str, text: str) -> WordDrafts:
+        w = WordDrafts(context, chars, lambda t: [ord(c) - 32 for c in t])
+        w.text = text
+        return w
+
+    def drafted(w: WordDrafts, extra: str = "", limit: int = 40) -> str:
+        return "".join(chr(t + 32) for t in w.draft(limit, extra))
+
+    q = '{"search_queries": ["'
+    w = words("garmin gps watch", q + "g")
+    assert drafted(w) == "armin gps watch"  # one letter: the word it starts
+    assert w.closer() is None and w.closer("armin gps") is None
+    assert w.closer("armin gps watch") == '"],'  # the question ends: so does the query
+    w = words("Wireless earbuds under $50", q + "wire")
+    assert drafted(w) == "less earbuds" and w.closer("less earbuds") == '"],'
+    assert w.price == "50" and w.number() is None
+    w.text = q + 'wireless earbuds"], "filters":'
+    assert w.hint() == ' {"max_price":' and w.hint(' {"') == 'max_price":'
+    assert w.number(' {"max_price":') == " 50" and w.number(' {"max_price": ') == "50"
+    assert words("wireless earbuds", q).hint('x"], "filters":') is None  # no price named
+    w = words("roomba vs roborock vs eufy", q + "roomba")
+    assert w.closer() == '",'  # a compared product's query ends at "vs"
+    w.text += '", "'
+    assert drafted(w) == "roborock" and w.closer("roborock") == '",'
+    assert drafted(w, 'roborock", "') == "eufy" and w.closer('roborock", "eufy') == '"],'
+    brand = q + 'garmin gps watch"], "filters": {"brand": "'
+    w = words("garmin gps watch", brand)
+    assert drafted(w) == "garmin" and w.closer("garmin") == '"'
+    assert drafted(w, "gar") == "min" and w.closer("gar") is None
+    assert words("sony tv", brand).draft(8) == []  # not a word of the question
+    w = words("previous conversation: user: a standing desk for my office assistant: these "
+              "desks are great question: cheaper ones?", q + "standing desk")
+    assert drafted(w) == " for my office"  # not into the assistant's turn
+    assert w.closer(" for my office") == '"],'
+
+
 def test_skeleton_drafts_and_forced_rows_keep_greedy_output(tiny: tuple[Path, Path]) -> None:
     """With the plan skeleton (earlier outputs' followers, the grammar's forced text), the
     allowed-token logits of forced rows (int8: bit for bit through the kernel) and the
@@ -575,6 +626,8 @@ def test_skeleton_drafts_and_forced_rows_keep_greedy_output(tiny: tuple[Path, Pa
         def logged(*a: object, _draft=draft, _seen=seen, **k: object) -> object:
             d = _draft(*a, **k)
             _seen.append(d.allowed)
+            # never the stop token nor the plan's last "k": their rows predict nothing
+            assert 0 not in d.tokens and vocab.index("k") not in d.tokens
             return d
 
         served.draft = logged  # type: ignore[method-assign]

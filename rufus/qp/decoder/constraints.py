@@ -11,6 +11,7 @@ plain and Medusa decoding, so decoding stays lossless.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -132,9 +133,25 @@ class CopyConstraint:
         return sorted(ids)
 
 
+# Where a copied run of the customer's words ends: punctuation, a connector between
+# compared products ("roomba vs roborock"), a price phrase (it becomes ``max_price``, not
+# query words) or the next turn of a follow-up's history
+_SEGMENT_END = re.compile(
+    r"[?!.,;:\"]|\s(?:vs\.?|versus|or)\s|\s(?:under|below|less than|budget|max|up to)\s*\$?\d"
+    r"|\s(?:user|assistant|question):")
+_CONNECTOR = re.compile(r"^\s*(?:(?:vs\.?|versus|or|and)\s+|,\s*)?")
+# a price the customer wrote: after a currency sign or a price word
+_PRICE = re.compile(r"(?:\$\s*|(?:under|below|less than|budget|max|up to|around)\s+\$?)"
+                    r"(\d[\d,]*(?:\.\d+)?)")
+_NUMBER_KEY = re.compile(r'"max_price":( ?)$')
+_WORD_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789'-&+"
+
+
 class WordDrafts:
-    """The customer's words as drafts for the string value being written (a search query
-    copies them): the continuation, in the question, of what the value holds so far.
+    """The customer's words as drafts for the plan being written: the continuation, in the
+    question, of the string value being written (a search query, a brand copies them), the
+    string's close where the question's phrase ends, and the price the customer named for
+    ``max_price``.
 
     Matched on text, not tokens: the question has `` espresso`` where a query starts
     ``es`` ``presso``, so token-level prompt lookup finds nothing there. Drafts only (the
@@ -150,6 +167,8 @@ class WordDrafts:
         self.vocab, self.encode = vocab, encode
         self.text = ""  # what has been emitted
         self.shape = self.shape_of(context)
+        price = _PRICE.search(self.context)
+        self.price = price.group(1).replace(",", "") if price else None
 
     @classmethod
     def shape_of(cls, context: str) -> int:
@@ -169,31 +188,119 @@ class WordDrafts:
     def advance(self, tok: int) -> None:
         self.text += self.vocab.texts[tok]
 
+    def _segment(self, at: int) -> tuple[str, str]:
+        """The question's text from ``at`` to the end of its phrase, and what ended it:
+        the stop's text, "" at the question's end, "~" where cut at ``MAX_CHARS``."""
+        rest = self.context[at:at + self.MAX_CHARS + 12]
+        stop = _SEGMENT_END.search(rest)
+        if stop is not None and stop.start() <= self.MAX_CHARS:
+            return rest[:stop.start()], stop.group(0).strip()
+        if len(self.context) - at <= self.MAX_CHARS:
+            return rest, ""
+        return rest[:self.MAX_CHARS], "~"
+
+    def _continuation(self, text: str) -> tuple[str, str] | None:
+        """Inside an open string of ``text``: the question's continuation of its value and
+        what ends that phrase (see :meth:`_segment`); None where the value is not found."""
+        start = text.rfind('"')
+        if start < 0 or text.count('"') % 2 == 0:  # not inside a string
+            return None
+        value = text[start + 1:].lower()
+        emitted = text.lower()
+        if text[:start].endswith('"brand": '):  # a brand: one word, from the first query
+            return self._brand(value, emitted)
+        if not value:
+            # a further query of a list: the question's next phrase after the last one
+            before = text[:start]
+            if not before.endswith('", '):
+                return None
+            prev = before[:-3]
+            prev = prev[prev.rfind('"') + 1:].lower()
+            i = self.context.rfind(prev) if len(prev) >= 2 else -1
+            if i < 0:
+                return None
+            at = i + len(prev)
+            at += _CONNECTOR.match(self.context[at:]).end()  # type: ignore[union-attr]
+            return self._segment(at)
+        if len(value) == 1:  # a value's first character: a word that starts with it
+            found = None
+            i = self.context.find(value)
+            while i >= 0:
+                if i == 0 or self.context[i - 1] == " ":
+                    seg = self._segment(i + 1)
+                    word = value + (seg[0].split()[0] if seg[0].split() else "")
+                    found = found or seg
+                    if word not in emitted[:start]:
+                        return seg
+                i = self.context.find(value, i + 1)
+            return found
+        for n in range(min(len(value), 24), 1, -1):  # the longest suffix found, >= 2 chars
+            i = self.context.find(value[-n:])
+            found = None
+            while i >= 0:  # the first occurrence whose next word is not yet in the plan
+                seg = self._segment(i + n)
+                head = seg[0].split()[0] if seg[0].split() else ""
+                found = found or seg
+                if head and head not in emitted:
+                    return seg
+                i = self.context.find(value[-n:], i + 1)
+            if found is not None:
+                return found
+        return None
+
+    def _brand(self, value: str, emitted: str) -> tuple[str, str] | None:
+        """A brand value's continuation: the rest of the word it starts (a brand is a word
+        the customer wrote, usually the first query's first word), then its end."""
+        if not value:
+            first = emitted.split('"search_queries": ["', 1)
+            word = first[1].split(" ", 1)[0].split('"', 1)[0] if len(first) > 1 else ""
+            return (word, "") if word and f" {word} " in f" {self.context} " else None
+        for m in re.finditer(re.escape(value), self.context):
+            if m.start() == 0 or self.context[m.start() - 1] == " ":
+                rest = self.context[m.end():]
+                return rest[:len(rest) - len(rest.lstrip(_WORD_CHARS))], ""
+        return None
+
+    def hint(self, extra: str = "") -> str | None:
+        """Where the plan chooses its filters: a price the customer named makes them
+        ``max_price`` (the grammar then forces the key's end, :meth:`number` the value)."""
+        if self.price is None:
+            return None
+        text = self.text + extra
+        if text.endswith('"filters":'):
+            return ' {"max_price":'
+        if text.endswith('"filters": {"'):
+            return 'max_price":'
+        return None
+
     def draft(self, limit: int, extra: str = "") -> list[int]:
         """Up to ``limit`` tokens continuing the open string value (after ``extra``, text
         drafted ahead of it) as the question continues it, or []."""
+        cont = self._continuation(self.text + extra)
+        return self.encode(cont[0])[:limit] if cont and cont[0] else []
+
+    def closer(self, extra: str = "") -> str | None:
+        """Where the open string value (with ``extra``) has reached the end of the
+        question's phrase: the text that closes it as plans do (``"],`` after the last
+        query, ``",`` before a compared product's query, ``"`` after a brand); else None."""
         text = self.text + extra
-        start = text.rfind('"')
-        if start < 0 or text.count('"') % 2 == 0:  # not inside a string
-            return []
-        value = text[start + 1:].lower()
-        emitted = text.lower()
-        for n in range(min(len(value), 24), 1, -1):  # the longest suffix found, >= 2 chars
-            i = self.context.find(value[-n:])
-            rest = None
-            while i >= 0:  # the first occurrence whose next word is not yet in the plan
-                cont = self.context[i + n:i + n + self.MAX_CHARS]
-                for stop in '?!.,;"':
-                    cont = cont.split(stop, 1)[0]
-                head = cont.split()[0] if cont.split() else ""
-                rest = cont if rest is None else rest
-                if head and head not in emitted:
-                    rest = cont
-                    break
-                i = self.context.find(value[-n:], i + 1)
-            if rest is not None:
-                return self.encode(rest)[:limit] if rest else []
-        return []
+        cont = self._continuation(text)
+        if cont is None or cont[0].strip() or cont[1] == "~":
+            return None
+        opener = text[:text.rfind('"')]
+        if opener.endswith('"brand": '):
+            return '"'
+        if opener.endswith(' [') or opener.endswith('", '):
+            return '",' if cont[1] in ("vs", "vs.", "versus", "or") else '"],'
+        return None
+
+    def number(self, extra: str = "") -> str | None:
+        """The price the customer named, as the plan writes it after ``"max_price":``
+        (``extra``: text drafted ahead), or None."""
+        key = _NUMBER_KEY.search(self.text + extra)
+        if key is None or self.price is None:
+            return None
+        return self.price if key.group(1) else " " + self.price
 
 
 class Grammar:

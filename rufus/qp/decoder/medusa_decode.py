@@ -152,20 +152,35 @@ class PlanHistory:
             self.add(prompt[-self.CONTEXT:] + plan, WordDrafts.shape_of(context), seed=True)
         return len(plans)
 
-    def predict(self, tail: list[int], shape: int = 0) -> int | None:
-        """The usual follower of ``tail``'s last ``CONTEXT`` tokens: after served questions
-        of this ``shape``, else any served question, else the same in the seed, whichever
-        has seen it ``min_count`` times first; or None."""
+    def _followers(self, tail: list[int], shape: int) -> dict[int, int] | None:
+        """What followed ``tail``'s last ``CONTEXT`` tokens: after served questions of this
+        ``shape``, else any served question, else the same in the seed, whichever has seen
+        it ``min_count`` times first; or None."""
         ngram = tuple(tail[-self.CONTEXT:])
         for table in (self.next_counts, self.seed_counts):
             for key in ((shape, *ngram), (0, *ngram)) if shape else ((0, *ngram),):
                 after = table.get(key)
-                if not after or sum(after.values()) < self.min_count:
-                    continue
-                tok, count = max(after.items(), key=lambda kv: kv[1])
-                ok = count >= self.min_count and count >= self.min_share * sum(after.values())
-                return tok if ok else None
+                if after and sum(after.values()) >= self.min_count:
+                    return after
         return None
+
+    def predict(self, tail: list[int], shape: int = 0) -> int | None:
+        """The usual follower of ``tail`` (seen ``min_count`` times and at least
+        ``min_share`` of what followed it), or None."""
+        after = self._followers(tail, shape)
+        if after is None:
+            return None
+        tok, count = max(after.items(), key=lambda kv: kv[1])
+        ok = count >= self.min_count and count >= self.min_share * sum(after.values())
+        return tok if ok else None
+
+    def rare(self, tail: list[int], tok: int, shape: int = 0) -> bool:
+        """Whether ``tok`` is seldom what followed ``tail`` (under ``1 - min_share`` of
+        it): the grammar forces `` {`` after ``"filters":`` but the model writes `` {"``
+        or `` {}``, one token for text the grammar splits."""
+        after = self._followers(tail, shape)
+        return after is not None and \
+            after.get(tok, 0) < (1 - self.min_share) * sum(after.values())
 
 
 def prompt_lookup(seq: list[int], limit: int) -> list[int]:
@@ -262,21 +277,27 @@ class Decoder:
     def draft(self, seq: list[int], h_last: torch.Tensor | None, grammar: Grammar | None,
               cap: int = 0) -> Draft:
         """This step's candidates as a token trie under the root (the last token without
-        KV): the chain the grammar forces next, then, as branches after it, the Medusa
-        tree's paths and the prompt-lookup continuation (at most ``cap`` nodes if set, else
+        KV): the plan skeleton (:meth:`_skeleton`), or without one the chain the grammar
+        forces next and the prompt-lookup continuation; then, as branches, the Medusa
+        tree's paths where nothing surer drafts (at most ``cap`` nodes if set, else
         ``max_draft_nodes``)."""
         forced: list[int] = []
         if grammar is not None and self.grammar_drafts:
             forced = grammar.forced_tokens(self.grammar_drafts)
         k = len(forced)
-        chains = [forced]
         skeleton: list[int] = []
         allowed_at: dict[int, list[int]] = {}
-        if grammar is not None and self.history_drafts:
+        with_skeleton = grammar is not None and self.history_drafts > 0
+        if with_skeleton:  # it starts with the forced text
+            assert grammar is not None
             skeleton, allowed_at = self._skeleton(seq, forced, grammar)
-            chains.append(skeleton)
+            chains = [skeleton]
+        else:
+            chains = [forced]
         lookup: list[int] = []
-        if self.lookup_drafts:
+        # prompt lookup where there is no skeleton: the skeleton drafts the question's words
+        # on text, and a token-level copy beside it cost rows on structure it cannot know
+        if self.lookup_drafts and not with_skeleton:
             words = grammar.words.draft(self.lookup_drafts) \
                 if grammar is not None and grammar.words is not None and not forced else []
             lookup = words or prompt_lookup(seq + forced, self.lookup_drafts)
@@ -288,7 +309,7 @@ class Decoder:
             for path in self.tree.paths:
                 if len(path) > k and not any(path[:k]):
                     chains.append(forced + [top[d][r] for d, r in enumerate(path)][k:])
-        if self.lookup_drafts:
+        if lookup:
             chains.append(forced + lookup)
         tok, depth = [-1], [0]
         children: list[list[int]] = [[]]
@@ -296,6 +317,8 @@ class Decoder:
         for chain in chains:
             node = 0
             for t in chain:
+                if t in self.eos_ids:  # nothing follows a stop token: its row is wasted
+                    break
                 nxt = next((c for c in children[node] if tok[c] == t), None)
                 if nxt is None:
                     if len(tok) > (cap or self.max_draft_nodes):
@@ -325,52 +348,76 @@ class Decoder:
 
     def _skeleton(self, seq: list[int], forced: list[int], grammar: Grammar
                   ) -> tuple[list[int], dict[int, list[int]]]:
-        """``forced``, then the plan skeleton beyond it: the text the grammar forces, else
-        the question's continuation of an open string (:class:`WordDrafts`), else the token
-        that usually came next in earlier plans (:class:`PlanHistory`), each checked by the
-        grammar, up to ``history_drafts`` more tokens. One draft chain then spans several
-        forced strings (``product_search", "query_type": "keyword", "``) where the forced
-        chain alone stops at the first choice. Also returns, by depth, the few tokens the
-        grammar allows where its text is forced (:meth:`Grammar.few_allowed`). The matcher
-        is walked ahead and rolled back: it stays at the sequence's real position."""
+        """The plan skeleton from here, up to ``len(forced) + history_drafts`` tokens: the
+        text the grammar forces; else, inside an open string, the question's continuation
+        of what the string holds (:class:`WordDrafts`, at most ``WORD_DRAFTS`` tokens per
+        value) and its close where the question's phrase ends; the price the customer
+        named after ``"max_price":``; else the token that usually came next in earlier
+        plans (:class:`PlanHistory`). Each is checked by the grammar; a forced token the
+        model is seen to write otherwise is replaced by what it writes (or ends the chain),
+        and the plan's last token is left out (its row would predict nothing). One draft
+        chain then spans several forced strings (``product_search", "query_type": "``)
+        where the forced chain alone stops at the first choice. Also returns, by depth, the
+        few tokens the grammar allows where its text is forced (:meth:`Grammar.few_allowed`).
+        The matcher is walked ahead and rolled back: it stays at the sequence's real
+        position."""
         m, words = grammar.matcher, grammar.words
         chain: list[int] = []
         allowed: dict[int, list[int]] = {}
         texts = words.vocab.texts if words is not None else None
+        shape = words.shape if words is not None else 0
+        ctx = seq[-PlanHistory.CONTEXT:]
 
         def note() -> None:  # the allowed set after chain (where it is small)
             ids = grammar.few_allowed("".join(texts[t] for t in chain) if texts else None)
             if ids is not None:
                 allowed[len(chain)] = ids
 
+        def take(t: int) -> bool:  # onto the chain, unless refused or the plan's last
+            if not m.accept_token(t):
+                return False
+            if m.is_completed():
+                m.rollback(1)
+                return False
+            chain.append(t)
+            return True
+
         try:
-            for t in forced:
-                note()
-                if not m.accept_token(t):
-                    return chain, allowed
-                chain.append(t)
             limit = len(forced) + self.history_drafts
+            words_left = WORD_DRAFTS
             while len(chain) < limit and not m.is_terminated():
                 text = m.find_jump_forward_string()
                 new = grammar.encode(text) if text and grammar.encode is not None else []
+                is_forced = bool(new)
                 if not new and words is not None:
-                    new = words.draft(min(limit - len(chain), WORD_DRAFTS),
-                                      "".join(words.vocab.texts[t] for t in chain))
+                    so_far = "".join(texts[t] for t in chain) if texts else ""
+                    new = words.draft(min(limit - len(chain), words_left), so_far)
+                    words_left -= len(new)
+                    if not new:
+                        close = words.closer(so_far) or words.number(so_far) \
+                            or words.hint(so_far)
+                        new = grammar.encode(close) if close and grammar.encode else []
+                        words_left = WORD_DRAFTS
                 if not new:
                     if not grammar.allows_few():  # free text: earlier plans cannot know it
                         break
-                    tok = self.history.predict(seq[-PlanHistory.CONTEXT:] + chain,
-                                              words.shape if words else 0)
+                    tok = self.history.predict(ctx + chain, shape)
                     if tok is None:
                         break
                     new = [tok]
                 before = len(chain)
                 for t in new[:limit - len(chain)]:
+                    healed = is_forced and self.history.rare(ctx + chain, t, shape)
+                    if healed:  # the model writes this text otherwise: its usual token
+                        t = self.history.predict(ctx + chain, shape)
+                        if t is None:
+                            return chain, allowed
                     if text:
                         note()
-                    if not m.accept_token(t):
+                    if not take(t):
                         break
-                    chain.append(t)
+                    if healed:  # the forced text left is recomputed after it
+                        break
                     text = m.find_jump_forward_string()
                 if len(chain) == before:
                     break
