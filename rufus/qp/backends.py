@@ -6,9 +6,10 @@ NxDI-style Medusa knobs) into what the engine needs; ``create_backend`` picks th
 * ``torch_medusa`` (default off Neuron): the project's own batch-1 decoder
   (rufus/qp/decoder/medusa_decode.py): the ``medusa_tree`` verified in one forward pass with a tree
   attention mask, greedy acceptance under the plan grammar (rufus/qp/decoder/constraints.py);
-  the tokens the grammar forces (``grammar_drafts``), the question's words
-  (``lookup_drafts``) and the plan skeleton learnt from earlier plans (``history_drafts``)
-  join the same pass. The
+  the tokens the grammar forces (``grammar_drafts``) and the plan skeleton
+  (``history_drafts``: forced text, the question's words and phrase ends, earlier plans'
+  usual followers) join the same pass; without a skeleton, prompt-lookup copies
+  (``lookup_drafts``) do. The
   fastest correct path measured on the 2-core CPU, where vLLM's speculative step costs more
   than twice its plain step (figures: docs/benchmarks.md, "Query planner").
 * ``torch_autoregressive``: the same decoder without the heads or any draft (algorithmic
