@@ -223,30 +223,31 @@ class WordDrafts:
             at += _CONNECTOR.match(self.context[at:]).end()  # type: ignore[union-attr]
             return self._segment(at)
         if len(value) == 1:  # a value's first character: a word that starts with it
-            found = None
-            i = self.context.find(value)
-            while i >= 0:
-                if i == 0 or self.context[i - 1] == " ":
-                    seg = self._segment(i + 1)
-                    word = value + (seg[0].split()[0] if seg[0].split() else "")
-                    found = found or seg
-                    if word not in emitted[:start]:
-                        return seg
-                i = self.context.find(value, i + 1)
-            return found
+            return self._after(value, emitted[:start], word_start=True)
         for n in range(min(len(value), 24), 1, -1):  # the longest suffix found, >= 2 chars
-            i = self.context.find(value[-n:])
-            found = None
-            while i >= 0:  # the first occurrence whose next word is not yet in the plan
-                seg = self._segment(i + n)
-                head = seg[0].split()[0] if seg[0].split() else ""
-                found = found or seg
-                if head and head not in emitted:
-                    return seg
-                i = self.context.find(value[-n:], i + 1)
+            found = self._after(value[-n:], emitted)
             if found is not None:
                 return found
         return None
+
+    def _after(self, needle: str, emitted: str, word_start: bool = False
+               ) -> tuple[str, str] | None:
+        """The question's phrase after ``needle`` (:meth:`_segment`), at its first
+        occurrence whose next word (with a one-letter ``needle`` at a word's start: the word
+        it starts) is not in ``emitted`` yet, else at its first occurrence; None if absent."""
+        found = None
+        i = self.context.find(needle)
+        while i >= 0:
+            if not word_start or i == 0 or self.context[i - 1] == " ":
+                seg = self._segment(i + len(needle))
+                head = seg[0].split()[0] if seg[0].split() else ""
+                found = found or seg
+                if word_start:
+                    head = needle + (head if not seg[0].startswith(" ") else "")
+                if head and head not in emitted:
+                    return seg
+            i = self.context.find(needle, i + 1)
+        return found
 
     def _brand(self, value: str, emitted: str) -> tuple[str, str] | None:
         """A brand value's continuation: the rest of the word it starts (a brand is a word

@@ -290,7 +290,7 @@ class Decoder:
         with_skeleton = grammar is not None and self.history_drafts > 0
         if with_skeleton:  # it starts with the forced text
             assert grammar is not None
-            skeleton, allowed_at = self._skeleton(seq, forced, grammar)
+            skeleton, allowed_at = self._skeleton(seq, grammar, k + self.history_drafts)
             chains = [skeleton]
         else:
             chains = [forced]
@@ -346,10 +346,10 @@ class Decoder:
                 break
         return Draft(tok[1:], depth, children, mask, allowed)
 
-    def _skeleton(self, seq: list[int], forced: list[int], grammar: Grammar
+    def _skeleton(self, seq: list[int], grammar: Grammar, limit: int
                   ) -> tuple[list[int], dict[int, list[int]]]:
-        """The plan skeleton from here, up to ``len(forced) + history_drafts`` tokens: the
-        text the grammar forces; else, inside an open string, the question's continuation
+        """The plan skeleton from here, up to ``limit`` tokens: the text the grammar
+        forces; else, inside an open string, the question's continuation
         of what the string holds (:class:`WordDrafts`, at most ``WORD_DRAFTS`` tokens per
         value) and its close where the question's phrase ends; the price the customer
         named after ``"max_price":``; else the token that usually came next in earlier
@@ -383,7 +383,6 @@ class Decoder:
             return True
 
         try:
-            limit = len(forced) + self.history_drafts
             words_left = WORD_DRAFTS
             while len(chain) < limit and not m.is_terminated():
                 text = m.find_jump_forward_string()
