@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -35,6 +36,15 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+import numpy as np
+
+from rufus.assistant.answer import (
+    REPETITION_PENALTY,
+    CatalogNames,
+    PickRenderer,
+    answer_grammar,
+    reason_options,
+)
 from rufus.assistant.prompt import (
     ANSWER_PRODUCTS,
     SERVICE_REPLIES,
@@ -47,8 +57,9 @@ from rufus.assistant.prompt import (
     price_cap,
 )
 from rufus.client import AsyncStreams, RequestFailed, output_str
-from rufus.retrieval.base import Filters, Retriever, query_terms
+from rufus.retrieval.base import Retriever, query_terms
 from rufus.retrieval.catalog import Product
+from rufus.retrieval.grounding import GroundedSearch, SearchOutcome
 from rufus.serving.validation import check_history, check_question
 
 log = logging.getLogger("rufus.assistant")
@@ -72,14 +83,15 @@ class AssistantEvent:
     fallback_reason: str = ""                    # plan
     products: list[dict[str, Any]] | None = None  # products: id, title, brand, price, rating, url, image_url
     text: str = ""                               # text
-    finish_reason: str = ""                      # done: stop | length | service
-    timings: dict[str, float] = field(default_factory=dict)  # done
+    finish_reason: str = ""                      # done: stop | length | service (system-written)
+    timings: dict[str, float] = field(default_factory=dict)  # done: seconds; answer_tokens
     path: str = ""                               # products, done: products | service | general
 
 
 class AssistantMetrics(Protocol):
     def observe(self, stage: str, seconds: float) -> None: ...
     def count(self, outcome: str, path: str) -> None: ...
+    def dropped(self, kind: str) -> None: ...
 
 
 class NullMetrics:
@@ -88,6 +100,13 @@ class NullMetrics:
 
     def count(self, outcome: str, path: str) -> None:
         pass
+
+    def dropped(self, kind: str) -> None:
+        pass
+
+
+# The general (off-topic) answer: one or two sentences (SYSTEM_GENERAL), bounded.
+GENERAL_MAX_TOKENS = 64
 
 
 def validate_request(question: Any, history: Any) -> list[dict[str, str]]:
@@ -138,6 +157,8 @@ class Assistant:
                  prewarm: bool | None = None) -> None:
         self.url = url
         self.retriever = retriever
+        self.search = GroundedSearch(retriever)
+        self.names = CatalogNames.default()
         self.planner_model = planner_model
         self.answer_model = answer_model
         self.k = k
@@ -216,10 +237,13 @@ class Assistant:
             log.debug("answer-prefix prefill failed (harmless): %s", exc)
 
     def _retrieve(self, plan: dict[str, Any], question: str,
-                  history: list[dict[str, str]]) -> list[Product]:
-        found = self.retriever.search(search_queries(plan, question, history),
-                                      Filters.from_plan(plan.get("filters")), 4 * self.k)
-        return diversify(found, self.k)
+                  history: list[dict[str, str]]) -> SearchOutcome:
+        """The plan's search, grounded against the catalog (rufus.retrieval.grounding: a
+        brand that is no catalog brand becomes a query word, the question's stated price
+        wins, typos are corrected, empty results relax the filters); diversified top k."""
+        found = self.search.search(search_queries(plan, question, history),
+                                   plan.get("filters"), question, 4 * self.k)
+        return dataclasses.replace(found, products=diversify(found.products, self.k))
 
     async def stream(self, question: str, history: list[dict[str, str]] | None = None,
                      conversation: str | None = None) -> AsyncIterator[AssistantEvent]:
@@ -242,10 +266,12 @@ class Assistant:
 
             intent = plan.get("intent", "other")
             products: list[Product] = []
+            found: SearchOutcome | None = None
             if fallback or intent in PRODUCT_INTENTS:
                 path = "products"
                 t = time.monotonic()
-                products = await asyncio.to_thread(self._retrieve, plan, question, turns)
+                found = await asyncio.to_thread(self._retrieve, plan, question, turns)
+                products = found.products
                 timings["retrieval_s"] = time.monotonic() - t
             else:
                 path = "service" if intent in SERVICE_REPLIES else "general"
@@ -253,16 +279,19 @@ class Assistant:
             yield AssistantEvent("products", products=cards(products), path=path)
 
             finish = "service"
-            if path == "service":
+            if path == "service" or (found is not None and not products):
+                # system-written: a fixed reply, or what was searched and what the catalog has
+                reply = SERVICE_REPLIES[intent] if path == "service" else \
+                    self.search.no_results_reply(found, question)  # type: ignore[arg-type]
                 timings["first_token_s"] = time.monotonic() - t0
-                yield AssistantEvent("text", text=SERVICE_REPLIES[intent])
+                yield AssistantEvent("text", text=reply)
             else:
                 finish = ""
                 # aclosing: closing this generator must close the answer stream at once
                 # (an unclosed async generator is only finalized by the garbage collector)
                 async with contextlib.aclosing(self._answer(
                         question, products, turns, path == "general", t0, timings,
-                        conversation)) as answer:
+                        conversation, found.notes if found else [])) as answer:
                     async for ev in answer:
                         if ev.type == "done":
                             finish = ev.finish_reason
@@ -279,33 +308,53 @@ class Assistant:
                 warm.cancel()
             self.metrics.count(outcome, path)
             for stage, secs in timings.items():
-                self.metrics.observe(stage.removesuffix("_s"), secs)
+                if stage.endswith("_s"):  # answer_tokens is a count, not a stage
+                    self.metrics.observe(stage.removesuffix("_s"), secs)
 
     async def _answer(self, question: str, products: list[Product], turns: list[dict[str, str]],
                       general: bool, t0: float, timings: dict[str, float],
-                      conversation: str | None = None) -> AsyncIterator[AssistantEvent]:
+                      conversation: str | None = None, notes: Sequence[str] = ()
+                      ) -> AsyncIterator[AssistantEvent]:
+        """The answer model's stream, rendered. With products: picks under the answer
+        grammar (rufus.assistant.answer), every fact rendered from the cards, the search's
+        notes ahead of the first pick. Off-topic: the model's short reply, links removed."""
         products = products[:self.answer_products]  # [n] links only to what the model saw
-        renderer = LinkRenderer(products)
+        sampling: dict[str, Any] = {"max_tokens": self.max_tokens, "temperature": 0.0,
+                                    "repetition_penalty": REPETITION_PENALTY}
+        renderer: PickRenderer | LinkRenderer
+        if general:
+            renderer = LinkRenderer(products)
+            sampling["max_tokens"] = min(self.max_tokens, GENERAL_MAX_TOKENS)
+        else:
+            options = reason_options(products, question)
+            renderer = PickRenderer(products, self.names, options, on_drop=self.metrics.dropped)
+            sampling["structured_outputs"] = {"grammar": answer_grammar(options)}
         tensors = {
             "messages": answer_messages(question, products, turns, general=general),
             "stream": True, "exclude_input_in_output": True, "return_finish_reason": True,
-            "sampling_parameters": {"max_tokens": self.max_tokens, "temperature": 0.0},
+            "return_num_output_tokens": True, "sampling_parameters": sampling,
         }
+        lead = "".join(f"{n}\n" for n in notes) + ("\n" if notes else "")
         sent = time.monotonic()
         finish = ""
+        tokens = 0
         async with contextlib.aclosing(self.streams().stream(
                 self.answer_model, tensors, conversation=conversation)) as s:
             async for outs in s:
                 delta = output_str(outs, "text_output")
                 finish = output_str(outs, "finish_reason") or finish
+                if "num_output_tokens" in outs:
+                    tokens += int(np.asarray(outs["num_output_tokens"]).reshape(-1).sum())
                 if delta and "answer_ttft_s" not in timings:
                     timings["answer_ttft_s"] = time.monotonic() - sent
                 text = renderer.feed(delta)
                 if text:
                     timings.setdefault("first_token_s", time.monotonic() - t0)
-                    yield AssistantEvent("text", text=text)
+                    yield AssistantEvent("text", text=lead + text)
+                    lead = ""
         tail = renderer.flush()
-        if tail:
+        if tail or lead:
             timings.setdefault("first_token_s", time.monotonic() - t0)
-            yield AssistantEvent("text", text=tail)
+            yield AssistantEvent("text", text=lead + tail)
+        timings["answer_tokens"] = float(tokens)
         yield AssistantEvent("done", finish_reason=finish or "stop")

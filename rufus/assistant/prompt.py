@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rufus.retrieval.catalog import Product
+from rufus.retrieval.grounding import parse_price_cap
 
 HISTORY_TURNS = 4          # previous turns given to the answer model
 # Per previous turn, by role: a customer's question nearly whole; an earlier answer only its
@@ -28,9 +29,9 @@ HISTORY_CHARS = {"user": 400, "assistant": 160}
 ANSWER_PRODUCTS = 4
 
 SYSTEM_PRODUCTS = (
-    "You are a helpful shopping assistant. Recommend two or three of the numbered products "
-    "below that best fit the question. Refer to each product by its number in brackets, for "
-    "example [1], and say why it fits in a few words. Do not write links.")
+    "You are a helpful shopping assistant. Recommend the two or three numbered products below "
+    "that best fit the question, best first: one line each, the product's number in brackets "
+    "and why it fits, for example:\n[2] built for long runs\n[1] the lowest price of these")
 SYSTEM_NO_RESULTS = (
     "You are a shopping assistant. No product in the catalog matches the customer's request. "
     "Say so in one sentence and suggest how to broaden the search (another brand, a higher "
@@ -61,8 +62,17 @@ def product_lines(products: Sequence[Product]) -> str:
     this tokenizer and a cold answer prompt's prefill is on the critical path (arithmetic-bound
     on CPUs: docs/benchmarks.md, "Count the work"), so the review count is left out (about a
     sixth of a line's tokens); retrieval already ranks by it and the card shows it."""
-    return "\n".join(f"[{i}] {p.title} - ${p.price:.2f}, {p.rating:.1f} stars"
+    return "\n".join(f"[{i}] {p.title} - ${p.price:.2f}, {p.rating:.1f} stars{use(p)}"
                      for i, p in enumerate(products, start=1))
+
+
+_USE = re.compile(r"\bbuilt for ([^.;]{3,50})[.;]")
+
+
+def use(p: Product) -> str:
+    """What the card says a product is built for (", built for long runs"), or nothing."""
+    m = _USE.search(p.description + ".")
+    return f", built for {m.group(1)}" if m else ""
 
 
 def previous_turns(history: Sequence[dict[str, str]] | None) -> list[dict[str, str]]:
@@ -98,17 +108,11 @@ def answer_messages(question: str, products: Sequence[Product],
 
 # ------------------------------------------------------------------ fallback filters
 
-_UNDER = re.compile(r"\b(?:under|below|less than|cheaper than|up to|max|at most|within)\s*"
-                    r"\$?\s*(\d+(?:\.\d+)?)", re.I)
-
-
 def price_cap(text: str) -> float | None:
-    """A price cap stated in the question ("under $80", "below 50 dollars"), used only when
-    the planner gave no plan (the fallback plan carries no filters)."""
-    m = _UNDER.search(text)
-    if m:
-        return float(m.group(1))
-    return None
+    """A price cap stated in the question ("under $80", "below 50 dollars", "under 1k",
+    "under 30 euros" in US dollars): rufus.retrieval.grounding.parse_price_cap."""
+    cap = parse_price_cap(text)
+    return None if cap is None else round(cap.usd, 2)
 
 
 # ------------------------------------------------------------------ link rendering

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from rufus.assistant.answer import PickRenderer, answer_grammar, reason_options
 from rufus.assistant.pipeline import Assistant, NullMetrics, fallback_plan
 from rufus.assistant.prompt import ANSWER_PRODUCTS, LinkRenderer, answer_messages, cards
 from rufus.client import RequestFailed
@@ -107,8 +108,14 @@ class TritonAssistantMetrics:
         self.req_family = fam(name="rufus_assistant_requests_total",
                               description="Assistant requests by outcome and path",
                               kind=fam.COUNTER)
+        self.drop_family = fam(name="rufus_assistant_reasons_dropped_total",
+                               description="Answer reasons the output check withheld, by why "
+                                           "(brand, product, colour, repeat, format): a model or "
+                                           "prompt that starts to invent shows up here",
+                               kind=fam.COUNTER)
         self.stages: dict[str, Any] = {}
         self.counters: dict[tuple[str, str], Any] = {}
+        self.drops: dict[str, Any] = {}
 
     def observe(self, stage: str, seconds: float) -> None:
         if stage not in self.stages:
@@ -123,12 +130,18 @@ class TritonAssistantMetrics:
                 labels={**self.labels, "outcome": outcome, "path": path})
         self.counters[key].increment(1)
 
+    def dropped(self, kind: str) -> None:
+        if kind not in self.drops:
+            self.drops[kind] = self.drop_family.Metric(labels={**self.labels, "why": kind})
+        self.drops[kind].increment(1)
+
     def close(self) -> None:
         # metrics, then families, while the stub's shared memory exists (a MetricFamily
         # destroyed at interpreter shutdown segfaults the 2.51 stub; rufus.serving.metrics)
         self.stages.clear()
         self.counters.clear()
-        self.stage_family = self.req_family = None
+        self.drops.clear()
+        self.stage_family = self.req_family = self.drop_family = None
         import gc
 
         gc.collect()
@@ -145,6 +158,9 @@ class BufferedAssistantMetrics:
 
     def count(self, outcome: str, path: str) -> None:
         self.buffer.event("count", outcome, path)
+
+    def dropped(self, kind: str) -> None:
+        self.buffer.event("dropped", kind)
 
     def close(self) -> None:
         self.buffer.close()
@@ -166,9 +182,12 @@ def warm_up(assistant: Assistant) -> None:
     t0 = time.monotonic()
     for question, history in WARMUP_TURNS:
         plan = fallback_plan(question)
-        products = assistant._retrieve(plan, question, history)
+        products = assistant._retrieve(plan, question, history).products
         cards(products)
         answer_messages(question, products, history)
+        options = reason_options(products, question)
+        answer_grammar(options)
+        PickRenderer(products, assistant.names, options).feed(f"[1] {options[0][0]}\n[2")
         LinkRenderer(products).feed("see [1] and [2]")
     log.info("rufus_assistant: pipeline warmed up in %.2f s", time.monotonic() - t0)
 
@@ -200,6 +219,10 @@ class AssistantModel(TritonModel):
                                                        str(ANSWER_PRODUCTS))),
                         max_tokens=int(self.param("answer_max_tokens", "160")))
         self.assistant = Assistant(url, retriever, metrics=self.metrics, **settings)
+        t = time.monotonic()
+        vocabulary = self.assistant.search.vocabulary  # built here, not on the first request
+        log.info("rufus_assistant: catalog vocabulary (%d words, %d brands) in %.2f s",
+                 len(vocabulary.freq), len(vocabulary.brands), time.monotonic() - t)
         self.loop = asyncio.new_event_loop()
         self.loop_thread = threading.Thread(target=self.loop.run_forever, name="assistant-loop",
                                             daemon=True)

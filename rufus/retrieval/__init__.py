@@ -4,6 +4,9 @@
 - ``TantivyRetriever``: the benchmark's comparison engine.
 - ``OpenSearchRetriever``: the engine to move to at scale (untested here, no server).
 
+``GroundedSearch`` wraps any of them: the plan's brand, price cap and words checked against
+the catalog before searching, filters relaxed when nothing matches (rufus/retrieval/grounding.py).
+
 :func:`default_retriever` is what the assistant uses: the index built by setup
 (``scripts/build_catalog.py``), or the catalog named by ``RUFUS_CATALOG`` / the generated
 one indexed in memory when there is no index file (about a second).
@@ -17,10 +20,12 @@ from pathlib import Path
 
 from rufus.retrieval.base import Filters, Retriever
 from rufus.retrieval.catalog import Product, generate_catalog, load_catalog
+from rufus.retrieval.grounding import GroundedSearch, Price, SearchOutcome, Vocabulary, parse_price_cap
 from rufus.retrieval.sqlite_fts import SqliteFtsRetriever
 
-__all__ = ["DEFAULT_INDEX", "Filters", "Product", "Retriever", "SqliteFtsRetriever",
-           "default_retriever", "index_path"]
+__all__ = ["DEFAULT_INDEX", "Filters", "GroundedSearch", "Price", "Product", "Retriever",
+           "SearchOutcome", "SqliteFtsRetriever", "Vocabulary", "default_retriever", "index_path",
+           "parse_price_cap"]
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_INDEX = ROOT / "build" / "retrieval" / "catalog.sqlite"

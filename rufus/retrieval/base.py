@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -59,6 +59,15 @@ class Retriever(Protocol):
     def search(self, queries: Sequence[str], filters: Filters | None = None,
                k: int = 5) -> list[Product]:
         """The k best products for the queries, every one satisfying ``filters``."""
+        ...
+
+
+@runtime_checkable
+class ProductSource(Protocol):
+    """An engine that can list its catalog (what grounding builds its vocabulary from)."""
+
+    def iter_products(self) -> Iterator[Product]:
+        """Every indexed product, once each."""
         ...
 
 

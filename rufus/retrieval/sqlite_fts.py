@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from rufus.retrieval.base import Filters, Hit, check_queries, fuse, norm_brand, query_terms, rerank
@@ -95,6 +95,21 @@ class SqliteFtsRetriever:
         with self.lock:
             row = self.conn.execute(f"SELECT {COLS} FROM products p WHERE p.id = ?", (pid,)).fetchone()
         return _product(row) if row else None
+
+    def iter_products(self, batch: int = 2000) -> Iterator[Product]:
+        """Every product in index order, read in batches so searches wait for one batch at
+        most (grounding builds its vocabulary from this once)."""
+        last = 0
+        while True:
+            with self.lock:
+                rows = self.conn.execute(
+                    f"SELECT p.rowid, {COLS} FROM products p WHERE p.rowid > ? ORDER BY p.rowid LIMIT ?",
+                    (last, batch)).fetchall()
+            if not rows:
+                return
+            last = rows[-1][0]
+            for r in rows:
+                yield _product(r[1:])
 
     def _one(self, query: str, filters: Filters, limit: int) -> list[Hit]:
         terms = query_terms(query)

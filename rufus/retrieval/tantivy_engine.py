@@ -5,7 +5,7 @@ engine, so the benchmark compares engines, not ranking recipes."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from rufus.retrieval.base import Filters, Hit, check_queries, fuse, norm_brand, query_terms, rerank
@@ -48,6 +48,14 @@ class TantivyRetriever:
         writer.wait_merging_threads()
         index.reload()
         return cls(index, schema)
+
+    def iter_products(self) -> Iterator[Product]:
+        """Every indexed product (index order, not a ranking)."""
+        n = self.searcher.num_docs
+        if not n:
+            return
+        for _score, addr in self.searcher.search(self.tantivy.Query.all_query(), n, count=False).hits:
+            yield Product(**json.loads(self.searcher.doc(addr)["doc"][0]))
 
     def _one(self, query: str, filters: Filters, limit: int) -> list[Hit]:
         t = self.tantivy

@@ -100,6 +100,57 @@ def test_cards_first_respect_filters_and_links_are_retrieved(url, catalog):
     assert {"plan_s", "retrieval_s", "cards_s", "first_token_s", "total_s"} <= set(r["timings"])
 
 
+PICK = re.compile(r"^(\d)\. \[(.+)\]\((https?://[^\s)]+)\) — \$(\d+\.\d\d), (\d\.\d) stars"
+                  r"(?:: ([a-z][a-z ,'-]*))?\.$", re.M)
+
+
+@pytest.fixture(scope="module")
+def facts(catalog):
+    from rufus.assistant.answer_checks import CatalogFacts
+
+    return CatalogFacts.from_products(catalog.iter_products())
+
+
+@pytest.mark.parametrize("question", [
+    "noise cancelling headphones for travel", "ninja vs cosori air fryer",
+    "wireles mouse for laptop", "robot vaccum under 1k"])
+def test_every_rendered_fact_equals_its_card(url, catalog, facts, question):
+    """The real model under the answer grammar: each line of the answer is a pick whose
+    name, link, price and rating are its card's, each card at most once, the reason one of
+    its card's own facts; the independent answer checks find no loop, no invented product
+    and no contradiction. Typos and a plan filter that is no catalog brand still find cards."""
+    from rufus.assistant.answer import reason_options
+    from rufus.assistant.answer_checks import check_answer
+
+    r = ask(url, question)
+    cards = r["products"]
+    assert cards, r["plan"]
+    by_url = {c["url"]: c for c in cards}
+    picks = PICK.findall(r["text"])
+    assert picks, r["text"]
+    assert len({u for _, _, u, *_ in picks}) == len(picks)
+    for n, (i, title, link, price, rating, reason) in enumerate(picks, start=1):
+        c = by_url[link]
+        assert int(i) == n and title == c["title"], r["text"]
+        assert float(price) == round(c["price"], 2) and float(rating) == round(c["rating"], 1)
+        if reason:
+            menu = reason_options([catalog.get(x["id"]) for x in cards[:4]], question)
+            assert reason in menu[[x["url"] for x in cards].index(link)], (reason, menu)
+    body = "\n".join(line for line in r["text"].splitlines() if not PICK.fullmatch(line))
+    assert all(not line.strip() or line.startswith(("Showing ", "Prices are ", "No ", "Nothing "))
+               for line in body.splitlines()), r["text"]
+    d = check_answer(r["text"], cards, facts, question)
+    assert d.ok and d.cites_shown, (d, r["text"])
+    assert 0 < r["timings"]["answer_tokens"] <= 64
+
+
+def test_no_matching_product_gets_the_system_reply(url):
+    r = ask(url, "dewalt cordless drill")
+    assert r["products"] == [] and r["finish_reason"] == "service", r
+    assert r["text"].startswith("I couldn't find any products for ") and "The catalog has: " in r["text"]
+    assert "http" not in r["text"]
+
+
 def test_multi_turn_carries_context(url, catalog):
     first = ask(url, "I need running shoes")
     history = [{"role": "user", "content": "I need running shoes"},
@@ -135,8 +186,9 @@ def test_service_intents_answer_without_search(url):
                 assert r["products"] == [] and r["text"] == SERVICE_REPLIES[got], r
                 assert r["finish_reason"] == "service"
                 routed[intent] += got == intent
-            elif got in PRODUCT_INTENTS:
-                assert r["finish_reason"] in ("stop", "length")
+            elif got in PRODUCT_INTENTS:  # service: the system's no-results reply
+                assert r["finish_reason"] in ("stop", "length") or (
+                    r["finish_reason"] == "service" and not r["products"])
             if routed[intent]:
                 break
     assert all(routed.values()), f"planner never routed to {routed}"

@@ -19,6 +19,7 @@ from rufus.assistant.prompt import (
     answer_messages,
     price_cap,
     product_lines,
+    use,
 )
 from rufus.assistant.triton_model import parse_assistant_request
 from rufus.client import RequestFailed
@@ -191,7 +192,7 @@ def plan_of(intent: str, queries: list[str], filters: dict | None = None) -> dic
 
 def test_product_path_event_order_filters_and_links(retriever):
     fake = FakeStreams(plan_of("product_search", ["running shoes"], {"max_price": 80}),
-                       ["Try ", "[1", "] and [2]", " at http://x.example"])
+                       ["[", "1", "] see http://x.example", "\n[2] at www.x.example"])
     evs = run(Assistant("x", retriever), fake, "running shoes under $80")
     assert [e.type for e in evs][:2] == ["plan", "products"] and evs[-1].type == "done"
     assert all(e.type == "text" for e in evs[2:-1])
@@ -204,6 +205,46 @@ def test_product_path_event_order_filters_and_links(retriever):
     assert {"plan_s", "retrieval_s", "cards_s", "answer_ttft_s", "first_token_s", "total_s"} <= \
         set(evs[-1].timings)
     assert evs[-1].finish_reason == "stop" and fake.closed == ["rufus_qp_medusa", "rufus_llm"]
+
+
+def test_answer_request_carries_the_grammar_and_renders_facts_from_cards(retriever):
+    """The answer model is asked for picks under the grammar, with a repetition penalty; its
+    picks come back as lines rendered from the cards, and the reasons as its menu says."""
+    fake = FakeStreams(plan_of("product_search", ["running shoes"]),
+                       ["[2] not on", " its menu\n[", "2] x", "\n[1] built for nothing"])
+    dropped: list[str] = []
+    a = Assistant("x", retriever)
+    a.metrics.dropped = dropped.append  # type: ignore[method-assign]
+    evs = run(a, fake, "running shoes")
+    sampling = fake.calls[1][1]["sampling_parameters"]
+    assert sampling["repetition_penalty"] > 1 and "root ::=" in sampling["structured_outputs"]["grammar"]
+    cards = evs[1].products
+    text = "".join(e.text for e in evs if e.type == "text")
+    c2 = cards[1]
+    assert text.startswith(f"1. [{c2['title']}]({c2['url']}) — ${c2['price']:.2f}, "
+                           f"{c2['rating']:.1f} stars")
+    assert text.count(c2["url"]) == 1 and f"2. [{cards[0]['title']}]" in text
+    assert "nothing" not in text and "menu" not in text and dropped == ["format"] * 3
+    assert "answer_tokens" in evs[-1].timings
+
+
+def test_no_results_is_a_system_reply_without_the_model(retriever):
+    fake = FakeStreams(plan_of("product_search", ["zzqx vvqq"]), ["[1] never"])
+    evs = run(Assistant("x", retriever), fake, "zzqx vvqq")
+    assert evs[1].products == [] and [m for m, _ in fake.calls] == ["rufus_qp_medusa"]
+    text = "".join(e.text for e in evs if e.type == "text")
+    assert "zzqx" in text and "http" not in text and evs[-1].finish_reason == "service"
+
+
+def test_search_notes_lead_the_first_pick(retriever):
+    """A brand the catalog does not have is a query word, not a filter; a typo is corrected
+    and said so, ahead of the first pick, not before the model's first token."""
+    fake = FakeStreams(plan_of("product_search", ["wireles mouse"], {"brand": "wireles"}),
+                       ["[1] x"])
+    evs = run(Assistant("x", retriever), fake, "wireles mouse for laptop")
+    assert evs[1].products
+    texts = [e.text for e in evs if e.type == "text"]
+    assert texts[0].startswith('Showing results for "wireless"') and "\n\n1. [" in texts[0]
 
 
 def test_brand_filter_respected(retriever):
@@ -271,7 +312,7 @@ def test_follow_up_prefills_the_answer_prefix_while_planning(retriever):
 
 
 def test_closing_the_stream_cancels_the_answer_call(retriever):
-    fake = FakeStreams(plan_of("product_search", ["tv"]), ["a", "b"], hang=True)
+    fake = FakeStreams(plan_of("product_search", ["tv"]), ["[1]", " b"], hang=True)
     a = Assistant("x", retriever)
     a.streams = lambda: fake  # type: ignore[method-assign]
 
@@ -414,6 +455,7 @@ def _adapter(monkeypatch, retriever, fake_streams):
     monkeypatch.setattr(triton_backend, "pb_utils", FakePb)
     m = tm.AssistantModel.__new__(tm.AssistantModel)
     m.assistant = Assistant("x", retriever)
+    m.assistant.search.vocabulary  # noqa: B018 - built at load, as AssistantModel.start does
     m.assistant.streams = lambda: fake_streams  # type: ignore[method-assign]
     m.watcher, m.tasks, m.metrics = CancelWatcher(interval=0.01), set(), NullMetrics()
     return m
@@ -450,7 +492,7 @@ def test_adapter_never_polls_a_finished_request(monkeypatch, retriever):
 def test_adapter_cancels_on_client_disconnect(monkeypatch, retriever):
     from rufus.assistant.triton_model import AssistantRequest
 
-    fake = FakeStreams(plan_of("product_search", ["tv"]), ["a"], hang=True)
+    fake = FakeStreams(plan_of("product_search", ["tv"]), ["[1] a"], hang=True)
     m = _adapter(monkeypatch, retriever, fake)
     s = FakeSender(cancel_after=3)
 
@@ -487,4 +529,5 @@ def test_product_lines_carry_what_the_answer_needs():
     a product line's tokens; retrieval ranks by it and the card shows it)."""
     p = generate_catalog(50)[0]
     line = product_lines([p])
-    assert line == f"[1] {p.title} - ${p.price:.2f}, {p.rating:.1f} stars"
+    assert line == f"[1] {p.title} - ${p.price:.2f}, {p.rating:.1f} stars{use(p)}"
+    assert use(p).startswith(", built for ")

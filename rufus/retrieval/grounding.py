@@ -1,0 +1,577 @@
+"""Ground the planner's search plan in the catalog before searching, so a plan never hides
+products the catalog has.
+
+Retrieval applies the plan's filters as hard constraints, and FTS5 matches words exactly
+(after stemming). Measured failures that left customers with no product cards: a brand
+filter that is no brand ("wireles") or a product line ("adrenaline"), a price cap misread
+from "under 1k" as 1.0, and typos ("vaccum") that match nothing. :class:`GroundedSearch`
+fixes each with the catalog's own data and says, in system-written notes, what it changed:
+
+1. brand: the catalog's brand (or a typo of one) is the filter; anything else becomes query words;
+2. price: the cap the customer stated in the question wins over the plan's (currencies converted);
+3. typos: query words unknown to the catalog are corrected against its vocabulary;
+4. relaxation: if nothing matches, the brand filter, the price cap, then both are dropped;
+5. last try: the question's own content words, no filters.
+
+When even that finds nothing, :meth:`GroundedSearch.no_results_reply` is the reply (never
+model text): what was searched and which catalog categories are nearest.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from rufus.retrieval.base import (
+    MAX_QUERY_CHARS,
+    STOPWORDS,
+    Filters,
+    ProductSource,
+    Retriever,
+    check_queries,
+    norm_brand,
+    query_terms,
+)
+from rufus.retrieval.catalog import Product
+
+# ------------------------------------------------------------------ stated price caps
+
+# Fixed, approximate rates (USD per unit, mid-2024), on purpose not live: a cap is a bound
+# the customer gave in round numbers, and the note to the customer says "about".
+USD_PER: dict[str, float] = {"USD": 1.0, "EUR": 1.08, "GBP": 1.27, "CAD": 0.73, "AUD": 0.66,
+                             "JPY": 0.0067, "INR": 0.012}
+_CURRENCY_OF: dict[str, str] = {
+    "$": "USD", "us$": "USD", "usd": "USD", "dollar": "USD", "dollars": "USD", "bucks": "USD",
+    "€": "EUR", "eur": "EUR", "euro": "EUR", "euros": "EUR",
+    "£": "GBP", "gbp": "GBP", "quid": "GBP", "pound sterling": "GBP", "pounds sterling": "GBP",
+    "c$": "CAD", "cad": "CAD", "a$": "AUD", "aud": "AUD",
+    "¥": "JPY", "jpy": "JPY", "yen": "JPY", "₹": "INR", "inr": "INR", "rupee": "INR", "rupees": "INR",
+}
+_PRE = r"us\$|c\$|a\$|[$€£¥₹]|usd|eur|gbp|cad|aud|jpy|inr"
+# "pounds" alone is a weight here ("dumbbells under 50 pounds"), not GBP: see _UNIT.
+_POST = (r"[$€£¥₹]|(?:us\s+)?dollars?\b|bucks\b|usd\b|euros?\b|eur\b|gbp\b|quid\b|"
+         r"pounds?\s+sterling\b|cad\b|aud\b|yen\b|jpy\b|rupees?\b|inr\b")
+_MENTION = re.compile(
+    rf"(?<![\w.$€£¥₹])(?:(?P<pre>{_PRE})\s*)?"
+    r"(?P<num>\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?P<dec>[.,]\d+)?(?P<k>\s?k\b)?"
+    rf"(?:\s*(?P<post>{_POST}))?")
+# A cap cue right before the amount ("under", "less than", "budget of", "max") ...
+_CUE_BEFORE = re.compile(
+    r"(?:\b(?:under|below|beneath|less\s+than|lower\s+than|cheaper\s+than|no\s+more\s+than|"
+    r"not\s+more\s+than|not\s+over|not\s+above|no\s+higher\s+than|up\s+to|upto|at\s+most|"
+    r"max(?:imum)?(?:\s+price)?(?:\s+of)?|within|budget(?:\s+(?:is|of|at|under))?(?:\s+of)?|"
+    r"budget\s*:|spend\s+at\s+most)"
+    r"\s*(?:(?:about|around|roughly|approximately|like|just|only)\s+)?|<=?\s*|≤\s*)$")
+# ... or right after it ("$1,200 max", "300 or less", "a $300 budget").
+_CUE_AFTER = re.compile(r"^\s*(?:max(?:imum)?|tops|or\s+(?:less|under|below|lower|cheaper)|"
+                        r"at\s+(?:the\s+)?most|budget|limit)\b")
+# A number followed by a unit is a spec ("under 65 inch", "under 20 lb"), not a price.
+_UNIT = re.compile(
+    r"^\s*-?\s*(?:\"|''|'|(?:inch(?:es)?|in|ft|feet|foot|gb|tb|mb|mah|w|watts?|v|volts?|hz|lbs?|"
+    r"pounds?|oz|qt|quarts?|l|liters?|litres?|ml|mm|cm|m|mp|pieces?|pcs?|pack|count|ct|cups?|"
+    r"person|people|players?|years?|yrs?|months?|weeks?|days?|hours?|hrs?|minutes?|mins?|"
+    r"percent|degrees?|sq|x|series|gen|th|st|nd|rd)(?![a-z])|%)")
+
+
+@dataclass(frozen=True)
+class Price:
+    """A price stated in text."""
+
+    amount: float  # in the stated currency
+    currency: str  # "USD", "EUR", "GBP", ...
+    usd: float  # converted with USD_PER (the catalog is in USD)
+
+
+def _currency(marker: str | None) -> str:
+    return _CURRENCY_OF.get(re.sub(r"\s+", " ", marker), "USD") if marker else "USD"
+
+
+def parse_price_cap(text: str) -> Price | None:
+    """The first price cap stated in ``text`` ("under $80", "below 50 dollars", "under 1k",
+    "$1,200 max", "less than 1.5k", "budget of 300", "under €30"), or None. Only amounts
+    with a cap cue count: "65 inch tv", "gts 23", "iphone 15", "size 10" are not caps, and
+    neither is a cue before a spec ("under 65 inch", "under 20 pounds")."""
+    low = text.lower().replace("\u2019", "'")
+    for m in _MENTION.finditer(low):
+        pre, post = m.group("pre"), m.group("post")
+        before, after = low[:m.start()], low[m.end():]
+        if not (_CUE_BEFORE.search(before) or _CUE_AFTER.match(after)):
+            continue
+        if not (pre or post) and _UNIT.match(after):
+            continue
+        # "1,200" is grouped thousands (matched first); "1,5k" and "9,99" a decimal comma
+        amount = float(m.group("num").replace(",", "") + (m.group("dec") or "").replace(",", "."))
+        if m.group("k"):
+            amount *= 1000
+        cur = _currency(pre) if pre else _currency(post)
+        return Price(amount=amount, currency=cur, usd=round(amount * USD_PER[cur], 2))
+    return None
+
+
+# ------------------------------------------------------------------ words and spelling
+
+_WORD = re.compile(r"[a-z0-9]+")
+_QUERY_WORD = re.compile(r"[A-Za-z0-9]+(?:['\u2019][A-Za-z]+)?")
+
+
+def words(text: str) -> list[str]:
+    """Lower-case words as the index sees them (apostrophes dropped: "Levi's" -> "levis")."""
+    return _WORD.findall(text.lower().replace("'", "").replace("\u2019", ""))
+
+
+def _cons(w: str, i: int) -> bool:
+    c = w[i]
+    if c in "aeiou":
+        return False
+    return c != "y" or i == 0 or not _cons(w, i - 1)
+
+
+def _measure(w: str) -> int:
+    n, vowel = 0, False
+    for i in range(len(w)):
+        v = not _cons(w, i)
+        n += int(vowel and not v)
+        vowel = v
+    return n
+
+
+def _has_vowel(w: str) -> bool:
+    return any(not _cons(w, i) for i in range(len(w)))
+
+
+def stem1(w: str) -> str:
+    """Porter stemmer step 1 (plurals, -ed, -ing, -y): the part of FTS5's porter tokenizer
+    that decides whether "shoe", "shoes", "hike" and "hiking" are the same word."""
+    if len(w) <= 2:
+        return w
+    if w.endswith(("sses", "ies")):
+        w = w[:-2]
+    elif w.endswith("s") and not w.endswith("ss"):
+        w = w[:-1]
+    if w.endswith("eed"):
+        if _measure(w[:-3]) > 0:
+            w = w[:-1]
+    else:
+        for suf in ("ed", "ing"):
+            if w.endswith(suf) and _has_vowel(w[:-len(suf)]):
+                w = w[:-len(suf)]
+                if w.endswith(("at", "bl", "iz")):
+                    w += "e"
+                elif len(w) >= 2 and w[-1] == w[-2] and _cons(w, len(w) - 1) and w[-1] not in "lsz":
+                    w = w[:-1]
+                elif (_measure(w) == 1 and len(w) >= 3 and _cons(w, len(w) - 3)
+                      and not _cons(w, len(w) - 2) and _cons(w, len(w) - 1) and w[-1] not in "wxy"):
+                    w += "e"
+                break
+    if w.endswith("y") and _has_vowel(w[:-1]):
+        w = w[:-1] + "i"
+    return w
+
+
+def edit_distance(a: str, b: str) -> int:
+    """Damerau-Levenshtein distance (optimal string alignment: a transposition costs 1)."""
+    prev2: list[int] = []
+    prev = list(range(len(b) + 1))
+    for i in range(1, len(a) + 1):
+        cur = [i] + [0] * len(b)
+        for j in range(1, len(b) + 1):
+            cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1]))
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                cur[j] = min(cur[j], prev2[j - 2] + 1)
+        prev2, prev = prev, cur
+    return prev[-1]
+
+
+def max_typo_distance(word: str) -> int:
+    """How far a typo may be from its word: none under 4 letters, 1 for 4-7, 2 for 8+."""
+    return 0 if len(word) < 4 else 1 if len(word) < 8 else 2
+
+
+def _deletes(word: str, depth: int) -> set[str]:
+    out, frontier = {word}, {word}
+    for _ in range(depth):
+        frontier = {w[:i] + w[i + 1:] for w in frontier for i in range(len(w))}
+        out |= frontier
+    return out
+
+
+_PLURALS_OF_CATEGORY = {"tv": "TVs", "tshirt": "T-shirts", "mouse": "computer mice",
+                        "kitchen knife": "kitchen knives", "cookware": "cookware",
+                        "skincare": "skincare"}
+
+
+def category_display(key: str) -> str:
+    """What a customer reads for a category key: "running_shoes" -> "running shoes",
+    "laptop" -> "laptops", "tv" -> "TVs"."""
+    name = " ".join(key.replace("_", " ").replace("-", " ").split())
+    if name.lower() in _PLURALS_OF_CATEGORY:
+        return _PLURALS_OF_CATEGORY[name.lower()]
+    if not name or name.endswith("s"):
+        return name
+    return name + ("es" if name.endswith(("ch", "sh", "x")) else "s")
+
+
+class Vocabulary:
+    """The catalog's own words (titles, brands, categories and descriptions, since FTS5
+    indexes all four), built once per index: what counts as a known word, what a typo's
+    correction is, which names are brands, and which categories a query is near."""
+
+    def __init__(self) -> None:
+        self.freq: Counter[str] = Counter()  # word -> products containing it
+        self.brands: dict[str, str] = {}  # norm_brand(brand) -> display brand
+        self.brand_count: Counter[str] = Counter()  # norm_brand(brand) -> products
+        self._cats: dict[str, int] = {}  # word -> bit mask of the categories it occurs in
+        self._stems: set[str] = set()
+        self._stem_cats: dict[str, int] = {}  # Porter step-1 stem -> category mask
+        # correction -> (frequency, category mask, derived singular)
+        self._targets: dict[str, tuple[int, int, bool]] = {}
+        self._deletes: dict[str, list[str]] = {}  # symmetric-delete index of the targets
+        self.categories: list[str] = []  # category keys, first seen first
+        self.category_count: Counter[str] = Counter()
+        self._category_words: list[Counter[str]] = []  # per category: stem -> products
+
+    @classmethod
+    def from_products(cls, products: Iterable[Product]) -> Vocabulary:
+        v = cls()
+        cat_index: dict[str, int] = {}
+        for p in products:
+            ci = cat_index.get(p.category)
+            if ci is None:
+                ci = cat_index[p.category] = len(v.categories)
+                v.categories.append(p.category)
+                v._category_words.append(Counter())
+            bit = 1 << ci
+            v.category_count[p.category] += 1
+            nb = norm_brand(p.brand)
+            if nb:
+                v.brands.setdefault(nb, p.brand)
+                v.brand_count[nb] += 1
+            cat_text = p.category.replace("_", " ")
+            ws = set(words(f"{p.title} {p.brand} {cat_text} {p.description}"))
+            v.freq.update(ws)
+            for w in ws:
+                v._cats[w] = v._cats.get(w, 0) | bit
+            v._category_words[ci].update(set(words(f"{p.title} {cat_text}")))
+        v._index()
+        return v
+
+    def _index(self) -> None:
+        stemmed = []
+        for counts in self._category_words:  # word -> stem once per word, not per product
+            c: Counter[str] = Counter()
+            for w, n in counts.items():
+                c[stem1(w)] += n
+            stemmed.append(c)
+        self._category_words = stemmed
+        self._stem_cats = {}
+        for w, m in self._cats.items():
+            s = stem1(w)
+            self._stem_cats[s] = self._stem_cats.get(s, 0) | m
+        self._stems = set(self._stem_cats)
+        brand_words = {w for b in self.brands.values() for w in words(b)}
+        targets: dict[str, tuple[int, int, bool]] = {}
+        for w, n in self.freq.items():
+            if len(w) < 3 or not w.isalpha() or w in STOPWORDS:
+                continue
+            targets[w] = (n, self._cats[w], False)
+        for w, n in self.freq.items():
+            # the singular of a plural the catalog has ("beginners" -> "beginner"): FTS5 still
+            # matches it, so "beginer" can become "beginner"; ranked after real words, and
+            # never from a brand ("adidas" is not a plural)
+            if (w in targets and len(w) > 4 and w.endswith("s") and w not in brand_words
+                    and not w.endswith(("ss", "us", "is", "ies"))):
+                single = w[:-2] if w.endswith("sses") else w[:-1]
+                if single not in targets or targets[single][2]:
+                    f1, m1, _ = targets.get(single, (0, 0, True))
+                    targets[single] = (f1 + n, m1 | self._cats[w], True)
+        self._targets = targets
+        deletes: dict[str, list[str]] = {}
+        for w in targets:
+            for d in _deletes(w, 2):
+                deletes.setdefault(d, []).append(w)
+        self._deletes = deletes
+
+    # -------------------------------------------------------------- words
+    def known(self, word: str) -> bool:
+        """In the catalog as written or as FTS5's stemmer sees it ("shoe" for "shoes")."""
+        return word in self.freq or stem1(word) in self._stems
+
+    def _mask(self, word: str) -> int:
+        if word in self._cats:
+            return self._cats[word]
+        if word in self._targets:
+            return self._targets[word][1]
+        return self._stem_cats.get(stem1(word), 0)
+
+    def correct(self, term: str, context: Sequence[str] = ()) -> str | None:
+        """The catalog word ``term`` is a typo of, or None (known, too short, a number, a
+        stopword, or nothing close). Closest first, then the most frequent. ``context``: the
+        query's other words; when some are known, a correction must share a category with
+        one of them, so "warm jacket" does not become "wars jacket" (LEGO Star Wars)."""
+        t = term.lower().replace("'", "").replace("\u2019", "")
+        limit = max_typo_distance(t)
+        if not limit or not t.isalpha() or t in STOPWORDS or self.known(t):
+            return None
+        found: set[str] = set()
+        for d in _deletes(t, limit):
+            found.update(self._deletes.get(d, ()))
+        ranked = []
+        for c in found:
+            if abs(len(c) - len(t)) <= limit and (dist := edit_distance(t, c)) <= limit:
+                freq, _mask, derived = self._targets[c]
+                ranked.append((dist, derived, -freq, c))
+        ranked.sort()
+        masks = [m for w in {w.lower() for w in context} - {t} if (m := self._mask(w))]
+        for *_rank, cand in ranked:
+            if not masks or any(self._targets[cand][1] & m for m in masks):
+                return cand
+        return None
+
+    def brand(self, name: str) -> str | None:
+        """The catalog brand ``name`` names (case, spaces and punctuation ignored, a leading
+        "the" optional), or a typo of one (same distance rule as words), else None."""
+        n = norm_brand(name)
+        if not n:
+            return None
+        no_the = norm_brand(name.strip()[4:]) if name.strip().lower().startswith("the ") else n
+        for key in (n, no_the, "the" + n):
+            if key in self.brands:
+                return self.brands[key]
+        limit = max_typo_distance(n)
+        if not limit or n.isdigit():
+            return None
+        best = min(((d, -self.brand_count[b], b) for b in self.brands
+                    if len(b) >= 4 and abs(len(b) - len(n)) <= limit
+                    and (d := edit_distance(n, b)) <= limit), default=None)
+        return self.brands[best[2]] if best else None
+
+    def categories_near(self, terms: Sequence[str], n: int = 3) -> list[str]:
+        """Display names of the ``n`` categories nearest to ``terms``: the share of each
+        category's products with a term in the title (plus one when the category's name has
+        it); filled up with the largest categories."""
+        stems = {stem1(w) for t in terms for w in words(t) if w not in STOPWORDS}
+        score: dict[str, float] = {}
+        for i, key in enumerate(self.categories):
+            key_stems = {stem1(w) for w in words(key.replace("_", " "))}
+            s = sum(self._category_words[i][t] / self.category_count[key] + (t in key_stems)
+                    for t in stems)
+            if s > 0:
+                score[key] = s
+        near = sorted(score, key=lambda c: -score[c])[:n]
+        for key, _count in self.category_count.most_common():
+            if len(near) >= n:
+                break
+            if key not in near:
+                near.append(key)
+        return [category_display(k) for k in near]
+
+
+# ------------------------------------------------------------------ the search
+
+
+@dataclass(frozen=True)
+class SearchOutcome:
+    products: list[Product]
+    queries: list[str]  # the queries finally searched (after grounding / spelling)
+    filters: Filters  # the filters finally applied
+    corrected: dict[str, str] = field(default_factory=dict)  # typo -> correction applied
+    relaxed: list[str] = field(default_factory=list)  # plan filters dropped, "brand" before "max_price"
+    notes: list[str] = field(default_factory=list)  # customer-facing, system-written
+    requested: Filters = field(default_factory=Filters)  # the grounded filters before relaxing
+
+
+def _money(usd: float) -> str:
+    return f"${usd:,.0f}" if abs(usd - round(usd)) < 0.005 else f"${usd:,.2f}"
+
+
+def _safe(text: str, limit: int = 40) -> str:
+    """Plan or customer text shown in a system-written sentence: words only, short."""
+    s = " ".join(re.sub(r"[^\w\s'&.-]", " ", text).split())
+    return s if len(s) <= limit else s[:limit - 3].rstrip() + "..."
+
+
+def _with_words(query: str, extra: Sequence[str]) -> str:
+    have = set(words(query))
+    add = [w for w in extra if w not in have]
+    return " ".join([query.strip(), *add]) if add else query
+
+
+class GroundedSearch:
+    """The plan's search, grounded in the catalog (see the module docstring). Thread-safe;
+    the vocabulary is built once, on first use, from the retriever's products unless given."""
+
+    def __init__(self, retriever: Retriever, vocabulary: Vocabulary | None = None) -> None:
+        if vocabulary is None and not isinstance(retriever, ProductSource):
+            raise TypeError(f"{type(retriever).__name__} cannot list its products "
+                            "(no iter_products()): pass a Vocabulary")
+        self.retriever = retriever
+        self._vocabulary = vocabulary
+        self._lock = threading.Lock()
+
+    @property
+    def vocabulary(self) -> Vocabulary:
+        """Built on first use (about 0.5 s for 24,000 products from the SQLite index); read it
+        at start-up to keep that off the first request."""
+        if self._vocabulary is None:
+            with self._lock:
+                if self._vocabulary is None:
+                    assert isinstance(self.retriever, ProductSource)
+                    self._vocabulary = Vocabulary.from_products(self.retriever.iter_products())
+        return self._vocabulary
+
+    def spell(self, query: str, corrected: dict[str, str]) -> str:
+        """``query`` with each typo replaced by its catalog word (other words and order kept);
+        records the corrections in ``corrected``."""
+        vocab = self.vocabulary
+        context = [w for w in words(query) if w not in STOPWORDS]
+
+        def fix(m: re.Match[str]) -> str:
+            fixed = vocab.correct(m.group(0), context)
+            if fixed is None:
+                return m.group(0)
+            corrected[m.group(0).lower()] = fixed
+            return fixed
+
+        return _QUERY_WORD.sub(fix, query)
+
+    def covers(self, query: str) -> bool:
+        """Whether the catalog can have what ``query`` asks for. Search matches any one query
+        word, so "dewalt cordless drill" in a catalog without drills would find cordless
+        vacuums and "dyson purifier" Dyson vacuums: a query whose product word (its last
+        content word) the catalog does not have, and that has fewer known words other than
+        brand names than unknown ones, covers nothing; the customer gets the no-results reply
+        instead of unrelated cards. Numbers do not count."""
+        terms = [t for t in query_terms(query) if not any(c.isdigit() for c in t)]
+        if not terms:
+            return True
+        vocab = self.vocabulary
+        unknown = [t for t in terms if not vocab.known(t)]
+        if terms[-1] not in unknown:
+            return True
+        known = [t for t in terms if t not in unknown and norm_brand(t) not in vocab.brands]
+        return len(known) >= len(unknown)
+
+    def search(self, queries: Sequence[str], plan_filters: dict | None, question: str,
+               k: int) -> SearchOutcome:
+        vocab = self.vocabulary
+        qs = check_queries(queries, k) or [question[:MAX_QUERY_CHARS]]
+        plan = Filters.from_plan(plan_filters)
+        corrected: dict[str, str] = {}
+        notes: list[str] = []
+        # 1. brand: a catalog brand (or a typo of one) filters; anything else is query words
+        brand = vocab.brand(plan.brand) if plan.brand else None
+        brand_typo = brand_note = ""
+        if plan.brand and brand is None:
+            qs = [_with_words(q, query_terms(plan.brand)) for q in qs]
+        elif plan.brand and brand and norm_brand(brand) != norm_brand(plan.brand):
+            brand_typo = plan.brand.lower()
+            corrected[brand_typo] = brand
+            brand_note = f'Showing {brand} products (you wrote "{_safe(plan.brand)}").'
+            notes.append(brand_note)
+        # 2. price: the cap stated in the question wins ("under 1k" is 1000, not the plan's 1.0)
+        max_price = plan.max_price
+        cap = parse_price_cap(question)
+        if cap is not None:
+            if max_price is None or abs(max_price - cap.usd) > 0.005:
+                max_price = cap.usd
+            if cap.currency != "USD":
+                notes.append(f"Prices are in US dollars: {cap.amount:,g} {cap.currency} is about "
+                             f"{_money(round(cap.usd))}.")
+        # 3. typos
+        fixed: dict[str, str] = {}
+        qs = [self.spell(q, fixed) for q in qs]
+        for typo, word in fixed.items():
+            notes.append(f'Showing results for "{word}" (you wrote "{_safe(typo)}").')
+        corrected.update(fixed)
+        requested = Filters(brand=brand, max_price=max_price)
+
+        def outcome(products: list[Product], searched: list[str], f: Filters,
+                    relaxed: list[str]) -> SearchOutcome:
+            return SearchOutcome(products=products, queries=searched, filters=f, corrected=corrected,
+                                 relaxed=relaxed, notes=notes, requested=requested)
+
+        covered = [q for q in qs if self.covers(q)]
+        if covered:
+            qs = covered
+        found = self.retriever.search(qs, requested, k) if covered else []
+        if found:
+            return outcome(found, qs, requested, [])
+        # 4. relax: the brand, then the price cap, then both. The brand's words are not added
+        # to the queries: the filtered search matches any one query word (OR), so it came
+        # back empty only if none of the brand's products has any query word; the brand's
+        # words could then only pull in its other products ("dyson laptop" -> Dyson vacuums).
+        # (none when the queries' words are not in the catalog: no filter makes them match)
+        steps: list[tuple[Filters, list[str]]] = []
+        if covered and brand:
+            steps.append((Filters(max_price=max_price), ["brand"]))
+        if covered and max_price is not None:
+            steps.append((Filters(brand=brand), ["max_price"]))
+        if covered and brand and max_price is not None:
+            steps.append((Filters(), ["brand", "max_price"]))
+        for f, relaxed in steps:
+            step_qs = qs
+            if brand_typo and "brand" in relaxed:
+                # a "typo" of a brand that has none of it was no typo ("razr" is not Razer):
+                # its words are query words, as for any name that is no brand
+                step_qs = [_with_words(q, query_terms(plan.brand or "")) for q in qs]
+            found = self.retriever.search(step_qs, f, k)
+            if found:
+                if brand_typo and "brand" in relaxed:
+                    corrected.pop(brand_typo, None)
+                    notes.remove(brand_note)
+                    relaxed_note = self._relax_note(Filters(max_price=max_price), relaxed[1:])
+                else:
+                    relaxed_note = self._relax_note(requested, relaxed)
+                if relaxed_note:
+                    notes.append(relaxed_note)
+                return outcome(found, step_qs, f, relaxed)
+        dropped = [n for n, v in (("brand", brand), ("max_price", max_price))
+                   if v is not None and covered]
+        # 5. the question's own content words, corrected, no filters
+        q_fixed: dict[str, str] = {}
+        last = self.spell(" ".join(query_terms(question)), q_fixed)
+        searched = qs
+        if last and all(query_terms(q) != last.split() for q in qs) and self.covers(last):
+            found = self.retriever.search([last], Filters(), k)
+            if found:
+                corrected.update(q_fixed)
+                shown = ", ".join(f'"{_safe(q)}"' for q in qs)
+                notes.append(f'Nothing matched {shown}; showing results for "{_safe(last, 60)}".')
+                return outcome(found, [last], Filters(), dropped)
+            searched = [*qs, last]
+        return outcome([], searched, Filters(), dropped)
+
+    @staticmethod
+    def _relax_note(f: Filters, relaxed: list[str]) -> str:
+        """What relaxing ``relaxed`` (of the filters ``f``) means for the customer."""
+        if not relaxed:
+            return ""
+        price = _money(f.max_price) if f.max_price is not None else ""
+        if relaxed == ["max_price"]:
+            who = f"{f.brand} products" if f.brand else "results"
+            return f"No {who} under {price}; showing {who} at any price."
+        if relaxed == ["brand"]:
+            under = f" under {price}" if price else ""
+            return f"No {f.brand} products match your search{under}; showing other brands."
+        return f"No {f.brand} products under {price}; showing results from all brands at any price."
+
+    def no_results_reply(self, outcome: SearchOutcome, question: str) -> str:
+        """The reply when nothing matched, written by the system (never by the model): what
+        was searched, which filters were dropped, and the nearest catalog categories."""
+        shown = [" ".join(query_terms(q)) for q in outcome.queries]
+        shown = list(dict.fromkeys(_safe(s, 60) for s in shown if s))[:3]
+        what = " or ".join(f'"{s}"' for s in shown) if shown else "your search"
+        req = outcome.requested
+        without = []
+        if "brand" in outcome.relaxed:
+            without.append(f"the {req.brand} brand filter" if req.brand else "the brand filter")
+        if "max_price" in outcome.relaxed:
+            without.append(f"the {_money(req.max_price)} price cap" if req.max_price is not None
+                           else "the price cap")
+        even = f", even without {' and '.join(without)}" if without else ""
+        near = self.vocabulary.categories_near([*outcome.queries, question], 3)
+        return (f"I couldn't find any products for {what} in our catalog{even}. "
+                f"The catalog has: {', '.join(near)}.")

@@ -1,0 +1,276 @@
+"""Search-plan grounding (rufus/retrieval/grounding.py) against the real SQLite index of the
+generated catalog: stated price caps, brands that are no brand, typos, filter relaxation and
+the system-written no-results reply. The failing plans are the ones customers reported."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from rufus.retrieval.base import Filters
+from rufus.retrieval.catalog import Product, generate_catalog
+from rufus.retrieval.grounding import (
+    GroundedSearch,
+    Price,
+    SearchOutcome,
+    Vocabulary,
+    category_display,
+    edit_distance,
+    parse_price_cap,
+    stem1,
+)
+from rufus.retrieval.sqlite_fts import SqliteFtsRetriever
+
+
+@pytest.fixture(scope="module")
+def catalog() -> list[Product]:
+    return generate_catalog()
+
+
+@pytest.fixture(scope="module")
+def grounded(catalog, tmp_path_factory) -> GroundedSearch:
+    engine = SqliteFtsRetriever.build(catalog, tmp_path_factory.mktemp("idx") / "c.sqlite")
+    return GroundedSearch(engine)  # vocabulary built lazily from the index itself
+
+
+@pytest.fixture(scope="module")
+def vocab(grounded) -> Vocabulary:
+    return grounded.vocabulary
+
+
+# --------------------------------------------------------------------- stated price caps
+
+@pytest.mark.parametrize("text,amount,currency,usd", [
+    ("running shoes under $80", 80, "USD", 80),
+    ("below 50 dollars", 50, "USD", 50),
+    ("under 1k", 1000, "USD", 1000),
+    ("robot vaccum under 1k", 1000, "USD", 1000),
+    ("$1,200 max", 1200, "USD", 1200),
+    ("less than 1.5k", 1500, "USD", 1500),
+    ("budget of 300", 300, "USD", 300),
+    ("my budget is $250", 250, "USD", 250),
+    ("300 or less", 300, "USD", 300),
+    ("65 inch tv under $1,500", 1500, "USD", 1500),
+    ("iphone 15 under 800", 800, "USD", 800),
+    ("under 30 euros", 30, "EUR", 32.4),
+    ("under €30", 30, "EUR", 32.4),
+    ("under £40", 40, "GBP", 50.8),
+    ("under 1,5k", 1500, "USD", 1500),
+])
+def test_price_caps(text, amount, currency, usd):
+    assert parse_price_cap(text) == Price(amount=amount, currency=currency, usd=usd)
+
+
+@pytest.mark.parametrize("text", [
+    "65 inch tv", "gts 23", "iphone 15", "size 10", "running shoes size 10", "tv under 65 inch",
+    "dumbbells under 50 pounds", "more than $100", "around $300", "a $80 gift", "",
+])
+def test_not_price_caps(text):
+    assert parse_price_cap(text) is None
+
+
+# --------------------------------------------------------------------- vocabulary
+
+def test_spelling_helpers():
+    assert edit_distance("vaccum", "vacuum") == 1
+    assert edit_distance("adidsa", "adidas") == 1  # a transposition costs 1
+    assert edit_distance("wireles", "wireless") == 1
+    assert [stem1(w) for w in ("shoes", "hiking", "hike", "wireless", "wireles", "batteries")] == [
+        "shoe", "hike", "hike", "wireless", "wirele", "batteri"]
+    assert [category_display(k) for k in ("running_shoes", "laptop", "tv", "mouse")] == [
+        "running shoes", "laptops", "TVs", "computer mice"]
+
+
+@pytest.mark.parametrize("typo,word", [
+    ("wireles", "wireless"), ("vaccum", "vacuum"), ("beginer", "beginner"), ("bluetooh", "bluetooth"),
+    ("adidsa", "adidas"), ("pegasis", "pegasus"), ("Sneker", "sneaker"), ("headphnoes", "headphones"),
+])
+def test_typos_corrected_from_catalog_words(vocab, typo, word):
+    assert vocab.correct(typo) == word
+
+
+@pytest.mark.parametrize("word", [
+    "wireless", "vacuum", "laptop", "shoe", "shoes", "hiking", "hike", "beginners",  # known
+    "tvv", "mse", "gts",  # under 4 letters
+    "1080v14", "12345", "52.5",  # numbers
+    "under", "recommend", "cheapest",  # stopwords
+    "qqqqzz", "adreness",  # nothing close
+])
+def test_known_short_and_unrelated_words_unchanged(vocab, word):
+    assert vocab.correct(word) is None
+
+
+def test_correction_must_fit_the_other_query_words(vocab):
+    # "warm" is one letter from "wars" (LEGO Star Wars): not next to "jacket"
+    assert vocab.correct("warm", ["warm", "jacket"]) is None
+    assert vocab.correct("vaccum", ["robot", "vaccum"]) == "vacuum"
+
+
+def test_brands(vocab):
+    assert vocab.brands["brooks"] == "Brooks" and vocab.brands["levis"] == "Levi's"
+    assert vocab.brand("brooks") == "Brooks"
+    assert vocab.brand("LEVIS") == "Levi's"
+    assert vocab.brand("north face") == "The North Face" and vocab.brand("ordinary") == "The Ordinary"
+    assert vocab.brand("The Nike") == "Nike"
+    assert vocab.brand("nkie") == "Nike" and vocab.brand("addidas") == "Adidas"
+    assert vocab.brand("lg") == "LG"
+    for not_brand in ("wireles", "adrenaline", "running shoes", "lgg", "xx", ""):
+        assert vocab.brand(not_brand) is None
+
+
+def test_categories_near(vocab):
+    assert vocab.categories_near(["robot vacuum"])[0] == "vacuums"
+    assert vocab.categories_near(["trail running shoes"], 2)[0] == "running shoes"
+    fallback = vocab.categories_near(["zzzz qqqq"])
+    assert len(fallback) == 3 and len(set(fallback)) == 3
+
+
+# --------------------------------------------------------------------- grounded search
+
+def test_brand_that_is_no_brand_becomes_query_words(grounded):
+    out = grounded.search(["mouse for laptop"], {"brand": "wireles"}, "wireles mouse for laptop", 5)
+    assert out.filters == Filters() and out.relaxed == []
+    assert out.queries == ["mouse for laptop wireless"]
+    assert out.corrected == {"wireles": "wireless"}
+    assert out.notes == ['Showing results for "wireless" (you wrote "wireles").']
+    assert out.products and all(p.category == "mouse" for p in out.products)
+
+
+def test_stated_cap_replaces_misread_plan_cap_and_typo_fixed(grounded):
+    out = grounded.search(["robot vaccum"], {"max_price": 1.0}, "robot vaccum under 1k", 5)
+    assert out.filters == Filters(max_price=1000.0) and out.relaxed == []
+    assert out.queries == ["robot vacuum"] and out.corrected == {"vaccum": "vacuum"}
+    assert out.products
+    assert all(p.category == "vacuum" and "robot" in p.title.lower() and p.price <= 1000
+               for p in out.products)
+
+
+def test_product_line_as_brand(grounded):
+    # the catalog's line is "Adrenaline GTS 24"; the customer asked about the 23
+    out = grounded.search(["adreness gts 23"], {"brand": "adrenaline"},
+                          "are the brooks adrenaline gts 23 good for flat feet?", 5)
+    assert out.filters == Filters() and out.relaxed == []
+    assert out.queries == ["adreness gts 23 adrenaline"]
+    assert out.products
+    assert all(p.brand == "Brooks" and "Adrenaline GTS 24" in p.title for p in out.products)
+
+
+def test_plan_cap_kept_without_stated_cap_and_non_usd_note(grounded):
+    out = grounded.search(["running shoes"], {"max_price": 80}, "good running shoes?", 5)
+    assert out.filters == Filters(max_price=80.0) and out.notes == []
+    assert out.products and all(p.price <= 80 for p in out.products)
+    out = grounded.search(["beginer camera"], {}, "a beginer camera under 300 euros", 5)
+    assert out.filters == Filters(max_price=324.0)
+    assert out.queries == ["beginner camera"]
+    assert "Prices are in US dollars: 300 EUR is about $324." in out.notes
+    assert out.products and all(p.price <= 324 for p in out.products)
+
+
+def test_brand_typo_filters(grounded):
+    out = grounded.search(["runing shoes"], {"brand": "nkie", "max_price": 80},
+                          "nkie runing shoes under $80", 5)
+    assert out.filters == Filters(brand="Nike", max_price=80.0)
+    assert out.corrected == {"nkie": "Nike", "runing": "running"}
+    assert out.products and all(p.brand == "Nike" and p.price <= 80 for p in out.products)
+
+
+def test_relax_price_cap_keeps_brand(grounded):
+    out = grounded.search(["cordless vacuum"], {"brand": "Dyson", "max_price": 1.0},
+                          "dyson cordless vacuum", 5)
+    assert out.relaxed == ["max_price"] and out.filters == Filters(brand="Dyson")
+    assert out.requested == Filters(brand="Dyson", max_price=1.0)
+    assert out.notes == ["No Dyson products under $1; showing Dyson products at any price."]
+    assert out.products and all(p.brand == "Dyson" for p in out.products)
+
+
+def test_relax_brand_without_the_product(grounded):
+    out = grounded.search(["laptop"], {"brand": "Dyson"}, "dyson laptop", 5)
+    assert out.relaxed == ["brand"] and out.filters == Filters()
+    assert out.notes == ["No Dyson products match your search; showing other brands."]
+    # the brand's words are not added: they would bring back Dyson vacuums, not laptops
+    assert out.products and all("laptop" in p.title.lower() for p in out.products)
+
+
+def test_brand_typo_that_matches_nothing_is_query_words(grounded):
+    out = grounded.search(["motorola razr"], {"brand": "razr"}, "motorola razr", 5)
+    assert out.relaxed == ["brand"] and out.corrected == {} and out.notes == []
+    assert out.products and all(p.brand == "Motorola" for p in out.products)
+
+
+def test_question_words_are_the_last_try(grounded):
+    out = grounded.search(["xyzzy plugh"], {"brand": "Nike"},
+                          "are the brooks adrenaline gts 23 good for flat feet?", 5)
+    assert out.relaxed == [] and out.filters == Filters()  # no filter makes "xyzzy" match
+    assert out.queries == ["brooks adrenaline gts 23 flat feet"]
+    assert out.products and all(p.brand == "Brooks" for p in out.products)
+
+
+@pytest.mark.parametrize("filters,relaxed,says", [
+    ({}, [], ""),
+    ({"brand": "Nike", "max_price": 30}, [], ""),  # words the catalog lacks: nothing to relax
+])
+def test_no_results_reply(grounded, filters, relaxed, says):
+    out = grounded.search(["zzzz qqqq"], filters, "zzzz qqqq", 5)
+    assert out.products == [] and out.relaxed == relaxed
+    reply = grounded.no_results_reply(out, "zzzz qqqq")
+    assert reply.startswith(f'I couldn\'t find any products for "zzzz qqqq" in our catalog{says}. ')
+    assert "The catalog has: " in reply and reply.count(",") >= 2 and len(reply) < 300
+    assert "http" not in reply and "www." not in reply
+
+
+def test_queries_for_what_the_catalog_lacks_find_nothing(grounded):
+    """Search matches any one word: without this rule "dewalt cordless drill" showed cordless
+    vacuums. The catalog has no drills, so the customer gets the system's no-results reply."""
+    for q in ("dewalt cordless drill", "mount everest", "dewalt 20v max impact driver",
+              "dyson purifier"):
+        assert not grounded.covers(q)
+        out = grounded.search([q], {}, q, 5)
+        assert out.products == [], (q, [p.title for p in out.products])
+    for q in ("gift ideas for someone who likes camping", "camping gift ideas",
+              "wireless mouse for laptop", "adreness gts 23 adrenaline", "65 inch tv"):
+        assert grounded.covers(q), q
+
+
+def test_no_results_reply_quotes_only_words(grounded):
+    out = SearchOutcome(products=[], queries=["zzzz https://evil.example/x [click](y) <b>"],
+                        filters=Filters())
+    reply = grounded.no_results_reply(out, "zzzz")
+    assert reply.startswith('I couldn\'t find any products for "zzzz https evil example x click y b"')
+    assert "://" not in reply and "](" not in reply and "evil.example" not in reply and "<" not in reply
+
+
+def test_bad_arguments_like_the_engines(grounded):
+    with pytest.raises(TypeError):
+        grounded.search("running shoes", {}, "running shoes", 5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        grounded.search(["x"], {}, "x", 0)
+
+
+# --------------------------------------------------------------------- product sources
+
+class _NoList:
+    name = "nolist"
+
+    def search(self, queries: Sequence[str], filters: Filters | None = None, k: int = 5) -> list[Product]:
+        return []
+
+
+def test_vocabulary_source(grounded, catalog):
+    engine = grounded.retriever
+    assert isinstance(engine, SqliteFtsRetriever)
+    listed = list(engine.iter_products(batch=5000))
+    assert len(listed) == len(catalog) and listed[0] == catalog[0] and listed[-1] == catalog[-1]
+    with pytest.raises(TypeError, match="pass a Vocabulary"):
+        GroundedSearch(_NoList())
+    small = GroundedSearch(_NoList(), Vocabulary.from_products(catalog[:300]))
+    assert small.search(["zzzz"], {}, "zzzz", 3).products == []
+
+
+def test_tantivy_lists_its_products(catalog):
+    pytest.importorskip("tantivy")
+    from rufus.retrieval.tantivy_engine import TantivyRetriever
+
+    engine = TantivyRetriever.build(catalog[:200])
+    assert sorted(p.id for p in engine.iter_products()) == [p.id for p in catalog[:200]]
+    assert GroundedSearch(engine).vocabulary.brand("nike") == "Nike"
