@@ -57,9 +57,9 @@ def test_reason_options_are_facts_of_the_card():
 def test_renderer_renders_facts_from_the_card_as_soon_as_the_number_is_decoded():
     opts = reason_options(PRODUCTS, "running shoes")
     r = PickRenderer(PRODUCTS, NAMES, opts)
-    assert r.feed("[") == "" and r.feed("2") == ""
-    first = r.feed("] ")
-    assert first == pick_line(1, PRODUCTS[1])
+    assert r.feed("[") == ""
+    first = r.feed("2")  # rendered at the digit: the grammar allows only "] " after it
+    assert first == pick_line(1, PRODUCTS[1]) and r.feed("] ") == ""
     assert "$99.95" in first and "4.2 stars" in first and PRODUCTS[1].url in first
     assert r.feed("the most reviewed") == ""  # a reason waits for its end
     assert r.feed(" of these\n[3] ") == ": the most reviewed of these.\n" + pick_line(2, PRODUCTS[2])
@@ -73,6 +73,7 @@ def test_renderer_renders_facts_from_the_card_as_soon_as_the_number_is_decoded()
 
 @pytest.mark.parametrize("raw, dropped", [
     ("[1] built for race day", ["format"]),          # another card's fact
+    ("[1 built for long runs", ["format"]),          # no "]" after the number
     ("[1] cheap and great, 5 stars", ["format"]),    # not on the menu
     ("Sure! Here are some: [1] x", ["format"]),       # no header where one is due
     ("[1] built for long runs\n[1] built for long runs", ["format"]),  # the same card twice
@@ -102,7 +103,7 @@ def test_reason_check_names_and_repeats():
 
 def test_grammar_shape():
     g = answer_grammar(reason_options(PRODUCTS, "x"))
-    assert g.startswith('root ::= "[" p\n')
+    assert g.startswith("root ::= p\n")
     with pytest.raises(ValueError):
         answer_grammar([])
     with pytest.raises(ValueError):
@@ -161,11 +162,12 @@ def test_an_adversarial_model_cannot_leave_the_grammar(tokenizer):
     bad = [i for w in words for i in tok.encode(w, add_special_tokens=False)]
     options = reason_options(PRODUCTS, "blue nike running shoes")
     grammar = answer_grammar(options)
-    header = re.compile(r"\[(\d)\] (.*)")
+    header = re.compile(r"\[?(\d)\] (.*)")
     for seed in range(6):
         raw = adversarial_decode(tokenizer, grammar, bad[seed % 3:], seed)
         lines = raw.split("\n")
-        assert 1 <= len(lines) <= 3, raw
+        assert 1 <= len(lines) <= 3 and raw[0].isdigit(), raw
+        assert all(line.startswith("[") for line in lines[1:]), raw
         seen = set()
         for line in lines:
             m = header.fullmatch(line)
