@@ -187,6 +187,12 @@ ENV: dict[str, Var] = {
                                  "launcher; default 127.0.0.1:8001)"),
     "RUFUS_ASSISTANT_PLAN_TIMEOUT_S": Var(("rufus/assistant/pipeline.py",),
                                           "assistant: planner time limit before the fallback plan (10)"),
+    "RUFUS_ASSISTANT_SLO_S": Var(("rufus/assistant/admission.py",),
+                                 "assistant: first answer text SLO in seconds (1.0); turns "
+                                 "estimated past margin x SLO are refused UNAVAILABLE / 503 "
+                                 "(0 turns admission off)"),
+    "RUFUS_ASSISTANT_MARGIN": Var(("rufus/assistant/admission.py",),
+                                  "assistant: refuse above this share of the SLO (0.9)"),
     "RUFUS_ASSISTANT_PREWARM": Var(("rufus/assistant/pipeline.py",),
                                    "assistant: prefill a follow-up's answer prefix while planning "
                                    "(1; 0 turns it off)"),

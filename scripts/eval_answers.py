@@ -131,7 +131,11 @@ def _finite(obj: Any) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog="environment: RUFUS_CATALOG (the catalog the server answers from, default the "
+               "generated one); ATEN_CPU_CAPABILITY (recorded with the CPU class, e.g. avx2 "
+               "for emulated AVX2)")
     ap.add_argument("--url", default="127.0.0.1:8001", help="Triton gRPC address")
     ap.add_argument("--questions", type=Path, default=QUESTIONS, help="question set (JSON Lines)")
     ap.add_argument("--limit", type=int, help="only the first N questions")

@@ -38,6 +38,7 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 
+from rufus.assistant.admission import AdmissionSettings, SloAdmission, Ticket
 from rufus.assistant.answer import (
     REPETITION_PENALTY,
     CatalogNames,
@@ -57,6 +58,7 @@ from rufus.assistant.prompt import (
     price_cap,
 )
 from rufus.client import AsyncStreams, RequestFailed, output_str
+from rufus.errors import RufusError
 from rufus.retrieval.base import Retriever, query_terms
 from rufus.retrieval.catalog import Product
 from rufus.retrieval.grounding import GroundedSearch, SearchOutcome
@@ -92,6 +94,8 @@ class AssistantMetrics(Protocol):
     def observe(self, stage: str, seconds: float) -> None: ...
     def count(self, outcome: str, path: str) -> None: ...
     def dropped(self, kind: str) -> None: ...
+    def estimate(self, seconds: float) -> None: ...
+    def estimate_error(self, seconds: float) -> None: ...
 
 
 class NullMetrics:
@@ -102,6 +106,12 @@ class NullMetrics:
         pass
 
     def dropped(self, kind: str) -> None:
+        pass
+
+    def estimate(self, seconds: float) -> None:
+        pass
+
+    def estimate_error(self, seconds: float) -> None:
         pass
 
 
@@ -154,7 +164,7 @@ class Assistant:
                  answer_model: str = "rufus_llm", k: int = 5, max_tokens: int = 160,
                  answer_products: int = ANSWER_PRODUCTS,
                  plan_timeout_s: float | None = None, metrics: AssistantMetrics | None = None,
-                 prewarm: bool | None = None) -> None:
+                 prewarm: bool | None = None, admission: SloAdmission | None = None) -> None:
         self.url = url
         self.retriever = retriever
         self.search = GroundedSearch(retriever)
@@ -170,6 +180,10 @@ class Assistant:
         self.plan_timeout_s = plan_timeout_s if plan_timeout_s is not None else float(
             os.environ.get("RUFUS_ASSISTANT_PLAN_TIMEOUT_S", "10"))
         self.metrics: AssistantMetrics = metrics or NullMetrics()
+        # SLO-aware admission (rufus/assistant/admission.py): RUFUS_ASSISTANT_SLO_S etc.
+        self.admission = admission or SloAdmission(AdmissionSettings.from_env())
+        self.admission.on_estimate = self.metrics.estimate
+        self.admission.on_error = self.metrics.estimate_error
         # follow-ups: prefill the answer prompt's known prefix while the planner runs
         self.prewarm = prewarm if prewarm is not None else \
             os.environ.get("RUFUS_ASSISTANT_PREWARM", "1") != "0"
@@ -254,6 +268,11 @@ class Assistant:
         cache across requests, so the key would only pile plans onto one unit (measured:
         docs/benchmarks.md, "Conversation affinity")."""
         turns = validate_request(question, history)
+        try:
+            ticket = self.admission.admit()  # before any work: a refusal costs microseconds
+        except RufusError as exc:
+            self.metrics.count(exc.outcome, "none")
+            raise
         t0 = time.monotonic()
         timings: dict[str, float] = {}
         path, outcome = "none", "error"
@@ -291,7 +310,7 @@ class Assistant:
                 # (an unclosed async generator is only finalized by the garbage collector)
                 async with contextlib.aclosing(self._answer(
                         question, products, turns, path == "general", t0, timings,
-                        conversation, found.notes if found else [])) as answer:
+                        conversation, found.notes if found else [], ticket)) as answer:
                     async for ev in answer:
                         if ev.type == "done":
                             finish = ev.finish_reason
@@ -304,6 +323,7 @@ class Assistant:
             outcome = "cancelled"
             raise
         finally:
+            ticket.done()
             if warm is not None and not warm.done():
                 warm.cancel()
             self.metrics.count(outcome, path)
@@ -313,8 +333,8 @@ class Assistant:
 
     async def _answer(self, question: str, products: list[Product], turns: list[dict[str, str]],
                       general: bool, t0: float, timings: dict[str, float],
-                      conversation: str | None = None, notes: Sequence[str] = ()
-                      ) -> AsyncIterator[AssistantEvent]:
+                      conversation: str | None = None, notes: Sequence[str] = (),
+                      ticket: Ticket | None = None) -> AsyncIterator[AssistantEvent]:
         """The answer model's stream, rendered. With products: picks under the answer
         grammar (rufus.assistant.answer), every fact rendered from the cards, the search's
         notes ahead of the first pick. Off-topic: the model's short reply, links removed."""
@@ -350,6 +370,8 @@ class Assistant:
                 text = renderer.feed(delta)
                 if text:
                     timings.setdefault("first_token_s", time.monotonic() - t0)
+                    if ticket is not None:
+                        ticket.first_token()  # what the admission estimate learns from
                     yield AssistantEvent("text", text=lead + text)
                     lead = ""
         tail = renderer.flush()

@@ -51,6 +51,7 @@ from rufus.serving.validation import (
 log = logging.getLogger("rufus.assistant.triton")
 
 STAGE_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]
+ERROR_BUCKETS = [-2.0, -1.0, -0.5, -0.25, -0.1, 0.0, 0.1, 0.25, 0.5, 1.0, 2.0]
 
 # rufus_assistant's inputs and outputs, declared once (config auto-complete, decoding;
 # tests/unit/test_inputs.py checks them against config.pbtxt).
@@ -113,9 +114,20 @@ class TritonAssistantMetrics:
                                            "(brand, product, colour, repeat, format): a model or "
                                            "prompt that starts to invent shows up here",
                                kind=fam.COUNTER)
+        self.estimate_family = fam(
+            name="rufus_assistant_first_token_estimate_seconds",
+            description="Admission: the first answer text a new turn was estimated to get, "
+                        "from the live queue (refused above the SLO; rufus/assistant/admission.py)",
+            kind=fam.GAUGE)
+        self.error_family = fam(
+            name="rufus_assistant_first_token_estimate_error_seconds",
+            description="Admission: estimate minus measured first answer text, per admitted turn",
+            kind=fam.HISTOGRAM)
         self.stages: dict[str, Any] = {}
         self.counters: dict[tuple[str, str], Any] = {}
         self.drops: dict[str, Any] = {}
+        self.estimate_metric = self.estimate_family.Metric(labels=self.labels)
+        self.error_metric = self.error_family.Metric(labels=self.labels, buckets=ERROR_BUCKETS)
 
     def observe(self, stage: str, seconds: float) -> None:
         if stage not in self.stages:
@@ -135,13 +147,21 @@ class TritonAssistantMetrics:
             self.drops[kind] = self.drop_family.Metric(labels={**self.labels, "why": kind})
         self.drops[kind].increment(1)
 
+    def estimate(self, seconds: float) -> None:
+        self.estimate_metric.set(seconds)
+
+    def estimate_error(self, seconds: float) -> None:
+        self.error_metric.observe(seconds)
+
     def close(self) -> None:
         # metrics, then families, while the stub's shared memory exists (a MetricFamily
         # destroyed at interpreter shutdown segfaults the 2.51 stub; rufus.serving.metrics)
         self.stages.clear()
         self.counters.clear()
         self.drops.clear()
+        self.estimate_metric = self.error_metric = None
         self.stage_family = self.req_family = self.drop_family = None
+        self.estimate_family = self.error_family = None
         import gc
 
         gc.collect()
@@ -161,6 +181,12 @@ class BufferedAssistantMetrics:
 
     def dropped(self, kind: str) -> None:
         self.buffer.event("dropped", kind)
+
+    def estimate(self, seconds: float) -> None:
+        self.buffer.gauge("estimate", seconds)
+
+    def estimate_error(self, seconds: float) -> None:
+        self.buffer.event("estimate_error", seconds)
 
     def close(self) -> None:
         self.buffer.close()

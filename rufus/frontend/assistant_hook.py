@@ -17,7 +17,7 @@ from typing import Any
 
 from rufus.assistant import Assistant
 from rufus.client import RequestFailed
-from rufus.errors import InvalidInput
+from rufus.errors import InvalidInput, RufusError
 from rufus.frontend.protocol import ParsedRequest, bad_request, openai_error
 from rufus.frontend.targets import HookEvent, register
 from rufus.serving.validation import MAX_HISTORY_TURNS
@@ -90,6 +90,8 @@ class AssistantHook:
             raise bad_request(name, exc.reason) from None
         except RequestFailed as exc:
             raise openai_error(exc.error) from None
+        except RufusError as exc:  # the assistant's own refusal (admission): 503 + Retry-After
+            raise openai_error(exc) from None
 
 
 def register_default() -> None:

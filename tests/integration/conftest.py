@@ -80,7 +80,10 @@ def stack(log_dir):
         extra_env={"RUFUS_RUFUS_LLM_ENGINE_ARGS": '{"max_num_seqs": 16, "max_model_len": 1024}',
                    "RUFUS_ANSWER_MAX_TOKENS": "64", "VLLM_CPU_KVCACHE_SPACE": "1",
                    # a shared CI box can make the planner slow: test its path, not the timeout
-                   "RUFUS_ASSISTANT_PLAN_TIMEOUT_S": "120"},
+                   "RUFUS_ASSISTANT_PLAN_TIMEOUT_S": "120",
+                   # nor its SLO admission (a slow box would refuse a second conversation;
+                   # admission is tested at its unit boundaries, tests/unit/test_admission.py)
+                   "RUFUS_ASSISTANT_SLO_S": "0"},
     )
     yield from serving(srv)
 
@@ -99,7 +102,15 @@ def assistant_frontend(stack, log_dir) -> Iterator[str]:
     ids ``rufus_llm`` and ``rufus-assistant``. Yields its base URL (``http://host:port``)."""
     port = free_port()
     log = log_dir / "frontend-assistant.log"
-    proc = start_frontend(f"127.0.0.1:{stack.grpc_port}", port, "rufus_llm", log_path=str(log))
+    saved = os.environ.get("RUFUS_ASSISTANT_SLO_S")
+    os.environ["RUFUS_ASSISTANT_SLO_S"] = "0"  # as the stack's: admission is unit-tested
+    try:
+        proc = start_frontend(f"127.0.0.1:{stack.grpc_port}", port, "rufus_llm", log_path=str(log))
+    finally:
+        if saved is None:
+            os.environ.pop("RUFUS_ASSISTANT_SLO_S", None)
+        else:
+            os.environ["RUFUS_ASSISTANT_SLO_S"] = saved
     base = f"http://127.0.0.1:{port}"
     try:
         if not wait_for(lambda: _offers(base, "rufus-assistant"), timeout=60):

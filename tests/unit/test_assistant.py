@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from rufus.assistant.admission import AdmissionSettings, SloAdmission
 from rufus.assistant.pipeline import Assistant, fallback_plan, search_queries, validate_request
 from rufus.assistant.prompt import (
     LinkRenderer,
@@ -454,7 +455,7 @@ def _adapter(monkeypatch, retriever, fake_streams):
 
     monkeypatch.setattr(triton_backend, "pb_utils", FakePb)
     m = tm.AssistantModel.__new__(tm.AssistantModel)
-    m.assistant = Assistant("x", retriever)
+    m.assistant = Assistant("x", retriever, admission=SloAdmission(AdmissionSettings(slo_s=0)))
     m.assistant.search.vocabulary  # noqa: B018 - built at load, as AssistantModel.start does
     m.assistant.streams = lambda: fake_streams  # type: ignore[method-assign]
     m.watcher, m.tasks, m.metrics = CancelWatcher(interval=0.01), set(), NullMetrics()
@@ -531,3 +532,31 @@ def test_product_lines_carry_what_the_answer_needs():
     line = product_lines([p])
     assert line == f"[1] {p.title} - ${p.price:.2f}, {p.rating:.1f} stars{use(p)}"
     assert use(p).startswith(", built for ")
+
+
+def test_adapter_refusal_is_unavailable_on_grpc(monkeypatch, retriever):
+    """rufus_assistant's Triton adapter: a turn the admission refuses gets UNAVAILABLE
+    (retryable: the ingress or client tries another unit) as its one, final response."""
+    from rufus.assistant.triton_model import AssistantRequest
+
+    fake = FakeStreams(plan_of("product_search", ["tv"]), [], hang=True)
+    m = _adapter(monkeypatch, retriever, fake)
+    m.assistant.admission = SloAdmission(AdmissionSettings(base_s=0.9, per_waiting_s=1.0))
+    busy, refused = FakeSender(), FakeSender()
+
+    async def go():
+        m.loop = asyncio.get_running_loop()
+        m._start(AssistantRequest("tv", []), _sink(busy))
+        await asyncio.sleep(0.05)
+        m._start(AssistantRequest("tv", []), _sink(refused))
+        for _ in range(200):
+            if refused.sent:
+                break
+            await asyncio.sleep(0.01)
+        for t in list(m.tasks):
+            t.cancel()
+        await asyncio.sleep(0.05)
+
+    asyncio.run(go())
+    (_, err, final), = refused.sent
+    assert final and err.code == "UNAVAILABLE" and "SLO" in err.message

@@ -151,3 +151,21 @@ def test_api_key(fake_assistant):
         assert c.get("/v1/models", headers={"Authorization": "Bearer nope"}).status_code == 401
         assert c.get("/v1/models", headers={"Authorization": "Bearer k1"}).status_code == 200
         assert c.get("/metrics").status_code == 200
+
+
+def test_assistant_refusal_is_a_503_with_retry_after(app_client, fake_assistant):
+    """The assistant's SLO admission refuses (Unavailable) before any event: streaming or
+    not, the client gets 503 with Retry-After, retryable, before any byte of a stream."""
+    from rufus.errors import Unavailable
+
+    async def refuse(question, history, conversation=None):
+        raise Unavailable("overloaded: first answer text estimated in 2.00 s")
+        yield  # pragma: no cover
+
+    fake_assistant.stream = refuse
+    for stream in (True, False):
+        r = app_client.post("/v1/chat/completions", json={
+            "model": "rufus-assistant", "stream": stream,
+            "messages": [{"role": "user", "content": "shoes"}]})
+        assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
+        assert r.json()["error"]["code"] == "service_unavailable"

@@ -1,0 +1,121 @@
+"""SLO-aware admission (rufus/assistant/admission.py) against fake queues and a fake clock."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import pytest
+
+from rufus.assistant.admission import AdmissionSettings, SloAdmission
+from rufus.errors import Unavailable
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_an_idle_unit_always_admits_and_a_queue_is_refused_by_its_estimate():
+    s = AdmissionSettings(slo_s=1.0, margin=0.9, base_s=0.4, per_waiting_s=0.3, per_decoding_s=0.0)
+    estimates: list[float] = []
+    adm = SloAdmission(s, clock=Clock(), on_estimate=estimates.append)
+    tickets = [adm.admit()]                      # 0 waiting: 0.4 s
+    tickets.append(adm.admit())                  # 1 waiting: 0.7 s
+    with pytest.raises(Unavailable) as err:      # 2 waiting: 1.0 s > 0.9 s
+        adm.admit()
+    assert err.value.retryable and "1.00 s" in err.value.message and "2 turns waiting" in err.value.message
+    assert estimates == pytest.approx([0.4, 0.7, 1.0])
+    assert adm.waiting == 2
+    tickets[0].first_token()
+    assert (adm.waiting, adm.decoding) == (1, 1)
+    adm.admit().done()                           # room again: admitted, then ended unanswered
+    for t in tickets:
+        t.done()
+        t.done()                                 # idempotent
+    assert (adm.waiting, adm.decoding) == (0, 0)
+
+
+def test_even_a_slow_lone_turn_is_admitted():
+    adm = SloAdmission(AdmissionSettings(base_s=5.0), clock=Clock())
+    adm.admit()  # nothing ahead: refusing would only send it to a unit no faster
+
+
+def test_the_estimate_learns_the_unit_it_measures_and_reports_its_error():
+    """A unit twice as slow per queued turn as the prior: after some turns the estimate
+    follows the measured latencies and its error shrinks."""
+    clock = Clock()
+    errors: list[float] = []
+    adm = SloAdmission(AdmissionSettings(slo_s=100.0, base_s=0.2, per_waiting_s=0.1,
+                                         per_decoding_s=0.0, prior_weight=2),
+                       clock=clock, on_error=errors.append)
+    for _ in range(60):
+        held = [adm.admit() for _ in range(3)]   # 0, 1, 2 waiting ahead
+        for k, t in enumerate(held):             # the truth: 0.5 s + 0.4 s per turn ahead
+            clock.t += 0.5 if k == 0 else 0.4
+            t.first_token()
+        for t in held:
+            t.done()
+    base, per_waiting, _ = adm.fit.theta
+    assert base == pytest.approx(0.5, abs=0.05) and per_waiting == pytest.approx(0.4, abs=0.05)
+    assert abs(errors[0]) > 0.2 and max(abs(e) for e in errors[-9:]) < 0.05
+
+
+def test_off_when_the_slo_is_zero():
+    adm = SloAdmission(AdmissionSettings(slo_s=0.0, base_s=9.0), clock=Clock())
+    for _ in range(10):
+        adm.admit()
+
+
+def test_settings_from_the_environment_name_the_variable():
+    s = AdmissionSettings.from_env({"RUFUS_ASSISTANT_SLO_S": "0.8", "RUFUS_ASSISTANT_MARGIN": "1"})
+    assert s.slo_s == 0.8 and s.margin == 1.0 and s.base_s == AdmissionSettings().base_s
+    with pytest.raises(ValueError, match="RUFUS_ASSISTANT_SLO_S"):
+        AdmissionSettings.from_env({"RUFUS_ASSISTANT_SLO_S": "fast"})
+    with pytest.raises(ValueError, match="RUFUS_ASSISTANT_FORGETTING"):
+        AdmissionSettings.from_env({"RUFUS_ASSISTANT_FORGETTING": "0"})
+
+
+def test_the_pipeline_refuses_before_any_model_call():
+    """Through the library: a refused turn raises Unavailable at its first step, calls no
+    model, and is counted; an admitted turn's ticket is returned when it ends."""
+    from rufus.assistant.pipeline import Assistant, NullMetrics
+    from rufus.retrieval.catalog import generate_catalog
+    from rufus.retrieval.sqlite_fts import SqliteFtsRetriever
+
+    class Streams:
+        calls: list[str] = []
+
+        async def stream(self, model, tensors, conversation=None):
+            self.calls.append(model)
+            await asyncio.sleep(3600)
+            yield {}
+
+    counted: list[tuple[str, str]] = []
+    metrics = NullMetrics()
+    metrics.count = lambda outcome, path: counted.append((outcome, path))  # type: ignore[method-assign]
+    adm = SloAdmission(AdmissionSettings(base_s=0.5, per_waiting_s=1.0), clock=Clock())
+    a = Assistant("x", SqliteFtsRetriever.build(generate_catalog(300)), metrics=metrics,
+                  admission=adm)
+    streams = Streams()
+    a.streams = lambda: streams  # type: ignore[method-assign]
+
+    async def go() -> None:
+        first = a.stream("running shoes")
+        task = asyncio.ensure_future(first.__anext__())
+        await asyncio.sleep(0.01)                 # the first turn is planning (hangs)
+        assert adm.waiting == 1
+        with pytest.raises(Unavailable):
+            await a.stream("tv").__anext__()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await first.aclose()
+
+    asyncio.run(go())
+    assert streams.calls == ["rufus_qp_medusa"]
+    assert ("unavailable", "none") in counted
+    assert (adm.waiting, adm.decoding) == (0, 0)
