@@ -86,7 +86,8 @@ class AssistantEvent:
     products: list[dict[str, Any]] | None = None  # products: id, title, brand, price, rating, url, image_url
     text: str = ""                               # text
     finish_reason: str = ""                      # done: stop | length | service (system-written)
-    timings: dict[str, float] = field(default_factory=dict)  # done: seconds; answer_tokens
+    # done: seconds (*_s); answer_tokens, answer_prompt_tokens (the answer model's usage)
+    timings: dict[str, float] = field(default_factory=dict)
     path: str = ""                               # products, done: products | service | general
 
 
@@ -352,7 +353,8 @@ class Assistant:
         tensors = {
             "messages": answer_messages(question, products, turns, general=general),
             "stream": True, "exclude_input_in_output": True, "return_finish_reason": True,
-            "return_num_output_tokens": True, "sampling_parameters": sampling,
+            "return_num_output_tokens": True, "return_num_input_tokens": True,
+            "sampling_parameters": sampling,
         }
         lead = "".join(f"{n}\n" for n in notes) + ("\n" if notes else "")
         sent = time.monotonic()
@@ -365,6 +367,9 @@ class Assistant:
                 finish = output_str(outs, "finish_reason") or finish
                 if "num_output_tokens" in outs:
                     tokens += int(np.asarray(outs["num_output_tokens"]).reshape(-1).sum())
+                if "num_input_tokens" in outs:
+                    timings["answer_prompt_tokens"] = float(
+                        np.asarray(outs["num_input_tokens"]).reshape(-1)[0])
                 if delta and "answer_ttft_s" not in timings:
                     timings["answer_ttft_s"] = time.monotonic() - sent
                 text = renderer.feed(delta)

@@ -295,24 +295,28 @@ class Frontend:
     async def stream_hook(self, parsed: ParsedRequest, hook: ChatHook) -> AsyncIterator[bytes]:
         w = ChunkWriter("chat", parsed.model, parsed.include_usage)
         first = True
+        usage = (0, 0)
         async for ev in hook.chat(parsed.messages or [], parsed):
             if first:
                 first = False
                 yield w.role(0, ev.extra)
             if ev.text or ev.finish:
                 yield w.delta(0, ev.text, ev.finish)
+            usage = ev.usage or usage
         if parsed.include_usage:
-            yield w.usage(0, 0)
+            yield w.usage(*usage)
         yield w.done()
 
     async def complete_hook(self, parsed: ParsedRequest, hook: ChatHook) -> dict[str, Any]:
         text, extra = "", {}
+        usage = (0, 0)
         async for ev in hook.chat(parsed.messages or [], parsed):
             text += ev.text
             extra.update(ev.extra or {})
+            usage = ev.usage or usage
         body = render.chat_completion(render.new_id("chatcmpl"), parsed.model,
                                       [render.chat_choice(0, text, "stop", None)],
-                                      render.usage(0, 0))
+                                      render.usage(*usage))
         body.update(extra)
         return body
 

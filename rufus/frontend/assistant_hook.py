@@ -84,7 +84,11 @@ class AssistantHook:
                         yield HookEvent(text=ev.text)
                     elif ev.type == "done":
                         finish = "length" if ev.finish_reason == "length" else "stop"
-                        yield HookEvent(finish=finish)
+                        # usage: the answer model's tokens (the cards and pick lines are
+                        # rendered by the system, not generated: README, compatibility)
+                        yield HookEvent(finish=finish, usage=(
+                            int(ev.timings.get("answer_prompt_tokens", 0)),
+                            int(ev.timings.get("answer_tokens", 0))))
         except InvalidInput as exc:
             name = exc.field.replace("question", "messages").replace("history", "messages")
             raise bad_request(name, exc.reason) from None

@@ -67,6 +67,7 @@ class HookEvent:
     text: str = ""
     extra: dict[str, Any] | None = None
     finish: str | None = None
+    usage: tuple[int, int] | None = None  # (prompt, completion) tokens, with the finish
 
 
 class ChatHook(Protocol):

@@ -169,3 +169,24 @@ def test_assistant_refusal_is_a_503_with_retry_after(app_client, fake_assistant)
             "messages": [{"role": "user", "content": "shoes"}]})
         assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
         assert r.json()["error"]["code"] == "service_unavailable"
+
+
+def test_assistant_usage_is_the_answer_models(app_client, fake_assistant):
+    """stream_options.include_usage (and the non-streaming body) report the answer model's
+    prompt and generated tokens, as vLLM's server reports its model's."""
+    async def stream(question, history, conversation=None):
+        yield AssistantEvent("plan", plan={"intent": "product_search"})
+        yield AssistantEvent("products", products=[CARD], path="products")
+        yield AssistantEvent("text", text="1. [x](https://shop.example/p1) — $59.50, 4.2 stars.")
+        yield AssistantEvent("done", finish_reason="stop",
+                             timings={"answer_tokens": 9.0, "answer_prompt_tokens": 212.0})
+
+    fake_assistant.stream = stream
+    r = app_client.post("/v1/chat/completions", json={
+        "model": "rufus-assistant", "stream": True, "stream_options": {"include_usage": True},
+        "messages": [{"role": "user", "content": "shoes"}]})
+    last = json.loads([e for e in r.text.split("\n\n") if e][-2].removeprefix("data: "))
+    assert last["usage"] == {"prompt_tokens": 212, "completion_tokens": 9, "total_tokens": 221}
+    r = app_client.post("/v1/chat/completions", json={
+        "model": "rufus-assistant", "messages": [{"role": "user", "content": "shoes"}]})
+    assert r.json()["usage"]["completion_tokens"] == 9
