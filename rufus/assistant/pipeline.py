@@ -260,20 +260,33 @@ class Assistant:
                                    plan.get("filters"), question, 4 * self.k)
         return dataclasses.replace(found, products=diversify(found.products, self.k))
 
+    def admit(self) -> Ticket:
+        """Admission for a new turn (rufus/assistant/admission.py): a ticket, or a retryable
+        :class:`~rufus.errors.Unavailable` (counted) when its first answer text is estimated
+        past the SLO. Before any work, so a refusal costs microseconds."""
+        try:
+            return self.admission.admit()
+        except RufusError as exc:
+            self.metrics.count(exc.outcome, "none")
+            raise
+
     async def stream(self, question: str, history: list[dict[str, str]] | None = None,
-                     conversation: str | None = None) -> AsyncIterator[AssistantEvent]:
+                     conversation: str | None = None, ticket: Ticket | None = None
+                     ) -> AsyncIterator[AssistantEvent]:
         """One turn, as events. ``conversation``: the conversation key, passed on to the
         answer model's requests (prefill and answer) so that behind an ingress they land on
         the unit holding this conversation's prefix (rufus.client.CONVERSATION_HEADER). The
         plan request goes without it, to the least busy unit: the planner keeps no prefix
         cache across requests, so the key would only pile plans onto one unit (measured:
         docs/benchmarks.md, "Conversation affinity")."""
-        turns = validate_request(question, history)
         try:
-            ticket = self.admission.admit()  # before any work: a refusal costs microseconds
-        except RufusError as exc:
-            self.metrics.count(exc.outcome, "none")
+            turns = validate_request(question, history)
+        except BaseException:
+            if ticket is not None:
+                ticket.done()
             raise
+        if ticket is None:
+            ticket = self.admit()
         t0 = time.monotonic()
         timings: dict[str, float] = {}
         path, outcome = "none", "error"

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from rufus.assistant.admission import Ticket
 from rufus.assistant.answer import PickRenderer, answer_grammar, reason_options
 from rufus.assistant.pipeline import Assistant, NullMetrics, fallback_plan
 from rufus.assistant.prompt import ANSWER_PRODUCTS, LinkRenderer, answer_messages, cards
@@ -74,6 +75,7 @@ class AssistantRequest:
     question: str
     history: list[dict[str, str]]
     conversation: str = ""  # the conversation key, passed on to the answer-model calls
+    ticket: Ticket | None = None  # admitted on Triton's execute thread (AssistantModel.submit)
 
 
 def parse_assistant_request(inputs: dict[str, np.ndarray | None],
@@ -266,7 +268,15 @@ class AssistantModel(TritonModel):
         return replace(parsed, conversation=key)
 
     def submit(self, parsed: AssistantRequest, sink: TritonSink, arrival: float) -> None:
-        self.loop.call_soon_threadsafe(self._start, parsed, sink)
+        # Admission here, on Triton's execute thread: a refusal is sent at once, not after
+        # the pipeline's event loop (busy streaming answers under load) gets to the request.
+        # Unavailable propagates to TritonModel.execute, which sends it as the one response.
+        ticket = self.assistant.admission.admit()  # refused: counted by count_refused
+        try:
+            self.loop.call_soon_threadsafe(self._start, replace(parsed, ticket=ticket), sink)
+        except BaseException:
+            ticket.done()
+            raise
 
     def count_refused(self, err: RufusError) -> None:
         self.metrics.count(err.outcome, "none")
@@ -276,6 +286,9 @@ class AssistantModel(TritonModel):
         task = self.loop.create_task(self._serve(req, sink))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+        if req.ticket is not None:  # returned however the task ends, even before it ran
+            ticket = req.ticket
+            task.add_done_callback(lambda _t: ticket.done())
         self.watcher.watch(task, sink, task.cancel)
 
     async def _serve(self, req: AssistantRequest, sink: TritonSink) -> None:
@@ -283,7 +296,8 @@ class AssistantModel(TritonModel):
         key = asyncio.current_task()
         try:
             async with contextlib.aclosing(self.assistant.stream(
-                    req.question, req.history, req.conversation or None)) as events:
+                    req.question, req.history, req.conversation or None,
+                    ticket=req.ticket)) as events:
                 async for ev in events:
                     if ev.type == "plan":
                         first["plan"] = _bytes(json.dumps(ev.plan))

@@ -560,3 +560,30 @@ def test_adapter_refusal_is_unavailable_on_grpc(monkeypatch, retriever):
     asyncio.run(go())
     (_, err, final), = refused.sent
     assert final and err.code == "UNAVAILABLE" and "SLO" in err.message
+
+
+def test_adapter_admits_on_the_execute_thread(monkeypatch, retriever):
+    """AssistantModel.submit (Triton's execute thread) admits or refuses before the request
+    reaches the pipeline's loop, so a refusal does not wait behind streaming answers; the
+    ticket of an admitted request is returned however its task ends."""
+    from rufus.assistant.admission import AdmissionSettings, SloAdmission
+    from rufus.assistant.triton_model import AssistantRequest
+    from rufus.errors import Unavailable
+
+    fake = FakeStreams(plan_of("product_search", ["tv"]), [], hang=True)
+    m = _adapter(monkeypatch, retriever, fake)
+    adm = m.assistant.admission = SloAdmission(AdmissionSettings(base_s=0.9, per_waiting_s=1.0))
+
+    async def go():
+        m.loop = asyncio.get_running_loop()
+        m.submit(AssistantRequest("tv", []), _sink(FakeSender()), 0.0)
+        await asyncio.sleep(0.05)
+        assert adm.waiting == 1
+        with pytest.raises(Unavailable):
+            m.submit(AssistantRequest("tv", []), _sink(FakeSender()), 0.0)
+        for t in list(m.tasks):
+            t.cancel()
+        await asyncio.sleep(0.05)
+
+    asyncio.run(go())
+    assert (adm.waiting, adm.decoding) == (0, 0)
