@@ -192,7 +192,7 @@ ENV: dict[str, Var] = {
                                  "estimated past margin x SLO are refused UNAVAILABLE / 503 "
                                  "(0 turns admission off)"),
     "RUFUS_ASSISTANT_MARGIN": Var(("rufus/assistant/admission.py",),
-                                  "assistant: refuse above this share of the SLO (0.9)"),
+                                  "assistant: refuse above this share of the SLO (1.0)"),
     "RUFUS_ASSISTANT_PREWARM": Var(("rufus/assistant/pipeline.py",),
                                    "assistant: prefill a follow-up's answer prefix while planning "
                                    "(1; 0 turns it off)"),

@@ -33,12 +33,16 @@ class AdmissionSettings:
     """Defaults for one unit; each has a ``RUFUS_ASSISTANT_<NAME>`` environment override."""
 
     slo_s: float = 1.0          # first answer token (RUFUS_ASSISTANT_SLO_S); 0 turns admission off
-    margin: float = 0.9         # refuse above margin * slo (RUFUS_ASSISTANT_MARGIN)
+    margin: float = 1.0         # refuse above margin * slo (RUFUS_ASSISTANT_MARGIN)
     base_s: float = 0.45        # prior: first answer token of a lone turn
     per_waiting_s: float = 0.25  # prior: added per turn ahead still waiting for its first token
     per_decoding_s: float = 0.02  # prior: added per turn decoding its answer
-    forgetting: float = 0.98    # recursive least squares: weight of the past per observation
-    prior_weight: float = 20.0  # the priors count as this many observations
+    # recursive least squares: weight of the past per observation, and how many observations
+    # the priors count as. Slow on purpose: a just-started unit's first turns are slow (cold
+    # prefix cache) and a fast fit then refused what the unit could serve (emulated AVX2,
+    # 2/s: 0.98 and 20 gave 46% within the SLO, 0.995 and 50 gave 66%; docs/benchmarks.md)
+    forgetting: float = 0.995
+    prior_weight: float = 50.0
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> AdmissionSettings:
