@@ -142,7 +142,8 @@ def _phrase(text: str) -> str:
 class CatalogNames:
     """The catalog's names a reason must not use unless they are its own card's: brands,
     product lines (without their model numbers) and colours. Built once per process from
-    the catalog tables and the shown products' own brands (a user catalog's brands)."""
+    the catalog tables (:meth:`default`), plus the served catalog's brands (:meth:`add_brands`,
+    from the search vocabulary)."""
 
     phrases: dict[str, str] = field(default_factory=dict)   # phrase -> kind
 
@@ -165,9 +166,10 @@ class CatalogNames:
         if len(p) >= 2:
             self.phrases.setdefault(p, kind)
 
-    def add_products(self, products: Iterable[Product]) -> None:
-        for p in products:
-            self.add(p.brand, "brand")
+    def add_brands(self, brands: Iterable[str]) -> None:
+        """A catalog's own brands (a user catalog has brands the tables do not)."""
+        for b in brands:
+            self.add(b, "brand")
 
 
 @dataclass(frozen=True)

@@ -170,6 +170,7 @@ class Assistant:
         self.retriever = retriever
         self.search = GroundedSearch(retriever)
         self.names = CatalogNames.default()
+        self._catalog_names = False
         self.planner_model = planner_model
         self.answer_model = answer_model
         self.k = k
@@ -256,6 +257,11 @@ class Assistant:
         """The plan's search, grounded against the catalog (rufus.retrieval.grounding: a
         brand that is no catalog brand becomes a query word, the question's stated price
         wins, typos are corrected, empty results relax the filters); diversified top k."""
+        if not self._catalog_names:  # once: the served catalog's brands (its vocabulary);
+            # a new object, swapped in whole: renderers on the loop read the old one meanwhile
+            names = CatalogNames(dict(self.names.phrases))
+            names.add_brands(self.search.vocabulary.brands.values())
+            self.names, self._catalog_names = names, True
         found = self.search.search(search_queries(plan, question, history),
                                    plan.get("filters"), question, 4 * self.k)
         return dataclasses.replace(found, products=diversify(found.products, self.k))

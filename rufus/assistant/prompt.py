@@ -32,10 +32,6 @@ SYSTEM_PRODUCTS = (
     "You are a helpful shopping assistant. Recommend the two or three numbered products below "
     "that best fit the question, best first: one line each, the product's number in brackets "
     "and why it fits, for example:\n[2] built for long runs\n[1] the lowest price of these")
-SYSTEM_NO_RESULTS = (
-    "You are a shopping assistant. No product in the catalog matches the customer's request. "
-    "Say so in one sentence and suggest how to broaden the search (another brand, a higher "
-    "budget). Do not write links.")
 SYSTEM_GENERAL = (
     "You are a shopping assistant. This question is not about shopping: answer it in one or "
     "two sentences, then offer to help find products. Do not write links.")
@@ -95,13 +91,11 @@ def answer_messages(question: str, products: Sequence[Product],
                     history: Sequence[dict[str, str]] | None, general: bool = False
                     ) -> list[dict[str, str]]:
     """Chat messages for rufus_llm: system, previous turns, then products + question."""
-    if general:
+    if general or not products:  # no products: the pipeline replies itself (no_results_reply)
         system, user = SYSTEM_GENERAL, question
-    elif products:
+    else:
         system = SYSTEM_PRODUCTS
         user = f"{PRODUCTS_HEADER}{product_lines(products)}\n\nQuestion: {question}"
-    else:
-        system, user = SYSTEM_NO_RESULTS, question
     return [{"role": "system", "content": system}, *previous_turns(history),
             {"role": "user", "content": user}]
 
