@@ -50,6 +50,13 @@ wireless connect switch quest legion latitude aspire recon beta authentics premi
 """.split())
 
 
+def built_for(p: Product) -> str:
+    """What the card's description says the product is built for ("long runs"), or "": the
+    same words in the answer prompt's product line and in the reason menu."""
+    m = _BUILT_FOR.search(p.description + ".")
+    return m.group(1) if m else ""
+
+
 def _clean(text: str) -> str:
     """A menu entry as the grammar spells it: letters, spaces and light punctuation."""
     return re.sub(r"\s+", " ", re.sub(r"[^A-Za-z0-9 ,'-]", " ", text)).strip()[:MAX_REASON_CHARS]
@@ -70,9 +77,9 @@ def reason_options(products: Sequence[Product], question: str) -> list[list[str]
             opts.append(_clean(f"in {colour.lower()}, as you asked"))
         if p.brand and f" {p.brand.lower()} " in q:
             opts.append(_clean(f"from {p.brand}, as you asked"))
-        m = _BUILT_FOR.search(p.description + ".")
-        if m:
-            opts.append(_clean(f"built for {m.group(1)}"))
+        use = built_for(p)
+        if use:
+            opts.append(_clean(f"built for {use}"))
         if len(products) > 1:
             if p.price == lowest:
                 opts.append("the lowest price of these")

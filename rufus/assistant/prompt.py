@@ -13,6 +13,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from rufus.assistant.answer import built_for
 from rufus.retrieval.catalog import Product
 from rufus.retrieval.grounding import parse_price_cap
 
@@ -62,13 +63,11 @@ def product_lines(products: Sequence[Product]) -> str:
                      for i, p in enumerate(products, start=1))
 
 
-_USE = re.compile(r"\bbuilt for ([^.;]{3,50})[.;]")
-
-
 def use(p: Product) -> str:
-    """What the card says a product is built for (", built for long runs"), or nothing."""
-    m = _USE.search(p.description + ".")
-    return f", built for {m.group(1)}" if m else ""
+    """What the card says a product is built for (", built for long runs"), or nothing:
+    the words of its reason menu (rufus.assistant.answer.built_for)."""
+    what = built_for(p)
+    return f", built for {what}" if what else ""
 
 
 def previous_turns(history: Sequence[dict[str, str]] | None) -> list[dict[str, str]]:
