@@ -725,8 +725,10 @@ def main(argv: list[str] | None = None) -> int:
             log.error("cannot listen on :%d for metrics: %s", a.metrics_port, exc)
             return 1
     stop = threading.Event()
+    # set from another thread: a handler calling stop.set() deadlocks when the signal lands
+    # while this (main) thread holds the Event's lock inside stop.wait()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, lambda *_: threading.Thread(target=stop.set, daemon=True).start())
     log.info("orchestrating %d region(s) %s every %.1f s%s; global ingress %s backend %s; "
              "metrics %s", len(cfg.regions), [r.name for r in cfg.regions], cfg.interval_s,
              " (DRY RUN: nothing applied)" if a.dry_run else "", cfg.runtime_api or "-",

@@ -165,7 +165,9 @@ class SloAdmission:
             self.waiting -= 1
             self.decoding += 1
             self.fit.update(t.x, measured)
+            now = self.fit.predict((1.0, float(self.waiting), float(self.decoding)))
         self.on_error(t.estimate_s - measured)
+        self.on_estimate(now)
 
     def _done(self, t: Ticket) -> None:
         with self.lock:
@@ -173,3 +175,7 @@ class SloAdmission:
                 self.decoding -= 1
             else:
                 self.waiting -= 1
+            now = self.fit.predict((1.0, float(self.waiting), float(self.decoding)))
+        # the gauge always says what a new turn would get now (the unit agent routes on it),
+        # not only what the last arrival was told
+        self.on_estimate(now)

@@ -22,10 +22,13 @@ and is the one place both the leader (Triton model) and the follower use.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+log = logging.getLogger("rufus.multinode")
 
 DEFAULT_LEADER_PORT = 29500
 DEFAULT_HEALTH_PORT = 8081
@@ -127,6 +130,11 @@ def apply_topology(engine_args: dict[str, Any], topo: Topology) -> dict[str, Any
             f"{topo.nnodes} nodes need a world size (tensor_parallel_size x "
             f"pipeline_parallel_size = {tp} x {pp} = {world}) that they divide; e.g. set "
             f'RUFUS_ENGINE_ARGS=\'{{"pipeline_parallel_size": {topo.nnodes}}}\'')
+    if args.pop("speculative_config", None) is not None:
+        # measured: a two-node pipeline-parallel unit with ngram drafts never became ready
+        # (vLLM 0.32 on CPU); a unit spanning nodes decodes without drafts
+        log.warning("speculative_config dropped: a unit spanning %d nodes decodes without "
+                    "drafts", topo.nnodes)
     args.update(
         nnodes=topo.nnodes,
         node_rank=topo.node_rank,

@@ -241,6 +241,20 @@ def test_cancellation_frees_the_engine_slot(llm_server, url):
         "cancelled request still held by vLLM"
 
 
+def _post_generate(url: str, body: dict) -> tuple[int, str]:
+    """(status, body) of one HTTP generate request, errors included."""
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
 def test_admission_bound_rejects_immediately(llm_server, url):
     """Past the bound, requests fail at once with UNAVAILABLE instead of queueing."""
     extra = 4
@@ -262,9 +276,16 @@ def test_admission_bound_rejects_immediately(llm_server, url):
             rejected.append(errors.get(timeout=1))
         except queue.Empty:
             pass
+    # the same refusal on Triton's HTTP generate endpoint, while the bound is still full.
+    # This tritonserver answers every model error on generate with HTTP 400, whatever its
+    # code: the code is in the body ("[UNAVAILABLE] ...", rufus.errors' wire form)
+    http_status, http_body = _post_generate(llm_server.url(f"/v2/models/{MODEL}/generate"),
+                                            {"text_input": PROMPT, "max_tokens": 4})
     for c in clients:
         c.stop_stream(cancel_requests=True)
         c.close()
+    assert http_status == 400, (http_status, http_body[:200])
+    assert json.loads(http_body)["error"].startswith("[UNAVAILABLE] server at capacity")
     assert len(rejected) == extra
     for t, err in rejected:
         assert "at capacity" in str(err) and str(err).startswith("[UNAVAILABLE]")

@@ -39,6 +39,20 @@ def test_an_idle_unit_always_admits_and_a_queue_is_refused_by_its_estimate():
     assert (adm.waiting, adm.decoding) == (0, 0)
 
 
+def test_the_gauge_follows_the_queue_as_turns_progress_not_only_arrivals():
+    """The unit agent routes on the estimate gauge: after a burst drains it must fall back
+    to what a new turn would get now, without waiting for the next arrival."""
+    s = AdmissionSettings(slo_s=1.0, base_s=0.4, per_waiting_s=0.3, per_decoding_s=0.1,
+                          prior_weight=1e9)  # the priors stay put: the queue alone moves it
+    seen: list[float] = []
+    adm = SloAdmission(s, clock=Clock(), on_estimate=seen.append)
+    a, b = adm.admit(), adm.admit()             # told 0.4, 0.7
+    a.first_token()                             # 1 waiting, 1 decoding: 0.8
+    a.done()                                    # 1 waiting: 0.7
+    b.done()                                    # idle: 0.4
+    assert seen == pytest.approx([0.4, 0.7, 0.8, 0.7, 0.4], abs=1e-6)
+
+
 def test_even_a_slow_lone_turn_is_admitted():
     adm = SloAdmission(AdmissionSettings(base_s=5.0), clock=Clock())
     adm.admit()  # nothing ahead: refusing would only send it to a unit no faster

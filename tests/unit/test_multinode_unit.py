@@ -32,6 +32,12 @@ def test_apply_topology_injects_node_placement():
     assert "nnodes" not in ARGS, "input must not be mutated"
 
 
+def test_a_unit_spanning_nodes_decodes_without_drafts_and_one_node_keeps_them():
+    spec = {**ARGS, "speculative_config": {"method": "ngram", "num_speculative_tokens": 3}}
+    assert "speculative_config" not in apply_topology(spec, topo(rank=0))
+    assert apply_topology(spec, Topology(1, 0, "127.0.0.1", 29500, 8081)) == spec
+
+
 def test_apply_topology_single_node_is_unchanged():
     single = Topology(1, 0, "127.0.0.1", 29500, 8081)
     assert apply_topology(ARGS, single) == ARGS

@@ -211,6 +211,25 @@ def test_every_vllm_rule_is_checked_first_naming_the_field(obj, field):
     assert exc.value.field == field, exc.value
 
 
+def test_min_p_is_refused_naming_the_field_when_the_engine_drafts_tokens():
+    """vLLM refuses min_p with speculative decoding (rufus_llm's ngram drafts): the request
+    is refused before the engine, naming the field; min_p 0 and other fields still pass."""
+    from types import SimpleNamespace
+
+    from rufus.serving.validation import Limits
+
+    engine = SimpleNamespace(vllm_config=SimpleNamespace(speculative_config=object()),
+                             model_config=SimpleNamespace(get_vocab_size=lambda: 49152))
+    limits = Limits().with_engine(engine)
+    assert limits.speculative and not Limits().with_engine(SimpleNamespace()).speculative
+    with pytest.raises(InvalidInput) as exc:
+        parse_generate_request({"text_input": t("a"), "sampling_parameters":
+                                t(json.dumps({"min_p": 0.1}))}, None, limits=limits)
+    assert exc.value.field == "sampling_parameters.min_p" and "speculative" in str(exc.value)
+    parse_generate_request({"text_input": t("a"), "sampling_parameters":
+                            t(json.dumps({"min_p": 0, "top_p": 0.5}))}, None, limits=limits)
+
+
 @pytest.mark.parametrize("inputs, field", [
     ({"text_input": t("a"), "sampling_parameters": t(DEEP)}, "sampling_parameters"),
     ({"messages": t(DEEP)}, "messages"),
