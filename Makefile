@@ -18,9 +18,14 @@ model:
 serve: setup      ## serve model_repository on GRPC_PORT/HTTP_PORT/METRICS_PORT + OpenAI API on OPENAI_PORT
 	$(PY) -m rufus.harness.stack --models "$${RUFUS_MODELS:-rufus_llm,rufus_qp_medusa,rufus_assistant}"
 
+# Unit tests are independent of each other: one pytest-xdist worker per core (at most 4).
+# The container and integration tests share servers and cores, so they run in one process.
+XDIST := -n auto --maxprocesses 4 --dist loadfile
+
 test: setup check-deploy  ## lint + deploy checks + unit + integration tests
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q -p no:cacheprovider --durations=60 tests
+	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) --durations=20 tests/unit
+	$(PY) -m pytest -q -p no:cacheprovider --durations=60 tests/containers tests/integration
 
 check-deploy: setup  ## static checks of docker/ and deploy/ (no Docker engine needed)
 	$(VENV)/bin/hadolint docker/Dockerfile
@@ -31,7 +36,7 @@ check-deploy: setup  ## static checks of docker/ and deploy/ (no Docker engine n
 	$(PY) -m pytest -q -p no:cacheprovider tests/unit/test_deploy_consistency.py
 
 unit: setup
-	$(PY) -m pytest -q tests/unit
+	$(PY) -m pytest -q $(XDIST) tests/unit
 
 lint:
 	$(PY) -m ruff check .

@@ -185,7 +185,7 @@ ENV: dict[str, Var] = {
     "RUFUS_TRITON_GRPC_URL": Var(("rufus/harness/server.py",),
                                  "rufus_assistant: the server's own gRPC address (set by the "
                                  "launcher; default 127.0.0.1:8001)"),
-    "RUFUS_ASSISTANT_PLAN_TIMEOUT_S": Var(("rufus/assistant/pipeline.py",),
+    "RUFUS_ASSISTANT_PLAN_TIMEOUT_S": Var(("rufus/assistant/settings.py",),
                                           "assistant: planner time limit before the fallback plan (10)"),
     "RUFUS_ASSISTANT_SLO_S": Var(("rufus/assistant/admission.py",),
                                  "assistant: first answer text SLO in seconds (1.0); turns "
@@ -193,15 +193,15 @@ ENV: dict[str, Var] = {
                                  "(0 turns admission off)"),
     "RUFUS_ASSISTANT_MARGIN": Var(("rufus/assistant/admission.py",),
                                   "assistant: refuse above this share of the SLO (1.0)"),
-    "RUFUS_ASSISTANT_PREWARM": Var(("rufus/assistant/pipeline.py",),
+    "RUFUS_ASSISTANT_PREWARM": Var(("rufus/assistant/settings.py",),
                                    "assistant: prefill a follow-up's answer prefix while planning "
                                    "(1; 0 turns it off)"),
     "RUFUS_CATALOG": Var(("rufus/retrieval/__init__.py",),
                          "assistant: your own catalog (.jsonl/.csv) instead of the generated one"),
     "RUFUS_INIT_MARKERS": Var(("rufus/serving/triton_backend.py", "rufus/harness/server.py"),
                               "set by the launcher, not by operators: where each stub marks "
-                              "that its initialize() returned (stalled-load restart, README)"),
-    "RUFUS_WARMUP": Var(("rufus/serving/triton_backend.py",),
+                              "that its initialize() returned (stalled loads: docs/operations.md)"),
+    "RUFUS_WARMUP": Var(("rufus/serving/model_settings.py",),
                         "serve warm-up requests before reporting ready (true; false skips)"),
     "RUFUS_VLLM_WARMUP_TOKENS": Var(("rufus/serving/vllm_warmup.py",),
                                     "dummy tokens of vLLM's CPU compile warm-up where the KV "

@@ -19,7 +19,7 @@ all nodes in parallel every 0.5 s with a short timeout, so a broken unit (refuse
 answering not ready) is reported within about one second, a hung one (no answer: three
 timed-out polls in a row, since one slow answer on a busy host is not a failure) within
 about three, and HAProxy (one agent ``down``, or 3 failed HTTP checks) takes it out inside
-the 5 s budget (figures: docs/benchmarks.md, "Failover"). On SIGTERM the agent answers
+the 5 s budget (figures: docs/benchmarks-history.md, "Failover"). On SIGTERM the agent answers
 ``down`` for a few seconds before exiting (:meth:`UnitAgent.drain`). Probe results are cached:
 the endpoints below never block on the unit, so a hung leader cannot hang the load
 balancer's checks.
@@ -60,7 +60,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from rufus.env import env_float, env_int, env_port, help_text
-from rufus.serving.metrics import CAPACITY_GAUGES
+from rufus.wire import CAPACITY_GAUGES
 
 log = logging.getLogger("proxy.agent")
 
@@ -143,6 +143,10 @@ class Load:
     waiting: float = 0.0
     running: float = 0.0
     kv_cache_usage: float = 0.0
+    # the assistant's SLO admission (rufus/assistant/admission.py): the first answer text a
+    # new turn would get now, and the SLO it is admitted against (None: not served here)
+    first_token_estimate_s: float | None = None
+    first_token_slo_s: float | None = None
 
 
 # A sequence of this many tokens (bounded by max_model_len) is what the unit's KV cache is
@@ -308,7 +312,11 @@ def parse_load(text: str, models: Sequence[str]) -> Load:
             "rufus_requests_running": 0.0}
     kv = 0.0
     seen = False
+    slo: dict[str, float] = {}
     for name, labels, v in prometheus_samples(text):
+        if name in SLO_SERIES:  # whichever model serves turns on this unit
+            slo[name] = max(slo.get(name, v), v)
+            continue
         if name not in sums and name != "rufus_kv_cache_usage_ratio":
             continue
         if labels.get("model") not in wanted:
@@ -322,7 +330,25 @@ def parse_load(text: str, models: Sequence[str]) -> Load:
         raise ValueError(f"no rufus_* load series for models {sorted(wanted)} in the metrics")
     return Load(outstanding=sums["rufus_requests_outstanding"],
                 waiting=sums["rufus_requests_waiting"],
-                running=sums["rufus_requests_running"], kv_cache_usage=kv)
+                running=sums["rufus_requests_running"], kv_cache_usage=kv,
+                first_token_estimate_s=slo.get(SLO_SERIES[0]),
+                first_token_slo_s=slo.get(SLO_SERIES[1]))
+
+
+# the assistant's admission gauges: estimate for a new turn now, and its SLO
+SLO_SERIES = ("rufus_assistant_first_token_estimate_seconds",
+              "rufus_assistant_first_token_slo_seconds")
+
+
+def slo_factor(load: Load) -> float:
+    """1 while a new turn's estimated first answer text is within half the SLO, falling
+    linearly to 1 % at the SLO: new conversations (and keyed ones, through the affinity
+    backend's bounded load) go to units that can answer them in time, before this one has
+    to refuse. 1 when the unit reports no estimate or admission is off."""
+    est, slo = load.first_token_estimate_s, load.first_token_slo_s
+    if est is None or not slo or slo <= 0:
+        return 1.0
+    return max(0.01, min(1.0, 2.0 * (slo - est) / slo))
 
 
 _CAPACITY_FIELDS = {name: key for key, (name, _) in CAPACITY_GAUGES.items()}
@@ -384,7 +410,7 @@ def load_factor(load: Load | None, kv_soft: float = 0.8) -> float:
     kv = 1.0
     if load.kv_cache_usage > kv_soft:
         kv = 1.0 - 0.9 * min((load.kv_cache_usage - kv_soft) / (1.0 - kv_soft), 1.0)
-    return max(0.01, min(1.0, queue, kv))
+    return max(0.01, min(1.0, queue, kv, slo_factor(load)))
 
 
 def weight_percent(load: Load | None, kv_soft: float = 0.8, *,
@@ -682,6 +708,11 @@ class UnitAgent:
                 ("running", "Requests running in the engine(s).", snap.load.running),
                 ("kv_cache_usage_ratio", "Highest KV-cache usage among the unit's engines.",
                  snap.load.kv_cache_usage),
+                ("first_token_estimate_seconds", "First answer text a new turn would get now "
+                 "(the assistant's admission estimate; NaN: not reported).",
+                 _or_nan(snap.load.first_token_estimate_s)),
+                ("first_token_slo_seconds", "The SLO new turns are admitted against.",
+                 _or_nan(snap.load.first_token_slo_s)),
             ):
                 lines += [f"# HELP rufus_unit_{name} {help_}", f"# TYPE rufus_unit_{name} gauge",
                           f"rufus_unit_{name}{{{lab}}} {v}"]
@@ -758,6 +789,10 @@ class UnitAgent:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
+def _or_nan(v: float | None) -> float:
+    return float("nan") if v is None else v
+
+
 def _esc(v: str) -> str:
     return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ")
 
@@ -791,15 +826,21 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         log.error("bad configuration: %s", exc)
         return 2
+    # Handlers before the ports open: a SIGTERM that comes once the agent answers (a roll
+    # right after a start) must drain, not kill it with the default action. The handler only
+    # records the signal: one that called Event.set() deadlocked when the signal landed
+    # while the main thread held that Event's lock inside wait() (the agent then never
+    # drained nor exited).
+    stopping: list[int] = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, _frame: stopping.append(signum))
     try:
         agent = UnitAgent(cfg).start()
     except OSError as exc:
         log.error("cannot listen on :%d/:%d: %s", cfg.port, cfg.check_port, exc)
         return 1
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    stop.wait()
+    while not stopping:
+        time.sleep(0.1)
     if drain_s > 0:
         agent.drain()
         # HAProxy asks every agent-inter (1 s); its agent health falls to zero after three

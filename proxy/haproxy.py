@@ -21,10 +21,14 @@ must be fast, correct HTTP/2 and boring. HAProxy (Debian's 2.6) gives us, with n
 What it cannot do, and who does it instead (see proxy/README.md):
 
 - tell which unit is healthy from the unit's several nodes -> the unit agent (proxy/agent.py);
-- retry a request after the unit *answered* it with an error (engine died, at capacity):
-  the gRPC status travels inside an HTTP 200 response, and L7 retries need the whole request
-  body buffered while a bidirectional gRPC stream's body never ends -> our client retries
-  UNAVAILABLE before the first token (``rufus.client.generate(..., retries=N)``);
+- retry a *gRPC* request after the unit answered it with an error (SLO admission, engine
+  died, at capacity): the gRPC status travels inside an HTTP 200 response, and L7 retries
+  need the whole request body buffered while a bidirectional gRPC stream's body never ends
+  -> our client retries UNAVAILABLE before the first token (``rufus.client.generate(...,
+  retries=N)``), and the unit agent lowers the weight of a unit whose estimate nears its SLO
+  so new streams go elsewhere first. On Triton HTTP, a connection failure, an empty answer
+  or a 503 is retried by HAProxy on another unit (:data:`HTTP_RETRY`); the generate
+  endpoint's refusals are not: that tritonserver answers every model error there with 400;
 - split a tritonclient stream that carries many requests -> not done: our client opens one
   stream per request (documented contract).
 
@@ -45,7 +49,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from rufus.client import CONVERSATION_HEADER
+from rufus.wire import CONVERSATION_HEADER
 
 HAPROXY = "haproxy"
 
@@ -59,6 +63,23 @@ class Backend:
     grpc_port: int
     agent_port: int
     agent_check_port: int
+    http_port: int | None = None  # Triton HTTP, when the ingress also serves HTTP (render)
+
+
+# On HTTP a unit that drops the connection, answers nothing or answers 503 before any byte
+# (a unit's OpenAI frontend refusing, a proxy in front of a unit) gets the request resent to
+# another unit by HAProxy itself; a gRPC refusal travels inside an HTTP 200 (trailers) and
+# Triton's generate refusals as 400s: those are the client's to retry (module docstring).
+HTTP_RETRY = [
+    "    # a unit that drops the connection, answers nothing or refuses with 503 before any",
+    "    # byte gets the request sent to another unit (redispatch)",
+    "    retry-on conn-failure empty-response 503",
+    "    option redispatch 1",
+    "    # a retry replays the request from HAProxy's buffer: wait for the whole (small) body",
+    "    # before picking a unit, or a request whose body came in a second packet is not",
+    "    # retried",
+    "    option http-buffer-request",
+]
 
 
 def documented_units(n: int, host: str = "127.0.0.1") -> list[Backend]:
@@ -243,6 +264,7 @@ def render(
     port: int = 9000,
     rr_port: int | None = None,
     equal_port: int | None = None,
+    http_port: int | None = None,
     stats_port: int | None = 9100,
     stats_socket: str | None = None,
     bind: str = "0.0.0.0",
@@ -255,7 +277,9 @@ def render(
     (tracking the same health), used by the benchmark to compare policies in one run;
     ``equal_port`` a leastconn frontend with equal static weights (no agent weights: the
     capacity benchmark's baseline). Requests carrying the conversation key go to
-    ``units_affinity`` on the main frontend (:data:`AFFINITY_BALANCE_FACTOR`).
+    ``units_affinity`` on the main frontend (:data:`AFFINITY_BALANCE_FACTOR`). ``http_port``
+    adds Triton's HTTP API over the units' ``http_port`` (a refusal retried on another unit,
+    :data:`HTTP_RETRY`).
 
     Take-out time: the agent sees a failure within its poll (0.5 s, plus a probe timeout
     for a hung node) and answers ``down #<reason>`` to the next agent-check (every
@@ -279,6 +303,8 @@ def render(
         out += ["", *grpc_frontend("grpc_rr", f"{bind}:{rr_port}", "units_rr", limits)]
     if equal_port is not None:
         out += ["", *grpc_frontend("grpc_equal", f"{bind}:{equal_port}", "units_equal", limits)]
+    if http_port is not None:
+        out += ["", *_http_frontend("triton_http", f"{bind}:{http_port}", "units_http", limits)]
     if stats_port is not None:
         out += ["", "frontend stats", f"    bind {bind}:{stats_port}",
                 "    http-request use-service prometheus-exporter if { path /metrics }",
@@ -304,6 +330,10 @@ def render(
     tracked = [f"    server {u.name} {u.host}:{u.grpc_port} proto h2 track units_lor/{u.name}"
                for u in units]
     out += ["", *_affinity_backend("units_affinity", tracked)]
+    if http_port is not None:
+        http = [f"    server {u.name} {u.host}:{u.http_port} track units_lor/{u.name}"
+                for u in units if u.http_port is not None]
+        out += ["", "backend units_http", f"    balance {BALANCE}", *HTTP_RETRY, *http]
     if rr_port is not None:
         out += ["", "backend units_rr",
                 "    # the baseline the benchmark compares against; same health as units_lor",
@@ -386,10 +416,12 @@ def render_compose(n_units: int = 2, *, grpc_port: int = 8001, http_port: int = 
                                         ("units_http", "units_http_affinity", "HTTP", "")):
         servers = [f'    server unit{i} "${{RUFUS_UNIT{i}_{kind}}}"{proto} '
                    f"track unit_health/unit{i} {_DNS}" for i in range(n_units)]
+        retry = HTTP_RETRY if kind == "HTTP" else []
         out += ["", f"backend {name}",
                 "    # least outstanding requests: HAProxy counts in-flight streams per unit itself",
-                f"    balance {BALANCE}", *servers,
-                "", *_affinity_backend(affinity, servers)]
+                f"    balance {BALANCE}", *retry, *servers,
+                "", *_affinity_backend(affinity, servers)[:1], *retry,
+                *_affinity_backend(affinity, servers)[1:]]
     return "\n".join(out) + "\n"
 
 

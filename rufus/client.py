@@ -27,14 +27,7 @@ import numpy as np
 
 from rufus.env import env_port, exits_on_env_error, help_text
 from rufus.errors import RufusError, from_wire
-
-# The conversation key: gRPC metadata (HTTP header) that keeps a conversation's requests on
-# one unit behind the ingress (bounded-load consistent hashing, proxy/haproxy.py), so a
-# follow-up finds its history in that unit's prefix cache. Any short opaque string
-# (rufus/serving/validation.py check_conversation_key); tritonserver forwards it to the
-# models as a request parameter of the same name, and the assistant passes it on to its
-# answer-model requests.
-CONVERSATION_HEADER = "x-rufus-conversation"
+from rufus.wire import CONVERSATION_HEADER  # the conversation key (rufus/wire/__init__.py)
 
 
 def conversation_headers(conversation: str | None) -> dict[str, str] | None:

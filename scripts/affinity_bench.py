@@ -4,7 +4,7 @@
     python scripts/affinity_bench.py --help
 
 The same as ``python -m rufus.harness.affinity_bench`` (rufus/harness/affinity_bench.py);
-figures and the command: docs/benchmarks.md, "Conversation affinity".
+figures and the command: docs/benchmarks-history.md, "Conversation affinity".
 """
 
 from rufus.harness.affinity_bench import main

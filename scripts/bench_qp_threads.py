@@ -1,6 +1,6 @@
 """Planner latency per ``torch_threads`` next to an idle or busy answer model.
 
-What runs: rufus/qp/tooling/threads_bench.py's docstring. Figures: docs/benchmarks.md
+What runs: rufus/qp/tooling/threads_bench.py's docstring. Figures: docs/benchmarks-history.md
 ("Planner threads").
 
     .venv/bin/python scripts/bench_qp_threads.py [--threads auto 2 1] [--neighbours idle same apart]

@@ -14,7 +14,7 @@
 #      exact count), at most DRAIN_TIMEOUT seconds;
 #   3. recreate leader + follower + agent together on the new image;
 #   4. wait until the cell's agent reports every model of the unit ready (ready means warm:
-#      README) and HAProxy has had the cell UP for three polls in a row, then go on.
+#      docs/serving.md) and HAProxy has had the cell UP for three polls in a row, then go on.
 # Needs the rig's HAProxy stats on 127.0.0.1:8404 (compose.yaml publishes it there).
 # Exit status: 0 done, 1 a cell did not drain or come back (the rollout stops there, the
 # other cells keep serving).

@@ -112,7 +112,7 @@ setup_precision() {
 
 setup_w8a8() {
   # Opt-in (not in "all"): the default model as a compressed-tensors W8A8 checkpoint for vLLM's
-  # CPU int8 kernel (rufus/harness/w8a8.py; README "Precision and decoder shape per machine").
+  # CPU int8 kernel (rufus/harness/w8a8.py; docs/precision.md).
   step "W8A8 int8 copy of the default model (opt-in)"
   "$VENV/bin/python" -m rufus.harness.w8a8
 }

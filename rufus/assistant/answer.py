@@ -13,7 +13,7 @@ Three layers make it a guarantee rather than a hope:
    among the shown products and never twice, at
    most :data:`MAX_PICKS` lines, each reason one of product n's menu. A free-worded reason
    was tried first (lower-case words only, no digits): the 135M model then wrote invented
-   words and other products' names in most reasons (docs/benchmarks.md, "Answers").
+   words and other products' names in most reasons (docs/benchmarks-history.md, "Answers").
 2. **Repetition control**: the grammar allows each product once and a menu entry per pick;
    the request also carries a repetition penalty (:data:`REPETITION_PENALTY`).
 3. **On the way out** (:class:`ReasonCheck`): a reason is held until it is complete, then

@@ -30,7 +30,6 @@ import contextlib
 import dataclasses
 import json
 import logging
-import os
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -38,7 +37,7 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 
-from rufus.assistant.admission import AdmissionSettings, SloAdmission, Ticket
+from rufus.assistant.admission import SloAdmission, Ticket
 from rufus.assistant.answer import (
     REPETITION_PENALTY,
     CatalogNames,
@@ -47,7 +46,6 @@ from rufus.assistant.answer import (
     reason_options,
 )
 from rufus.assistant.prompt import (
-    ANSWER_PRODUCTS,
     SERVICE_REPLIES,
     LinkRenderer,
     answer_messages,
@@ -57,6 +55,7 @@ from rufus.assistant.prompt import (
     diversify,
     price_cap,
 )
+from rufus.assistant.settings import AssistantSettings, PipelineSettings
 from rufus.client import AsyncStreams, RequestFailed, output_str
 from rufus.errors import RufusError
 from rufus.retrieval.base import Retriever, query_terms
@@ -71,7 +70,7 @@ PRODUCT_INTENTS = frozenset({"product_search", "product_comparison", "product_qu
 # What of each earlier turn the planner sees. Its training turns are short (data/qp/
 # train.jsonl): a whole answer is out of distribution (its product names leak into the
 # search queries) and every character of prompt costs plan time on the critical path
-# (docs/benchmarks.md, "Shopping assistant").
+# (docs/benchmarks-history.md, "Shopping assistant").
 PLANNER_HISTORY_CHARS = {"user": 300, "assistant": 80}
 
 EventType = Literal["plan", "products", "text", "done"]
@@ -161,11 +160,16 @@ def search_queries(plan: dict[str, Any], question: str, history: Sequence[dict[s
 class Assistant:
     """The pipeline, as a library: construct from Triton's gRPC URL and a retriever."""
 
-    def __init__(self, url: str, retriever: Retriever, *, planner_model: str = "rufus_qp_medusa",
-                 answer_model: str = "rufus_llm", k: int = 5, max_tokens: int = 160,
-                 answer_products: int = ANSWER_PRODUCTS,
+    def __init__(self, url: str, retriever: Retriever, *,
+                 planner_model: str = AssistantSettings.planner_model,
+                 answer_model: str = AssistantSettings.answer_model,
+                 k: int = AssistantSettings.num_products,
+                 max_tokens: int = AssistantSettings.answer_max_tokens,
+                 answer_products: int = AssistantSettings.answer_products,
                  plan_timeout_s: float | None = None, metrics: AssistantMetrics | None = None,
                  prewarm: bool | None = None, admission: SloAdmission | None = None) -> None:
+        """Defaults: rufus/assistant/settings.py; ``None``: from the environment
+        (:class:`~rufus.assistant.settings.PipelineSettings`)."""
         self.url = url
         self.retriever = retriever
         self.search = GroundedSearch(retriever)
@@ -179,16 +183,19 @@ class Assistant:
         # the answer prompt lists the first answer_products of the k cards (prompt.py)
         self.answer_products = answer_products
         self.max_tokens = max_tokens
-        self.plan_timeout_s = plan_timeout_s if plan_timeout_s is not None else float(
-            os.environ.get("RUFUS_ASSISTANT_PLAN_TIMEOUT_S", "10"))
+        if plan_timeout_s is None or prewarm is None or admission is None:
+            env = PipelineSettings.from_env()  # RUFUS_ASSISTANT_*, typed
+            plan_timeout_s = env.plan_timeout_s if plan_timeout_s is None else plan_timeout_s
+            prewarm = env.prewarm if prewarm is None else prewarm
+            admission = SloAdmission(env.admission) if admission is None else admission
+        self.plan_timeout_s = plan_timeout_s
         self.metrics: AssistantMetrics = metrics or NullMetrics()
         # SLO-aware admission (rufus/assistant/admission.py): RUFUS_ASSISTANT_SLO_S etc.
-        self.admission = admission or SloAdmission(AdmissionSettings.from_env())
+        self.admission = admission
         self.admission.on_estimate = self.metrics.estimate
         self.admission.on_error = self.metrics.estimate_error
         # follow-ups: prefill the answer prompt's known prefix while the planner runs
-        self.prewarm = prewarm if prewarm is not None else \
-            os.environ.get("RUFUS_ASSISTANT_PREWARM", "1") != "0"
+        self.prewarm = prewarm
         self._io: AsyncStreams | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -284,7 +291,7 @@ class Assistant:
         the unit holding this conversation's prefix (rufus.client.CONVERSATION_HEADER). The
         plan request goes without it, to the least busy unit: the planner keeps no prefix
         cache across requests, so the key would only pile plans onto one unit (measured:
-        docs/benchmarks.md, "Conversation affinity")."""
+        docs/benchmarks-history.md, "Conversation affinity")."""
         try:
             turns = validate_request(question, history)
         except BaseException:

@@ -21,12 +21,12 @@ HISTORY_TURNS = 4          # previous turns given to the answer model
 # Per previous turn, by role: a customer's question nearly whole; an earlier answer only its
 # opening, which names what it recommended first. Why: a follow-up's history is prefilled
 # while the planner runs, and where that outlasts the plan the answer waits for it (whole
-# answers did so on AVX2: docs/benchmarks.md, "Follow-ups"); the products the new answer
+# answers did so on AVX2: docs/benchmarks-history.md, "Follow-ups"); the products the new answer
 # needs are in its own prompt.
 HISTORY_CHARS = {"user": 400, "assistant": 160}
 # The products the answer prompt lists, the top of the cards (rufus_assistant's
 # ``answer_products``): the answer recommends two or three, and every product line is
-# prefilled after the plan, on the critical path (docs/benchmarks.md, "Follow-ups").
+# prefilled after the plan, on the critical path (docs/benchmarks-history.md, "Follow-ups").
 ANSWER_PRODUCTS = 4
 
 SYSTEM_PRODUCTS = (
@@ -57,7 +57,7 @@ def clip(text: str, n: int) -> str:
 def product_lines(products: Sequence[Product]) -> str:
     """One line per product: number, title, exact price, rating. Every digit is a token for
     this tokenizer and a cold answer prompt's prefill is on the critical path (arithmetic-bound
-    on CPUs: docs/benchmarks.md, "Count the work"), so the review count is left out (about a
+    on CPUs: docs/benchmarks-history.md, "Count the work"), so the review count is left out (about a
     sixth of a line's tokens); retrieval already ranks by it and the card shows it."""
     return "\n".join(f"[{i}] {p.title} - ${p.price:.2f}, {p.rating:.1f} stars{use(p)}"
                      for i, p in enumerate(products, start=1))

@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -29,10 +28,11 @@ from typing import Any
 
 import numpy as np
 
-from rufus.assistant.admission import Ticket
+from rufus.assistant.admission import SloAdmission, Ticket
 from rufus.assistant.answer import PickRenderer, answer_grammar, reason_options
 from rufus.assistant.pipeline import Assistant, NullMetrics, fallback_plan
-from rufus.assistant.prompt import ANSWER_PRODUCTS, LinkRenderer, answer_messages, cards
+from rufus.assistant.prompt import LinkRenderer, answer_messages, cards
+from rufus.assistant.settings import AssistantSettings
 from rufus.client import RequestFailed
 from rufus.errors import Cancelled, Internal, InvalidInput, RufusError, Unavailable, client_error
 from rufus.serving.cancel import CancelWatcher
@@ -100,7 +100,7 @@ def _bytes(value: str) -> np.ndarray:
 class TritonAssistantMetrics:
     """The assistant's metric families (``pb_utils``): stage latencies and outcomes."""
 
-    def __init__(self, model: str, version: str) -> None:
+    def __init__(self, model: str, version: str, slo_s: float = 0.0) -> None:
         fam = pb_utils.MetricFamily
         self.labels = {"model": model, "version": version}
         self.stage_family = fam(name="rufus_assistant_stage_seconds",
@@ -118,8 +118,8 @@ class TritonAssistantMetrics:
                                kind=fam.COUNTER)
         self.estimate_family = fam(
             name="rufus_assistant_first_token_estimate_seconds",
-            description="Admission: the first answer text a new turn was estimated to get, "
-                        "from the live queue (refused above the SLO; rufus/assistant/admission.py)",
+            description="Admission: the first answer text a new turn would get now, from the "
+                        "live queue (refused above the SLO; rufus/assistant/admission.py)",
             kind=fam.GAUGE)
         self.error_family = fam(
             name="rufus_assistant_first_token_estimate_error_seconds",
@@ -128,6 +128,13 @@ class TritonAssistantMetrics:
         self.stages: dict[str, Any] = {}
         self.counters: dict[tuple[str, str], Any] = {}
         self.drops: dict[str, Any] = {}
+        self.slo_family = fam(
+            name="rufus_assistant_first_token_slo_seconds",
+            description="Admission: the first-answer-text SLO new turns are admitted against "
+                        "(0: admission off); the unit agent compares the estimate with it",
+            kind=fam.GAUGE)
+        self.slo_metric = self.slo_family.Metric(labels=self.labels)
+        self.slo_metric.set(slo_s)
         self.estimate_metric = self.estimate_family.Metric(labels=self.labels)
         self.error_metric = self.error_family.Metric(labels=self.labels, buckets=ERROR_BUCKETS)
 
@@ -161,7 +168,8 @@ class TritonAssistantMetrics:
         self.stages.clear()
         self.counters.clear()
         self.drops.clear()
-        self.estimate_metric = self.error_metric = None
+        self.estimate_metric = self.error_metric = self.slo_metric = None
+        self.slo_family = None
         self.stage_family = self.req_family = self.drop_family = None
         self.estimate_family = self.error_family = None
         import gc
@@ -225,28 +233,29 @@ class AssistantModel(TritonModel):
 
     INPUT_SPECS = ASSISTANT_INPUT_SPECS
     OUTPUT_SPECS = ASSISTANT_OUTPUT_SPECS
+    SETTINGS = AssistantSettings
+    settings: AssistantSettings
 
     def start(self) -> None:
         from rufus.retrieval import default_retriever, index_path
 
-        url = os.environ.get("RUFUS_TRITON_GRPC_URL") or self.param("triton_grpc_url",
-                                                                     "127.0.0.1:8001")
-        self.limits = Limits.from_settings(self.param)
+        s = self.settings  # config.pbtxt + environment, typed (rufus/assistant/settings.py)
+        url = s.triton_grpc_url
+        self.limits = s.limits
         self.metrics: BufferedAssistantMetrics | NullMetrics = NullMetrics()
-        if pb_utils is not None and self.param("REPORT_CUSTOM_METRICS", "true") == "true":
+        if pb_utils is not None and s.report_custom_metrics:
             self.metrics = BufferedAssistantMetrics(
-                TritonAssistantMetrics(self.name, self.version))
+                TritonAssistantMetrics(self.name, self.version,
+                                       slo_s=s.pipeline.admission.slo_s))
         t = time.monotonic()
         retriever = default_retriever()
         log.info("rufus_assistant: %d products (%s, index %s) in %.2f s; models via gRPC at %s",
                  len(retriever), retriever.name, index_path(), time.monotonic() - t, url)
-        settings = dict(planner_model=self.param("planner_model", "rufus_qp_medusa"),
-                        answer_model=self.param("answer_model", "rufus_llm"),
-                        k=int(self.param("num_products", "5")),
-                        answer_products=int(self.param("answer_products",
-                                                       str(ANSWER_PRODUCTS))),
-                        max_tokens=int(self.param("answer_max_tokens", "160")))
-        self.assistant = Assistant(url, retriever, metrics=self.metrics, **settings)
+        self.assistant = Assistant(
+            url, retriever, metrics=self.metrics, planner_model=s.planner_model,
+            answer_model=s.answer_model, k=s.num_products, answer_products=s.answer_products,
+            max_tokens=s.answer_max_tokens, plan_timeout_s=s.pipeline.plan_timeout_s,
+            prewarm=s.pipeline.prewarm, admission=SloAdmission(s.pipeline.admission))
         t = time.monotonic()
         vocabulary = self.assistant.search.vocabulary  # built here, not on the first request
         log.info("rufus_assistant: catalog vocabulary (%d words, %d brands) in %.2f s",

@@ -51,6 +51,16 @@ log = logging.getLogger("rufus.frontend")
 MAX_BODY_BYTES = 4 << 20  # 4 MiB: far above any prompt the context can hold
 
 
+def load_builtin_hooks() -> None:
+    """Register rufus-assistant when rufus/assistant/ is present (another package)."""
+    try:
+        from rufus.frontend import assistant_hook
+    except ImportError as exc:  # package not there: the model id is simply not offered
+        log.info("rufus-assistant not available: %s", exc)
+        return
+    assistant_hook.register_default()
+
+
 @dataclass
 class Settings:
     triton_url: str = "localhost:8001"
@@ -114,7 +124,7 @@ class Frontend:
         self.triton_models = {m: TritonModelClient(s.triton_url, m, self.client, s.retries, s.timeout)
                          for m in s.models}
         if s.hooks:
-            targets.load_builtin_hooks()
+            load_builtin_hooks()
             for model_id, factory in targets.HOOKS.items():
                 try:
                     self.hooks[model_id] = factory(self.settings)

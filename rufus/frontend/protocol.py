@@ -57,7 +57,7 @@ CONVERSATION_SOURCE_MAX = 1024
 
 def conversation_key(prompt_cache_key: str | None, header: str | None,
                      user: str | None) -> str | None:
-    """The conversation key sent to Triton (rufus.client.CONVERSATION_HEADER): a hash of the
+    """The conversation key sent to Triton (rufus.wire.CONVERSATION_HEADER): a hash of the
     first of OpenAI's ``prompt_cache_key``, the ``x-rufus-conversation`` header and ``user``,
     so the raw value (often a user id) never leaves the frontend and any string is a valid
     key. Requests with the same key stay on one unit behind the ingress (its prefix cache)."""

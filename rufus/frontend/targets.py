@@ -87,16 +87,6 @@ def register(model_id: str, factory: Callable[..., ChatHook]) -> None:
     HOOKS[model_id] = factory
 
 
-def load_builtin_hooks() -> None:
-    """Register rufus-assistant when rufus/assistant/ is present (another package)."""
-    try:
-        from rufus.frontend import assistant_hook
-    except ImportError as exc:  # package not there: the model id is simply not offered
-        log.info("rufus-assistant not available: %s", exc)
-        return
-    assistant_hook.register_default()
-
-
 __all__ = [
     "FLAGS",
     "HOOKS",
@@ -105,6 +95,5 @@ __all__ = [
     "RequestFailed",
     "Target",
     "TritonModelClient",
-    "load_builtin_hooks",
     "register",
 ]

@@ -287,7 +287,7 @@ def cmd_roll(a: argparse.Namespace) -> int:
     # Pass: the script finished (it never drains a cell while another is out of rotation),
     # no request failed, every node runs the new image. The rotation timeline is reported,
     # not judged: HAProxy's own health checks can flap a cell for a second on an
-    # oversubscribed host (docs/benchmarks.md, "Containers").
+    # oversubscribed host (docs/benchmarks-history.md, "Containers").
     ok = (proc.returncode == 0 and before["failed"] == during["failed"] == after["failed"] == 0
           and set(images.values()) == {image})
     if fewest < len(CELLS) - 1:

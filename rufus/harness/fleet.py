@@ -79,6 +79,12 @@ def listen_port() -> int:
     outbound connection on the machine (the agents alone open several a second) takes its
     local port from the ephemeral range; a port picked there was seen taken by such a
     connection when the leader finally bound it ("No address added ... wildcard listeners").
+
+    Never the same port twice in one process: the socket is closed again at once, so a
+    later call could draw it anew, and two of a fleet's ports (one unit's gRPC port, the
+    other's rendezvous port) would then collide. A unit's ports stay the same across its
+    supervisor's restarts, so such a unit fails to bind on every start and never becomes
+    ready (a two-unit test fixture once sat out its whole timeout like that).
     """
     try:
         lo = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
@@ -87,13 +93,19 @@ def listen_port() -> int:
     rng = random.SystemRandom()
     for _ in range(200):
         port = rng.randrange(20000, max(lo, 20001))
+        if port in _LISTEN_PORTS_GIVEN:
+            continue
         with socket.socket() as sock:
             try:
                 sock.bind(("0.0.0.0", port))
             except OSError:
                 continue
-            return port
+        _LISTEN_PORTS_GIVEN.add(port)
+        return port
     return free_port()
+
+
+_LISTEN_PORTS_GIVEN: set[int] = set()
 
 
 @dataclass
@@ -167,6 +179,10 @@ class Fleet:
     # single-node units: each unit's process tree confined to one core (:meth:`_unit_cpus`)
     pin_units: bool = True
     first_core: int = 0  # unit i's core: the (first_core + i)-th this process may use
+    # start unit i+1 only once unit i is ready (in :meth:`wait_ready`): on a small host one
+    # unit compiles at a time and the next loads its compile cache, instead of every unit
+    # compiling the same graphs at once on shared cores
+    stagger: bool = False
     units: list[FleetUnit] = field(default_factory=list)
     haproxy: HAProxy | None = None
 
@@ -209,7 +225,7 @@ class Fleet:
         """A single-node unit's whole process tree on its own core (its planner too, not
         only vLLM's worker), as a host of its own would be: otherwise the planner's threads
         follow idle cores into the other unit's and stall behind its busy-polling engine
-        (plans of 3-6 s at a 1 s median, docs/benchmarks.md "Conversation affinity")."""
+        (plans of 3-6 s at a 1 s median, docs/benchmarks-history.md "Conversation affinity")."""
         cpus = sorted(os.sched_getaffinity(0))
         if not self.pin_units or self.nnodes != 1 or len(cpus) < 2:
             return None
@@ -234,7 +250,8 @@ class Fleet:
                 leader_cpus=self._unit_cpus(i))
             fu = FleetUnit(i, unit, Supervisor(unit, start_timeout=900, drain_s=10), ports)
             self.units.append(fu)
-            fu.sup.start()
+            if not self.stagger or i == 0:
+                fu.sup.start()
             self._start_agent(fu)
         cfg = render([u.backend() for u in self.units], port=self.ingress_port,
                      rr_port=self.rr_port, equal_port=self.equal_port,
@@ -261,20 +278,84 @@ class Fleet:
         finally:
             out.close()
 
-    def wait_ready(self, timeout: float = 960.0) -> float:
-        """Every unit ready (its supervisor says so) and UP in HAProxy."""
+    def wait_ready(self, timeout: float = 960.0, progress_s: float = 30.0,
+                   max_failed_starts: int = 3) -> float:
+        """Every unit ready (its supervisor says so) and UP in HAProxy; with ``stagger``
+        each unit is started here once the one before it is ready.
+
+        Says every ``progress_s`` seconds where each unit stands (a start takes minutes on
+        2 cores, and silence looked like a hang), and fails with the reason, the unit's
+        ports and log tails, and the busiest processes on the host (:meth:`diagnose`) as soon
+        as a unit has failed ``max_failed_starts`` starts in a row, its supervisor gave
+        up, or ``timeout`` is reached: a supervisor retries a failing start for ever.
+        """
         t0 = time.monotonic()
+        last_note = t0
+        while True:
+            now = time.monotonic()
+            for prev, fu in zip([None, *self.units], self.units, strict=False):
+                if not fu.sup.started and (prev is None or prev.sup.ready.is_set()):
+                    log.info("fleet: starting %s", fu.name)
+                    fu.sup.start()
+            for fu in self.units:
+                failed = fu.sup.failed_starts()
+                if failed >= max_failed_starts or (fu.sup.started and not fu.sup.running):
+                    raise RuntimeError(f"{fu.name} does not start ({failed} failed starts in a "
+                                       f"row):\n{self.diagnose()}")
+            if all(fu.sup.ready.is_set() for fu in self.units) and all(
+                    s == "UP" for s in self.server_status().values()):
+                return now - t0
+            if now - t0 >= timeout:
+                raise TimeoutError(f"fleet not ready after {timeout:.0f} s:\n{self.diagnose()}")
+            if progress_s and now - last_note >= progress_s:
+                last_note = now
+                say(f"waiting for the fleet ({now - t0:.0f} s): {self.progress()}")
+            time.sleep(0.5)
+
+    def progress(self) -> str:
+        """One line: each unit's supervisor state and HAProxy's view."""
+        parts = []
         for fu in self.units:
-            left = timeout - (time.monotonic() - t0)
-            if not fu.sup.wait_ready(max(left, 1)):
-                raise TimeoutError(f"{fu.name} not ready after {timeout:.0f} s: "
-                                   f"{[e.kind + ' ' + e.detail for e in fu.sup.events]} "
-                                   f"(logs in {fu.unit.log_dir})")
-        while time.monotonic() - t0 < timeout:
-            if all(s == "UP" for s in self.server_status().values()):
-                return time.monotonic() - t0
-            time.sleep(0.2)
-        raise TimeoutError(f"HAProxy does not see every unit UP: {self.server_status()}")
+            if fu.sup.ready.is_set():
+                state = "ready"
+            elif not fu.sup.started:
+                state = "not started (staggered)"
+            else:
+                last = fu.sup.events[-1] if fu.sup.events else None
+                state = f"{last.kind} {last.detail}".strip() if last else "starting"
+                state += f", {fu.unit.describe_start()}"
+            parts.append(f"{fu.name}: {state}")
+        try:
+            parts.append(f"HAProxy {self.server_status()}")
+        except (OSError, ValueError, AssertionError):
+            pass
+        return "; ".join(parts)
+
+    def diagnose(self) -> str:
+        """What an operator needs when the fleet does not come up: per unit the supervisor's
+        events, which of its ports are not listening or held by another process, the tail
+        of each node's log; then the processes using the most CPU (a leftover server from
+        an earlier run starves a start on a 2-core host)."""
+        lines = [self.progress()]
+        for fu in self.units:
+            if fu.sup.ready.is_set():
+                continue
+            events = [f"{e.kind} {e.detail}".strip() for e in fu.sup.events[-8:]]
+            lines.append(f"{fu.name} events: {events}")
+            lines.append(f"{fu.name} ports: {port_report(self._unit_ports(fu), fu.pgids())}")
+            for path in sorted(fu.unit.log_dir.glob("rig-*.log")):
+                lines.append(f"--- {path} (tail)")
+                lines.extend(_tail(path, 15))
+        lines.append(f"busiest processes: {busiest_processes()}")
+        return "\n".join(lines)
+
+    def _unit_ports(self, fu: FleetUnit) -> dict[str, int]:
+        u = fu.unit
+        ports = {"grpc": u.grpc_port, "http": u.http_port, "metrics": u.metrics_port,
+                 "rendezvous": u.leader_port, "control": u.control_port,
+                 "agent": fu.ports.agent, "agent-check": fu.ports.agent_check}
+        ports.update({f"follower{r + 1} health": p for r, p in enumerate(u.health_ports)})
+        return ports
 
     def describe(self) -> str:
         """Where everything listens, for the operator (printed by ``make fleet``)."""
@@ -332,6 +413,64 @@ class Fleet:
         if self.haproxy is not None and self.haproxy.proc is not None:
             out.add(self.haproxy.proc.pid)
         return out
+
+
+def _tail(path: Path, n: int) -> list[str]:
+    try:
+        return path.read_text(errors="replace").splitlines()[-n:]
+    except OSError as exc:
+        return [f"(unreadable: {exc})"]
+
+
+def port_report(ports: dict[str, int], own_pgids: set[int] | None = None) -> str:
+    """Per named port: listening (by which process) or free. A port held by a process
+    outside ``own_pgids`` is flagged: a server of this unit cannot bind it."""
+    import psutil
+
+    holders: dict[int, int | None] = {}
+    try:
+        for c in psutil.net_connections(kind="tcp"):
+            if c.status == psutil.CONN_LISTEN and c.laddr:
+                holders.setdefault(c.laddr.port, c.pid)
+    except (psutil.Error, OSError):
+        pass
+    out = []
+    for name, port in ports.items():
+        if port not in holders:
+            out.append(f"{name} {port} free")
+            continue
+        pid = holders[port]
+        try:
+            proc = psutil.Process(pid) if pid else None
+            who = f"pid {pid} {proc.name()}" if proc else "an unknown process"
+            foreign = proc is not None and own_pgids is not None \
+                and os.getpgid(proc.pid) not in own_pgids
+        except (psutil.Error, OSError):
+            who, foreign = f"pid {pid}", False
+        out.append(f"{name} {port} held by {who}" + (" OUTSIDE THIS UNIT" if foreign else ""))
+    return ", ".join(out)
+
+
+def busiest_processes(n: int = 5, sample_s: float = 0.5) -> str:
+    """The ``n`` processes using the most CPU over ``sample_s`` seconds."""
+    import psutil
+
+    procs = list(psutil.process_iter(["pid", "name", "cmdline"]))
+    for p in procs:
+        try:
+            p.cpu_percent(None)
+        except psutil.Error:
+            pass
+    time.sleep(sample_s)
+    use = []
+    for p in procs:
+        try:
+            use.append((p.cpu_percent(None), p))
+        except psutil.Error:
+            continue
+    use.sort(key=lambda x: -x[0])
+    return "; ".join(f"{pct:.0f}% pid {p.pid} {' '.join(p.info['cmdline'] or [p.info['name'] or ''])[:100]}"
+                     for pct, p in use[:n])
 
 
 # ---------------------------------------------------------------------------- CLI

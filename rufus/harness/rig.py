@@ -245,6 +245,22 @@ class LocalUnit:
             time.sleep(0.5)
         raise TimeoutError(f"unit not ready after {timeout:.0f} s (logs in {self.log_dir})")
 
+    def describe_start(self) -> str:
+        """Where a starting unit stands: the leader's process and models, each follower's
+        health (for progress lines while a start takes minutes)."""
+        if self.leader is None or self.leader.proc is None:
+            parts = ["leader not started"]
+        elif self.leader.proc.poll() is not None:
+            parts = [f"leader exited with {self.leader.proc.returncode}"]
+        else:
+            waiting = [m for m in self.models if not self.leader.is_ready(m)]
+            parts = [f"leader loading {', '.join(waiting)}" if waiting else "leader ready"]
+        for rank in self.followers:
+            status, body = self.follower_health(rank)
+            parts.append(f"follower{rank} " + (f"{status} {body.get('state', '')}".strip()
+                                               if status else "not answering"))
+        return ", ".join(parts)
+
     def exited(self) -> str:
         """Which node processes have exited, with their codes ('' if none)."""
         out = []
@@ -370,6 +386,20 @@ class Supervisor:
     def running(self) -> bool:
         """The supervisor thread is alive (it ends on stop() or after too many restarts)."""
         return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def started(self) -> bool:
+        return self._thread is not None
+
+    def failed_starts(self) -> int:
+        """Starts that failed since the unit was last ready (a unit that cannot start is
+        retried for ever: a caller waiting for it decides when to give up)."""
+        n = 0
+        for e in reversed(self.events):
+            if e.kind == "ready":
+                break
+            n += e.kind == "start_failed"
+        return n
 
     def _run(self) -> None:
         while not self._stop.is_set():

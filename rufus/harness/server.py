@@ -26,12 +26,12 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rufus.client import CONVERSATION_HEADER
 from rufus.env import EnvError, env_port, exits_on_env_error, help_text
+from rufus.wire import CONVERSATION_HEADER
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV_FILE = ROOT / "build" / "triton" / "env.json"
@@ -390,6 +390,18 @@ class TritonServer:
             pass
 
 
+def stop_servers(servers: Iterable[TritonServer], timeout: float = 40.0) -> None:
+    """Stop several servers at once: each gets SIGTERM before any is waited for, so their
+    exits overlap (a model that never finalizes holds tritonserver for its whole
+    ``--exit-timeout-secs``; one after another, a pair of them took 40 s)."""
+    servers = list(servers)
+    for srv in servers:
+        if srv.proc is not None and srv.proc.poll() is None:
+            srv.proc.terminate()
+    for srv in servers:
+        srv.stop(timeout)
+
+
 def engine_ready_from_metrics(text: str, model: str) -> bool | None:
     """Parse ``rufus_engine_ready{model="<model>",...} <0|1>`` out of Prometheus text."""
     for line in text.splitlines():
@@ -508,7 +520,9 @@ def prebuild(models: list[str], timeout: float = 3600.0) -> int:
     try:
         took = srv.wait_ready(timeout=timeout)
     finally:
-        srv.stop()
+        # the caches are written by the time the models are ready; the grace of serve():
+        # a model that never finalizes would hold the image build for the exit timeout
+        srv.stop(timeout=6.0)
     print(f"[rufus.harness.server] prebuild done: ready (warm) after {took:.0f} s",
           file=sys.stderr, flush=True)
     return 0
@@ -523,7 +537,7 @@ ENVIRONMENT = {
     "RUFUS_MODEL_DIR, RUFUS_CACHE_DIR": "where the default model is (models)",
     "RUFUS_COMPILE_CACHE_DIR": "compiled kernels, keyed by CPU class (default "
                                "$RUFUS_CACHE_DIR/compile; rufus/serving/caches.py)",
-    "RUFUS_WARMUP": "false: report ready without the warm-up requests (README)",
+    "RUFUS_WARMUP": "false: report ready without the warm-up requests (docs/serving.md)",
     "RUFUS_<SETTING>": "backend settings, e.g. RUFUS_MAX_OUTSTANDING_REQUESTS (models)",
     "RUFUS_NNODES, RUFUS_NODE_RANK, ...": "multi-node unit (docs/architecture.md)",
 }
@@ -541,7 +555,7 @@ def main() -> None:
     ap.add_argument("--metrics-port", type=int, default=env_port("METRICS_PORT", 8002))
     ap.add_argument("--prebuild", action="store_true",
                     help="start on free ports, wait until every model is ready (so warm: "
-                    "compiled, README 'What ready guarantees'), stop: fills the compile caches "
+                    "compiled, docs/serving.md 'What ready guarantees'), stop: fills the compile caches "
                     "of this CPU class, e.g. in an image build (docker/Dockerfile)")
     a = ap.parse_args()
     if a.prebuild:

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from rufus.env import env_float
-from rufus.multinode.topology import NODE_KEYS, Topology
+from rufus.multinode.topology import NODE_KEYS, Topology, apply_topology, topology_from_env
 
 log = logging.getLogger("rufus.multinode.control")
 
@@ -553,8 +553,6 @@ def attach_leader(model_name: str, host: Any, topo: Topology | None = None) -> L
     requests end with UNAVAILABLE through vLLM's dead-engine path) and marks the host dead
     (the model unloads itself -> not ready). Returns None when the model is single-node.
     """
-    from rufus.multinode.topology import apply_topology, topology_from_env
-
     topo = topo or topology_from_env()
     if not topo.multi_node or model_name != unit_model_name():
         return None

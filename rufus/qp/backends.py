@@ -11,7 +11,7 @@ NxDI-style Medusa knobs) into what the engine needs; ``create_backend`` picks th
   usual followers) join the same pass; without a skeleton, prompt-lookup copies
   (``lookup_drafts``) do. The
   fastest correct path measured on the 2-core CPU, where vLLM's speculative step costs more
-  than twice its plain step (figures: docs/benchmarks.md, "Query planner").
+  than twice its plain step (figures: docs/benchmarks-history.md, "Query planner").
 * ``torch_autoregressive``: the same decoder without the heads or any draft (algorithmic
   baseline: one token per forward pass).
 * ``vllm_medusa``: vLLM speculative decoding with our Medusa heads as the draft (top-1 chain
@@ -32,21 +32,16 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from rufus.qp.settings import QP_KEYS, DecoderKnobs
 from rufus.serving import precision
 from rufus.serving.config import ConfigError, expand
 
 log = logging.getLogger("rufus.qp")
 
-QP_KEYS = ("qp_backend", "num_medusa_heads", "medusa_speculation_length", "medusa_tree",
-           "medusa_model", "vllm_num_speculative_tokens", "structured_output", "torch_threads",
-           "nxdi_compiled_path", "nxdi_max_new_tokens", "ground_filters", "grammar_drafts",
-           "lookup_drafts", "max_draft_nodes", "copy_fields", "torch_max_batch",
-           "batch_draft_nodes", "history_drafts")
-BACKENDS = ("torch_medusa", "torch_autoregressive", "vllm_medusa", "autoregressive", "nxdi")
 # what the torch decoder reads from model.json; the other vLLM engine arguments do not apply
 # (``copy_fields`` changes what is decoded, so the plain reference has it too)
 TORCH_ARGS = ("model", "dtype", "max_model_len", "torch_threads", "copy_fields",
@@ -86,7 +81,7 @@ class MedusaSettings:
 
 def load_tree(value: Any) -> list[list[int]]:
     """``medusa_tree`` is inline (list of paths) or a path to a JSON file with ``tree``."""
-    if isinstance(value, list):
+    if isinstance(value, list | tuple):
         return [list(map(int, p)) for p in value]
     if isinstance(value, str):
         path = Path(expand(value))
@@ -155,6 +150,7 @@ class PlannerBackend:
     structured_output: bool = True
     # drop plan filters not written in the question/history (rufus/qp/grounding.py)
     ground_filters: bool = True
+    knobs: DecoderKnobs = field(default_factory=DecoderKnobs)  # model.json's, typed
 
     def engine_args(self, args: dict[str, Any]) -> dict[str, Any]:
         if str(args.get("dtype")) == "int8":  # vLLM on CPU has no int8 weight-only kernel
@@ -179,14 +175,10 @@ class TorchBackend(PlannerBackend):
     """rufus/qp/decoder/torch_engine.py: batch-1 decoding in PyTorch, Medusa tree or plain."""
 
     def engine_args(self, args: dict[str, Any]) -> dict[str, Any]:
-        from rufus.qp.decoder.cores import parse_threads
         from rufus.qp.decoder.torch_llama import DTYPES
 
-        parse_threads(args.get("torch_threads", 0))  # a bad value fails at load, named
+        DecoderKnobs.from_model_json(args)  # the knobs it passes on: a bad value fails, named
         _check_dtype(args, self.name, DTYPES)
-        mb = args.get("torch_max_batch", 1)
-        if isinstance(mb, bool) or not isinstance(mb, int) or not 1 <= mb <= 64:
-            raise ConfigError(f"torch_max_batch must be an integer in 1..64, not {str(mb)[:20]!r}")
         keys = TORCH_ARGS + (DRAFT_ARGS if self.medusa is not None else ())
         return {k: args[k] for k in keys if k in args}
 
@@ -197,13 +189,14 @@ class TorchBackend(PlannerBackend):
     def engine_factory(self, on_stats: Any = None) -> Any:
         from rufus.qp.decoder.torch_engine import TorchPlannerEngine
 
-        medusa = self.medusa
+        medusa, knobs = self.medusa, self.knobs
 
         def build(args: dict[str, Any]) -> Any:
             return TorchPlannerEngine(
                 args, tree_paths=None if medusa is None else medusa.medusa_tree,
                 medusa_dir=None if medusa is None else medusa.medusa_model,
-                num_heads=0 if medusa is None else medusa.num_medusa_heads, on_stats=on_stats)
+                num_heads=0 if medusa is None else medusa.num_medusa_heads, on_stats=on_stats,
+                knobs=knobs)
 
         return build
 
@@ -258,43 +251,46 @@ class NxdiMedusaBackend(PlannerBackend):
     def engine_factory(self, on_stats: Any = None) -> Any:
         from rufus.qp.decoder.nxdi_engine import NxdiPlannerEngine
 
-        medusa = self.medusa
+        medusa, knobs = self.medusa, self.knobs
         assert medusa is not None
 
         def build(args: dict[str, Any]) -> Any:
             return NxdiPlannerEngine(args, tree_paths=medusa.medusa_tree,
                                      medusa_dir=medusa.medusa_model,
-                                     num_heads=medusa.num_medusa_heads, on_stats=on_stats)
+                                     num_heads=medusa.num_medusa_heads, on_stats=on_stats,
+                                     knobs=knobs)
 
         return build
 
 
-def create_backend(args: dict[str, Any]) -> PlannerBackend:
-    """Pick and configure the backend named by ``qp_backend`` in model.json."""
-    name = str(args.get("qp_backend", "torch_medusa"))
-    if name not in BACKENDS:
-        raise ConfigError(f"qp_backend must be one of {BACKENDS}, got {name!r}")
-    structured = bool(args.get("structured_output", True))
-    ground = bool(args.get("ground_filters", True))
+def create_backend(args: dict[str, Any], knobs: DecoderKnobs | None = None) -> PlannerBackend:
+    """Pick and configure the backend named by ``qp_backend`` in model.json (``knobs``: its
+    planner keys, when already read)."""
+    knobs = DecoderKnobs.from_model_json(args) if knobs is None else knobs
+    name = knobs.qp_backend
+    structured, ground = knobs.structured_output, knobs.ground_filters
     if name == "autoregressive":
-        return AutoregressiveBackend(name, None, structured, ground)
+        return AutoregressiveBackend(name, None, structured, ground, knobs)
     if name == "torch_autoregressive":
-        return TorchBackend(name, None, structured, ground)
-    tree = load_tree(args.get("medusa_tree", []))
-    heads = int(args.get("num_medusa_heads", 4))
+        return TorchBackend(name, None, structured, ground, knobs)
+    tree = load_tree(knobs.medusa_tree)
+    heads = knobs.num_medusa_heads
     medusa = MedusaSettings(
         num_medusa_heads=heads,
-        medusa_speculation_length=int(args.get("medusa_speculation_length", len(tree) + 1)),
+        medusa_speculation_length=(len(tree) + 1 if knobs.medusa_speculation_length is None
+                                   else knobs.medusa_speculation_length),
         medusa_tree=tree,
-        medusa_model=str(args.get("medusa_model", "")),
-        vllm_num_speculative_tokens=int(args.get("vllm_num_speculative_tokens", heads)),
+        medusa_model=knobs.medusa_model,
+        vllm_num_speculative_tokens=(heads if knobs.vllm_num_speculative_tokens is None
+                                     else knobs.vllm_num_speculative_tokens),
     )
     medusa.check()
     if name != "nxdi" and not (Path(medusa.medusa_model) / "config.json").exists():
         fallback = "torch_autoregressive" if name == "torch_medusa" else "autoregressive"
         log.warning("Medusa heads %s missing (run scripts/setup.sh qp): serving the planner "
                     "without them (%s)", medusa.medusa_model, fallback)
-        return create_backend({**args, "qp_backend": fallback})
+        return create_backend({**args, "qp_backend": fallback},
+                              replace(knobs, qp_backend=fallback))
     cls = {"vllm_medusa": VllmMedusaBackend, "torch_medusa": TorchBackend,
            "nxdi": NxdiMedusaBackend}[name]
-    return cls(name, medusa, structured, ground)
+    return cls(name, medusa, structured, ground, knobs)

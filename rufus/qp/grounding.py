@@ -7,7 +7,7 @@ check keeps ``brand`` only when it is written in the question or the history (wh
 case and punctuation ignored) and ``max_price`` only when the same amount is written there
 and is not a spec (a number followed by a unit such as "inch", "v", "gb", or preceded by
 "size", "sleeps", "order"). Whether it earns its place is measured on the eval set
-(docs/benchmarks.md, "Query planner quality"): the plan may then differ from the raw
+(docs/benchmarks-history.md, "Query planner quality"): the plan may then differ from the raw
 decoded text, which is why ``text_output`` stays the raw generation and losslessness is
 checked on token ids, never on the grounded plan.
 """

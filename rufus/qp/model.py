@@ -25,6 +25,7 @@ from rufus.errors import InvalidInput, RufusError
 from rufus.qp.backends import PlannerBackend, create_backend, tree_args
 from rufus.qp.grounding import ground_plan
 from rufus.qp.plan import HISTORY_TURNS_USED, build_messages, parse_plan, structured_outputs
+from rufus.qp.settings import PlannerSettings
 from rufus.serving.generation import run_generate
 from rufus.serving.request import GenerateRequest, finish_logprobs
 from rufus.serving.sampling import merge_sampling, request_parameters
@@ -181,9 +182,10 @@ class QueryPlannerModel(EngineModel):
     precision_workload = "planner"  # tree verification passes decide "dtype": "measured"
 
     def setup(self) -> None:
-        """Split model.json into engine args and the planner's Medusa settings."""
+        """Split model.json once into vLLM's engine args and the planner's typed knobs."""
         args = tree_args(self.host.engine_args, self.model_dir)
-        self.backend = create_backend(args)
+        self.planner_settings = PlannerSettings.load(self.settings, args, self.name)
+        self.backend = create_backend(args, self.planner_settings.knobs)
         self.host.engine_args = self.backend.engine_args(args)
         self._spec_families: list[Any] = []
         counters = self._spec_counters() if pb_utils is not None and self.backend.medusa else None

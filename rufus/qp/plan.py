@@ -138,6 +138,11 @@ def load_eval(path: str | Path) -> list[dict[str, Any]]:
             if line.strip()]
 
 
+# The plan skeleton's seed, written next to the Medusa heads (rufus/qp/tooling/build.py
+# ``write_plan_seed``) and read by the served planner at start.
+SEED_FILE = "plan_seed.jsonl"
+
+
 def plan_seed(tokenizer: Any, path: str | Path) -> list[tuple[list[int], list[int], str]]:
     """``(prompt ids, plan ids, the prompt's customer words)`` for each plan of a seed file
     (rufus/qp/tooling/build.py ``write_plan_seed``): what the torch planner's plan skeleton

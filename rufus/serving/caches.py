@@ -1,4 +1,6 @@
-"""Where compiled artefacts live: one directory, keyed by the CPU class that built them.
+"""Where what we build lives: :func:`cache_dir` (``$RUFUS_CACHE_DIR``, ``~/.cache/rufus``)
+holds the models, the precision record and the compiled artefacts; compiled artefacts go in
+one directory, keyed by the CPU class that built them.
 
 vLLM's compile cache (``VLLM_CACHE_ROOT``), inductor's kernels (``TORCHINDUCTOR_CACHE_DIR``)
 and Triton-language kernels (``TRITON_CACHE_DIR``) go under ``$RUFUS_COMPILE_CACHE_DIR/<cpu
@@ -21,13 +23,20 @@ import os
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
-from rufus.serving.config import cache_dir
 from rufus.serving.machine import cpu_flags, cpu_key, effective_flags
 
 log = logging.getLogger("rufus.serving.caches")
 
+DEFAULT_CACHE_DIR = "~/.cache/rufus"
+
 CACHE_VARS = {"VLLM_CACHE_ROOT": "vllm", "TORCHINDUCTOR_CACHE_DIR": "inductor",
               "TRITON_CACHE_DIR": "triton"}
+
+
+def cache_dir(env: Mapping[str, str] | None = None) -> Path:
+    """Root of everything we build or download (models, Medusa heads, compiled caches)."""
+    env = os.environ if env is None else env
+    return Path(env.get("RUFUS_CACHE_DIR", DEFAULT_CACHE_DIR)).expanduser()
 
 
 def compile_base(env: Mapping[str, str] | None = None, flags: set[str] | None = None) -> Path:

@@ -8,7 +8,7 @@ request; the assistant cancels its task, which cancels its planner and answer st
 Polling one place keeps the per-token path free of IPC to the Triton server, and still
 aborts requests that are queued and produce no tokens. It polls on the event loop that
 serves the requests: polling from its own thread measured far worse at 16 streams
-(docs/benchmarks.md, "A change that measured worse"), the GIL convoy effect also seen with a
+(docs/benchmarks-history.md, "A change that measured worse"), the GIL convoy effect also seen with a
 sender thread: each IPC releases the GIL and the thread then waits for the busy loop to hand
 it back, and the loop for it.
 """

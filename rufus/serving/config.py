@@ -21,7 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-DEFAULT_CACHE_DIR = "~/.cache/rufus"
+from rufus.serving import precision
+from rufus.serving.caches import cache_dir
+
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -38,12 +40,6 @@ def _may_expand(name: str, env: Mapping[str, str]) -> bool:
 
 class ConfigError(ValueError):
     """A configuration file or override is unusable; the message says which and why."""
-
-
-def cache_dir(env: Mapping[str, str] | None = None) -> Path:
-    """Root of everything we build or download (models, Medusa heads, compiled caches)."""
-    env = os.environ if env is None else env
-    return Path(env.get("RUFUS_CACHE_DIR", DEFAULT_CACHE_DIR)).expanduser()
 
 
 def default_model_dir(env: Mapping[str, str] | None = None) -> Path:
@@ -159,7 +155,5 @@ def load_engine_config(
             f"model path {model!r} from {path} does not exist; build the default model "
             "with `make model` or set RUFUS_MODEL_DIR / the 'model' key"
         )
-    from rufus.serving import precision  # imports this module
-
     args = precision.resolve(args, workload, env)
     return EngineConfig(engine_args=args, source=str(path), overrides=overrides)

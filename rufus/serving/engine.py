@@ -28,6 +28,7 @@ from typing import Any
 
 from rufus.errors import AtCapacity, Unavailable
 from rufus.serving.engine_api import Engine, unfinished_requests
+from rufus.serving.settings import param, read
 
 log = logging.getLogger("rufus.serving.engine")
 
@@ -48,26 +49,21 @@ class RestartPolicy:
     whole by its supervisor) leaves a dead engine down.
     """
 
-    enabled: bool = True
-    max_failures: int = 3
-    window_s: float = 600.0
-    backoff_s: float = 1.0
-    backoff_max_s: float = 30.0
+    # config.pbtxt parameters (RUFUS_<KEY> wins), read with the model's other settings
+    enabled: bool = param("engine_restart", True,
+                          "replace a dead engine in place (false: leave it down)")
+    max_failures: int = param("engine_max_failures", 3, "engine deaths within the window "
+                              "before the host gives up (state failed)", minimum=1)
+    window_s: float = param("engine_failure_window_s", 600.0,
+                            "the window of engine_max_failures, seconds", minimum=0)
+    backoff_s: float = param("engine_restart_backoff_s", 1.0,
+                             "backoff before the first restart, doubled per failure in the "
+                             "window, seconds", minimum=0)
+    backoff_max_s: float = param("engine_restart_backoff_max_s", 30.0,
+                                 "cap of the restart backoff, seconds", minimum=0)
 
     def delay(self, failures_in_window: int) -> float:
         return min(self.backoff_s * 2 ** max(failures_in_window - 1, 0), self.backoff_max_s)
-
-    @classmethod
-    def from_settings(cls, get: Callable[[str, str], str]) -> RestartPolicy:
-        """From a ``(name, default) -> str`` lookup (config.pbtxt parameters / RUFUS_* env)."""
-        d = cls()
-        return cls(
-            enabled=get("engine_restart", "true").lower() in ("1", "true", "yes"),
-            max_failures=int(get("engine_max_failures", str(d.max_failures))),
-            window_s=float(get("engine_failure_window_s", str(d.window_s))),
-            backoff_s=float(get("engine_restart_backoff_s", str(d.backoff_s))),
-            backoff_max_s=float(get("engine_restart_backoff_max_s", str(d.backoff_max_s))),
-        )
 
 
 @contextlib.contextmanager
@@ -554,5 +550,5 @@ def _is_engine_death(exc: BaseException, engine: Any) -> bool:
 
 
 def restart_policy_from_env(env: dict[str, str] | None = None) -> RestartPolicy:
-    e = env if env is not None else os.environ
-    return RestartPolicy.from_settings(lambda name, d: e.get("RUFUS_" + name.upper(), d))
+    """The policy from ``RUFUS_ENGINE_*`` alone (no config.pbtxt)."""
+    return read(RestartPolicy, env=env)

@@ -21,6 +21,7 @@ import numpy as np
 
 from rufus.errors import InvalidInput
 from rufus.serving.generation import run_generate
+from rufus.serving.model_settings import LLMSettings
 from rufus.serving.request import GenerateRequest, finish_logprobs
 from rufus.serving.sampling import merge_sampling, request_parameters
 from rufus.serving.triton_backend import EngineModel
@@ -153,6 +154,7 @@ def load_loras(model_dir: Path, engine_args: dict[str, Any]) -> dict[str, str] |
 class LLMModel(EngineModel):
     INPUT_SPECS = LLM_INPUT_SPECS
     OUTPUT_SPECS = LLM_OUTPUT_SPECS
+    SETTINGS = LLMSettings
 
     def setup(self) -> None:
         self.loras = load_loras(self.model_dir, self.host.engine_args)

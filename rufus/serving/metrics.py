@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rufus.serving import machine
+from rufus.wire import CAPACITY_GAUGES  # EngineCapacity field -> (family, description)
 
 TTFT_BUCKETS = [0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0]
 ITL_BUCKETS = [0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5]
@@ -110,19 +111,6 @@ class EngineCapacity:
             tensor_parallel=num(par, "tensor_parallel_size", 1),
             pipeline_parallel=num(par, "pipeline_parallel_size", 1),
         )
-
-
-# EngineCapacity field -> (metric family, description): the unit agent parses these names
-CAPACITY_GAUGES: dict[str, tuple[str, str]] = {
-    "sequences": ("rufus_engine_capacity_sequences",
-                  "Sequences the engine batches at most (max_num_seqs x data-parallel engines)"),
-    "kv_cache_tokens": ("rufus_engine_kv_cache_tokens",
-                        "Tokens the KV cache holds (num_gpu_blocks x block_size)"),
-    "max_model_len": ("rufus_engine_max_model_len", "Longest sequence the engine accepts, tokens"),
-    "nodes": ("rufus_engine_nodes", "Nodes the engine spans (the unit's size)"),
-    "tensor_parallel": ("rufus_engine_tensor_parallel_size", "Tensor-parallel degree"),
-    "pipeline_parallel": ("rufus_engine_pipeline_parallel_size", "Pipeline-parallel degree"),
-}
 
 
 class Metrics:

@@ -10,8 +10,13 @@ picks, per workload, the dtype with the lower cost:
 
 * ``answer`` (rufus_llm): one prefill + 32 decode steps (a prompt and the start of an answer);
 * ``planner`` (rufus_qp_medusa): one prefill + 8 verification passes (a plan's tree passes);
-  once the planner's Medusa tree is grown for each dtype on this machine's costs,
-  :func:`planner_choice` decides instead (modelled time per plan with that dtype's tree).
+  once the planner's Medusa tree is grown for each dtype on this machine's costs, the
+  planner's own rule decides instead (modelled time per plan with that dtype's tree).
+
+This module knows the machine, the cache and the record, not the models: each model
+registers its measurement (:func:`register`: which model, what it adds to the record) and the
+forward pass that times the passes (:func:`set_pass_timer`); the planner's package does both
+(rufus/qp/tooling/measure.py), so nothing here imports a model.
 
 The result is cached per CPU (:func:`rufus.serving.machine.cpu_key`) and model (its build stamp), so a
 new CPU class or a rebuilt model is measured again, and written where an operator reads it:
@@ -30,11 +35,12 @@ import logging
 import sys
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rufus.serving import machine
-from rufus.serving.config import cache_dir, default_model_dir
+from rufus.serving.caches import cache_dir
 
 log = logging.getLogger("rufus.serving.precision")
 
@@ -63,6 +69,45 @@ STAMPS = ("rufus-build.json", "rufus-qp-build.json", "config.json")
 # vpmaddwd).
 MEASUREMENT = 4
 
+Progress = Callable[[str], None]
+# (model dir, dtype, threads) -> a timer of one pass with that model loaded in that dtype,
+# (tokens, cached context, repetitions) -> mean seconds; None where the dtype is not offered
+PassTimer = Callable[[Path, str, int], Callable[[int, int, int], float] | None]
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One model's measurement at setup, registered by the model's package: ``workload`` (a
+    key of :data:`WORKLOADS`) names its candidates and its choice, ``model_dir`` the model
+    setup measures, ``extra`` what the model adds to its record from the pass costs (the
+    planner: its trees per dtype and the choice they give)."""
+
+    workload: str
+    model_dir: Callable[[], Path]
+    extra: Callable[[dict[str, Any], Path, int, Progress], dict[str, Any]] | None = None
+
+
+MEASUREMENTS: dict[str, Measurement] = {}  # workload -> measurement, in registration order
+_PASS_TIMER: list[PassTimer] = []
+
+
+def register(measurement: Measurement) -> None:
+    """Measure ``measurement``'s model at setup (one per workload)."""
+    MEASUREMENTS[measurement.workload] = measurement
+
+
+def set_pass_timer(timer: PassTimer) -> None:
+    """Time every model's passes with ``timer`` (a forward pass that runs each candidate)."""
+    _PASS_TIMER[:] = [timer]
+
+
+def pass_timer() -> PassTimer:
+    """The registered timer; a measurement without one is a wiring error, said here."""
+    if not _PASS_TIMER:
+        raise LookupError("no pass timer registered (`python -m rufus.serving.precision` "
+                          "registers the models' measurements)")
+    return _PASS_TIMER[0]
+
 
 def model_fingerprint(model_dir: str | Path) -> str:
     """The model's build stamp (checksums of its files) or, without one, its files' sizes."""
@@ -90,70 +135,44 @@ def choose(costs: Mapping[str, Mapping[str, float]]) -> dict[str, str]:
     return out
 
 
-# The planner's choice, once its trees are grown on this machine's pass costs: the dtype with
-# the lowest modelled time per plan (a question's prefill after the reused prompt prefix, about
-# a quarter of the 128-token pass, plus a mean plan's tree steps): a dtype whose passes are
-# cheap but whose tree stays short can lose to one with a wider tree, and the other way round.
-PLAN_TOKENS = 38  # the mean plan on the 263-question eval set
-PLAN_PREFILL_SHARE = 0.25
-
-
-def planner_choice(costs: Mapping[str, Mapping[str, float]],
-                   trees: Mapping[str, Mapping[str, Any]]) -> tuple[str, dict[str, float]]:
-    """(dtype, modelled ms per plan for each dtype) from pass costs and grown trees."""
-    from rufus.qp.tooling.tree import interpolate_cost
-
-    modelled = {}
-    for dt, t in trees.items():
-        step = interpolate_cost({int(n): ms / 1e3 for n, ms in t["verify_cost_ms"].items()})
-        per_step = step(len(t["medusa_tree"]) + 1)
-        modelled[dt] = round(1e3 * (PLAN_PREFILL_SHARE * costs[dt]["prefill"] + PLAN_TOKENS
-                                    / float(t["expected_tokens_per_step"]) * per_step), 1)
-    return min(modelled, key=modelled.__getitem__), modelled
-
-
 def rule(flags: set[str]) -> str:
     """The fallback without a measurement: bf16 where it is native, fp32 where emulated."""
     return "bfloat16" if machine.native_bf16(flags) else "float32"
 
 
 def measure(model_dir: str | Path, threads: int = 1,
-            progress: Callable[[str], None] = lambda _m: None,
-            candidates: tuple[str, ...] = CANDIDATES) -> dict[str, dict[str, float]]:
-    """Seconds per pass, per candidate dtype, with the model's own weights."""
-    import torch
-
-    from rufus.qp.decoder.torch_llama import DTYPES, TorchLlama
-    from rufus.qp.tooling.tree import time_forward
-
-    torch.set_num_threads(threads)
+            progress: Progress = lambda _m: None,
+            candidates: tuple[str, ...] = CANDIDATES,
+            timer: PassTimer | None = None) -> dict[str, dict[str, float]]:
+    """Seconds per pass, per candidate dtype, with the model's own weights (through the
+    registered :func:`pass_timer` unless ``timer`` is given)."""
+    timer = timer or pass_timer()
     costs: dict[str, dict[str, float]] = {}
     for dtype in candidates:
-        if dtype not in DTYPES:  # a candidate this build's forward pass does not offer
+        time_pass = timer(Path(model_dir), dtype, threads)
+        if time_pass is None:  # a candidate this build's forward pass does not offer
             continue
-        model = TorchLlama(model_dir, dtype, max_len=256)
         costs[dtype] = {}
         for name, (n, context, reps) in PASSES.items():
-            # one untimed pass first (allocation): a multi-row pass in emulated bf16 takes
-            # seconds, so the tree search's three would slow setup for nothing
-            costs[dtype][name] = time_forward(model, n, context, reps, warmup=1)
+            costs[dtype][name] = time_pass(n, context, reps)
             progress(f"{Path(model_dir).name} {dtype} {name} ({n} tokens): "
                      f"{costs[dtype][name] * 1000:.1f} ms")
-        del model
+        del time_pass  # the model it holds, before the next dtype's is loaded
     return costs
 
 
 def measure_and_store(model_dir: str | Path, threads: int = 1, force: bool = False,
-                      progress: Callable[[str], None] = lambda _m: None,
+                      progress: Progress = lambda _m: None,
                       extra: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
-                      candidates: tuple[str, ...] = CANDIDATES) -> dict[str, Any]:
+                      candidates: tuple[str, ...] = CANDIDATES,
+                      timer: PassTimer | None = None) -> dict[str, Any]:
     """Measure once per CPU and model (kept in :func:`choice_path`), and choose; ``extra``
     adds model-specific results measured on the choice (the planner's tree per dtype)."""
     path = choice_path(model_dir)
     if path.is_file() and not force:
         return json.loads(path.read_text(encoding="utf-8"))
     t0 = time.monotonic()
-    costs = measure(model_dir, threads, progress, candidates)
+    costs = measure(model_dir, threads, progress, candidates, timer)
     result: dict[str, Any] = {
         "model": str(model_dir), "cpu": machine.describe(), "threads": threads,
         "seconds_per_pass": costs, "workloads": WORKLOADS, "choice": choose(costs)}
@@ -197,43 +216,44 @@ def resolve(engine_args: dict[str, Any], workload: str,
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Measure each registered model (or the directories named) on this machine."""
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model_dirs", nargs="*", type=Path,
-                    help="default: the default model and the planner's model")
+                    help="default: each registered model (the default model and the "
+                         "planner's model)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--force", action="store_true", help="measure again even if cached")
     a = ap.parse_args(argv)
-    from rufus.qp.tooling.build import qp_model_dir
-    from rufus.qp.tooling.tree import machine_trees
-
-    planner_dir = qp_model_dir()
+    registered = {m.workload: m.model_dir() for m in MEASUREMENTS.values()}
     if not a.model_dirs:
-        a.model_dirs = [default_model_dir(), planner_dir]
+        a.model_dirs = list(registered.values())
 
     def say(msg: str) -> None:
         print(f"[precision {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
     say(f"this CPU: {machine.describe()}")
-    def planner_extra(r: dict[str, Any], d: Path) -> dict[str, Any]:
-        trees = machine_trees(d, r["seconds_per_pass"], a.threads, say)
-        best, modelled = planner_choice(r["seconds_per_pass"], trees["planner_trees"])
-        say(f"{d.name}: modelled ms per plan {modelled}")
-        return {**trees, "planner_modelled_ms_per_plan": modelled,
-                "choice": {**r["choice"], "planner": best}}
-
     for d in a.model_dirs:
         path = choice_path(d)
         if path.is_file() and not a.force:
             say(f"{d.name}: measured before ({path})")
-        planner = d.resolve() == planner_dir.resolve()
-        # the answer model serves through vLLM: only the dtypes vLLM can run are timed
-        res = measure_and_store(d, a.threads, a.force, say, (
-            lambda r, d=d: planner_extra(r, d)) if planner else None,
-            WORKLOAD_CANDIDATES["planner" if planner else "answer"])
+        # a directory no measurement registered is timed as an answer model
+        workload = next((w for w, md in registered.items() if md.resolve() == d.resolve()),
+                        "answer")
+        add = MEASUREMENTS[workload].extra if workload in MEASUREMENTS else None
+        extra = None if add is None else (
+            lambda r, d=d, add=add: add(r, d, a.threads, say))
+        res = measure_and_store(d, a.threads, a.force, say, extra,
+                                WORKLOAD_CANDIDATES[workload])
         say(f"{d.name}: choice {res['choice']} (measured in {res.get('took_s', 0)} s; {path})")
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    # The setup program (scripts/setup.sh precision, the image build): the models register
+    # their measurements with this module imported under its own name (not as __main__),
+    # which then runs them. A program's imports sit above every layer (docs/architecture.md).
+    import rufus.qp.tooling.measure  # noqa: F401
+    from rufus.serving import precision
+
+    raise SystemExit(precision.main())

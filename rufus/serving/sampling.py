@@ -238,6 +238,12 @@ def validate_sampling(raw: Mapping[str, Any], limits: Limits = DEFAULT_LIMITS,
         raise InvalidInput("sampling_parameters",
                            f"unknown key(s) {quote(unknown, 120)}; supported: {sorted(keys)}")
     out = {name: SAMPLING_FIELDS[name](name, value, limits) for name, value in raw.items()}
+    if limits.speculative and out.get("min_p", 0) > 0:
+        # vLLM's own check, made here so the client sees which field and why
+        raise InvalidInput("sampling_parameters.min_p",
+                           "must be 0 on this model: it drafts tokens (speculative_config in "
+                           f"its model.json), which vLLM does not combine with min_p; got "
+                           f"{out['min_p']}")
     if "min_tokens" in out and "max_tokens" in out:
         check_min_tokens(out["min_tokens"], out["max_tokens"])
     return out

@@ -22,20 +22,22 @@ import logging
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from rufus.client import CONVERSATION_HEADER
 from rufus.errors import InvalidInput, RufusError, Unavailable, client_error
 from rufus.serving import caches, machine
 from rufus.serving.cancel import CancelWatcher
 from rufus.serving.config import load_engine_config
-from rufus.serving.engine import FAILED, READY, EngineHost, RestartPolicy
+from rufus.serving.engine import FAILED, READY, EngineHost
 from rufus.serving.generation import new_request_id
 from rufus.serving.metrics import BufferedMetrics, Metrics, TritonMetrics, scheduler_stat_logger
+from rufus.serving.model_settings import EngineModelSettings, ModelSettings
 from rufus.serving.validation import InputSpec, Limits, OutputSpec, split_conversation
+from rufus.wire import CONVERSATION_HEADER
 
 try:  # only importable inside the Triton Python backend stub
     import triton_python_backend_utils as pb_utils
@@ -235,6 +237,9 @@ class TritonModel:
 
     INPUT_SPECS: tuple[InputSpec, ...] = ()
     OUTPUT_SPECS: tuple[OutputSpec, ...] = ()
+    # its config.pbtxt parameters, typed (rufus/serving/model_settings.py)
+    SETTINGS: type[ModelSettings] = ModelSettings
+    settings: ModelSettings
     model_dir: Path
 
     @classmethod
@@ -254,6 +259,7 @@ class TritonModel:
             raise pb_utils.TritonModelException(
                 f"{self.name}: config.pbtxt must set model_transaction_policy.decoupled=true"
             )
+        self.settings = self.SETTINGS.from_config(self.model_config)  # a bad value names its key
         self.start()
         freeze_heap(self.name)
         mark_initialized(self.name)
@@ -264,8 +270,8 @@ class TritonModel:
 
     def warmup_enabled(self) -> bool:
         """``warmup`` in config.pbtxt (``RUFUS_WARMUP``): serve warm-up requests before
-        reporting ready (default true; README "What ready guarantees")."""
-        return self.param("warmup", "true").lower() == "true"
+        reporting ready (default true; docs/serving.md, "What ready guarantees")."""
+        return self.settings.warmup
 
     def start(self) -> None:
         raise NotImplementedError
@@ -316,6 +322,8 @@ class EngineModel(TritonModel):
     engine's loop) and :meth:`parse`; ``setup`` and ``ready`` are hooks around the start.
     """
 
+    SETTINGS: type[EngineModelSettings] = EngineModelSettings
+    settings: EngineModelSettings
     loras: dict[str, str] | None = None  # LoRA adapters (rufus_llm's multi_lora.json)
     # which pass mix decides ``"dtype": "measured"`` (rufus/serving/precision.py)
     precision_workload = "answer"
@@ -329,17 +337,17 @@ class EngineModel(TritonModel):
                  self.engine_config.engine_args)
         self.metrics: Metrics = self._make_metrics()
         self.engine_metrics = self._make_engine_metrics()
-        self.default_max_tokens = int(self.param("default_max_tokens", "256"))
+        self.default_max_tokens = self.settings.default_max_tokens
         self.host = EngineHost(
             self.engine_config.engine_args,
-            max_outstanding=int(self.param("max_outstanding_requests", "0")),
+            max_outstanding=self.settings.max_outstanding_requests,
             stat_loggers=[scheduler_stat_logger(self.metrics)],
             on_dead=self._on_engine_dead,
             on_poll=lambda host: self.metrics.set_engine_requests(host.num_running()),
             on_state=self._on_engine_state,
             on_restarted=self.ready,
             name=self.name,
-            restart=RestartPolicy.from_settings(self.param),
+            restart=replace(self.settings.restart),  # the host's own copy
             warmup=self.warm_up if self.warmup_enabled() else None,
             # frozen before the EngineCore is forked from this process, so the child inherits
             # it frozen; initialize() freezes again at its end, walking only what came since
@@ -393,11 +401,12 @@ class EngineModel(TritonModel):
         """The configured input bounds plus what the running engine knows (built once)."""
         limits = getattr(self, "_limits", None)
         if limits is None:
-            limits = self._limits = Limits.for_model(self.param, self.host.engine, self.loras)
+            limits = self._limits = self.settings.limits.with_engine(self.host.engine,
+                                                                      self.loras)
         return limits
 
     def _make_metrics(self) -> Metrics:
-        if self.param("REPORT_CUSTOM_METRICS", "true").lower() != "true":
+        if not self.settings.report_custom_metrics:
             return Metrics()
         try:
             return BufferedMetrics(TritonMetrics(pb_utils, self.name, self.version))

@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from rufus.errors import InvalidInput
+from rufus.serving.settings import param
 
 MAX_LOGPROBS = 20
 CHAT_ROLES = ("system", "user", "assistant")
@@ -54,44 +55,33 @@ def quote(value: Any, limit: int = QUOTE_CHARS) -> str:
 class Limits:
     """Bounds applied before parsing, and facts about the engine vLLM would check against.
 
-    Configurable per model in config.pbtxt ``parameters`` (or ``RUFUS_<NAME>`` in the
-    environment): ``max_input_bytes``, ``max_parameters_bytes``, ``max_json_depth``.
+    The first three are config.pbtxt ``parameters`` of every model (``RUFUS_<NAME>`` in the
+    environment wins; rufus/serving/settings.py reads them once at load).
     """
 
-    max_input_bytes: int = 1 << 20        # text_input, messages, question, history
-    max_parameters_bytes: int = 256 << 10  # sampling_parameters tensor, request parameters
-    max_json_depth: int = 32
+    max_input_bytes: int = param("max_input_bytes", 1 << 20, "bytes of one string input "
+                                 "(text_input, messages, question, history)", minimum=1)
+    max_parameters_bytes: int = param("max_parameters_bytes", 256 << 10,
+                                      "bytes of the sampling_parameters input and of the "
+                                      "request parameters", minimum=1)
+    max_json_depth: int = param("max_json_depth", 32, "nesting depth of a JSON input",
+                                minimum=1)
     vocab_size: int | None = None          # stop_token_ids must be below it (vLLM's check)
     max_logprobs: int = MAX_LOGPROBS
     loras: tuple[str, ...] | None = None   # None: LoRA not enabled for the model
+    # the engine drafts tokens (speculative_config): vLLM then refuses min_p and logit_bias
+    speculative: bool = False
 
-    @classmethod
-    def from_settings(cls, get: Callable[[str, str], str], **facts: Any) -> Limits:
-        """``get(name, default)`` reads a config parameter (environment first)."""
-        kw: dict[str, Any] = {}
-        for name in ("max_input_bytes", "max_parameters_bytes", "max_json_depth"):
-            raw = get(name, str(getattr(cls, name)))
-            try:
-                kw[name] = int(raw)
-            except ValueError as exc:
-                raise ValueError(f"config parameter {name} (RUFUS_{name.upper()}) must be an "
-                                 f"integer, got {raw!r}") from exc
-            if kw[name] < 1:
-                raise ValueError(f"config parameter {name} must be >= 1, got {raw!r}")
-        return cls(**kw, **facts)
-
-
-    @classmethod
-    def for_model(cls, get: Callable[[str, str], str], engine: Any,
-                  loras: Iterable[str] | None = None) -> Limits:
-        """Configured bounds plus what the running engine knows (vocabulary size)."""
+    def with_engine(self, engine: Any, loras: Iterable[str] | None = None) -> Limits:
+        """These bounds plus what the running engine knows (vocabulary size)."""
         vocab = None
         try:
             vocab = int(engine.model_config.get_vocab_size())
         except Exception:  # noqa: BLE001 - an engine without it: the int32 bound applies
             vocab = None
-        return cls.from_settings(get, vocab_size=vocab,
-                                 loras=None if loras is None else tuple(loras))
+        spec = getattr(getattr(engine, "vllm_config", None), "speculative_config", None)
+        return replace(self, vocab_size=vocab, loras=None if loras is None else tuple(loras),
+                       speculative=spec is not None)
 
 
 DEFAULT_LIMITS = Limits()
@@ -325,7 +315,7 @@ def read_conversation(values: Mapping[str, Any], limits: Limits = DEFAULT_LIMITS
     return question, check_history(history)
 
 
-# The conversation key (rufus.client.CONVERSATION_HEADER): an opaque routing key, never
+# The conversation key (rufus.wire.CONVERSATION_HEADER): an opaque routing key, never
 # shown to a model; short printable ASCII so it is safe in headers, logs and hashes.
 CONVERSATION_KEY_MAX = 128
 _CONVERSATION_KEY = re.compile(r"[\x21-\x7e]+")

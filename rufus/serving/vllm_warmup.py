@@ -6,7 +6,7 @@ job on CPU is to make torch.compile trace and compile (or, cached, load) the mod
 generic-shape graph; it does so with a dummy batch of ``max_num_batched_tokens`` tokens
 (2,048 for rufus_llm). On a cached start the graph is loaded, not compiled, and that batch is
 pure arithmetic: the largest single step of a cached start on a CPU without native bf16
-(docs/benchmarks.md, "A short compile warm-up, the heap frozen before the fork"). A short
+(docs/benchmarks-history.md, "A short compile warm-up, the heap frozen before the fork"). A short
 dummy batch traces, compiles or loads the same graph (on CPU vLLM traces once, with the
 token dimension dynamic), and the model's own warm-up (rufus/serving/llm.py
 ``warmup_requests``: a long prompt among them) then runs the real shapes before the model

@@ -3,9 +3,12 @@
 Real parts only: Debian's Docker engine (installed and started by docker/engine.sh where it
 is missing: root + apt), the image built by scripts/image.sh from the wheelhouse, the rig of
 docker/compose.yaml, and the real clients through the ingress. Skipped (with the reason)
-where no engine can be had. At the end the rig's containers, network and compile-cache
-volumes are removed, the images the session built too (RUFUS_KEEP_IMAGES=1 keeps them),
-and a dockerd the session started is stopped by its pid.
+where no engine can be had. At the end the rig's containers and network are removed, and
+a dockerd the session started is stopped by its pid. The images (with their build cache)
+and the nodes' compile-cache volumes are kept: the next run builds the image from cached
+layers (only what changed since) and its cells start from the kernels compiled here
+instead of compiling them again. RUFUS_KEEP_IMAGES=0 removes them too (and the image a
+build replaced is removed either way, so kept images do not pile up).
 """
 
 from __future__ import annotations
@@ -46,9 +49,11 @@ def _port_taken(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def _have_image(ref: str) -> bool:
-    return subprocess.run(["docker", "image", "inspect", ref], capture_output=True,
-                          check=False).returncode == 0
+def _image_id(ref: str) -> str:
+    """The image's id, '' if there is none by that name."""
+    r = subprocess.run(["docker", "image", "inspect", "-f", "{{.Id}}", ref],
+                       capture_output=True, text=True, check=False)
+    return r.stdout.strip() if r.returncode == 0 else ""
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +72,7 @@ def compose_rig() -> Iterator[None]:
         busy = [p for p in (8000, 8001, 8002, 8090, 8404, 9000) if _port_taken(p)]
         if busy:
             pytest.fail(f"ports {busy} are in use: the rig publishes them (stop what holds them)")
-    built = [ref for ref in IMAGES if not _have_image(ref)]
+    before = {ref: _image_id(ref) for ref in IMAGES}
     try:
         if not reuse:
             subprocess.run(["bash", str(ROOT / "scripts/compose.sh"), "up"], check=True,
@@ -75,12 +80,17 @@ def compose_rig() -> Iterator[None]:
         yield
     finally:
         if not reuse:
-            subprocess.run(["bash", str(ROOT / "scripts/compose.sh"), "down", "--volumes"],
-                           check=False, timeout=300)
+            keep = os.environ.get("RUFUS_KEEP_IMAGES", "1") != "0"
+            subprocess.run(["bash", str(ROOT / "scripts/compose.sh"), "down",
+                            *([] if keep else ["--volumes"])], check=False, timeout=300)
             subprocess.run(["docker", "rmi", "-f", "rufus-inference:cpu-roll"],
                            capture_output=True, check=False)
-            if os.environ.get("RUFUS_KEEP_IMAGES") != "1":
-                for ref in built:
+            for ref, old in before.items():
+                if old and old != _image_id(ref):
+                    # the image this build replaced: untagged now, and nothing builds on it
+                    # (the build cache is in the new image's layers and cpu-build's)
+                    subprocess.run(["docker", "rmi", old], capture_output=True, check=False)
+                if not keep and not old:  # built by this session
                     subprocess.run(["docker", "rmi", "-f", ref], capture_output=True, check=False)
         if started_engine:
             subprocess.run(["bash", str(ROOT / "docker/engine.sh"), "stop"], check=False)

@@ -21,11 +21,15 @@ from pathlib import Path
 
 import pytest
 
-from rufus.harness.server import TritonServer, free_port
+from rufus.harness.server import TritonServer, free_port, stop_servers
 from rufus.harness.stack import start_frontend, stop_process
 
 # Small enough to test admission quickly, large enough for the 16-stream test.
 ADMISSION_LIMIT = 24
+# How long a server gets to exit after SIGTERM before its process group is killed: what
+# `make serve` gives it (rufus.harness.server.serve). A model whose stub never finalizes
+# would otherwise hold tritonserver for its whole 20-s exit timeout at every stop.
+STOP_S = 6.0
 
 
 @pytest.fixture(scope="session")
@@ -36,7 +40,16 @@ def log_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def llm_server(log_dir):
+def session_servers() -> Iterator[list[TritonServer]]:
+    """The servers shared by the whole session, stopped together at its end (their exits
+    overlap: :func:`stop_servers`)."""
+    servers: list[TritonServer] = []
+    yield servers
+    stop_servers(servers, timeout=STOP_S)
+
+
+@pytest.fixture(scope="session")
+def llm_server(log_dir, session_servers):
     srv = TritonServer(
         models=["rufus_llm"],
         grpc_port=free_port(),
@@ -48,11 +61,13 @@ def llm_server(log_dir):
             "RUFUS_MAX_OUTSTANDING_REQUESTS": str(ADMISSION_LIMIT),
         },
     )
-    yield from serving(srv)
+    yield from serving(srv, stop_later=session_servers)
 
 
-def serving(srv: TritonServer, timeout: float = 900) -> Iterator[TritonServer]:
-    """Fixture body: start, wait until ready (on failure print the log's tail), yield, stop."""
+def serving(srv: TritonServer, timeout: float = 900,
+            stop_later: list[TritonServer] | None = None) -> Iterator[TritonServer]:
+    """Fixture body: start, wait until ready (on failure print the log's tail), yield, stop
+    (or leave it in ``stop_later``, for a fixture that stops several at once)."""
     srv.start()
     try:
         srv.wait_ready(timeout=timeout)
@@ -64,14 +79,17 @@ def serving(srv: TritonServer, timeout: float = 900) -> Iterator[TritonServer]:
     try:
         yield srv
     finally:
-        srv.stop()
+        if stop_later is None:
+            srv.stop(timeout=STOP_S)
+        else:
+            stop_later.append(srv)
 
 
 ASSISTANT_MODELS = ["rufus_qp_medusa", "rufus_llm", "rufus_assistant"]
 
 
 @pytest.fixture(scope="session")
-def stack(log_dir):
+def stack(log_dir, session_servers):
     """One tritonserver with rufus_qp_medusa, rufus_llm and rufus_assistant (which calls the
     other two on the same server over gRPC), shared by every module that needs the assistant."""
     srv = TritonServer(
@@ -85,7 +103,7 @@ def stack(log_dir):
                    # admission is tested at its unit boundaries, tests/unit/test_admission.py)
                    "RUFUS_ASSISTANT_SLO_S": "0"},
     )
-    yield from serving(srv)
+    yield from serving(srv, stop_later=session_servers)
 
 
 def _offers(base: str, model_id: str) -> bool:

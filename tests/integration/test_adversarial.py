@@ -9,7 +9,7 @@ tritonclient gRPC streaming (every case), HTTP ``/v2/models/<m>/generate`` (ever
 JSON body can carry) and ``generate_stream`` (a subset). The counts are printed at the end
 (``adversarial: N cases tried, M passed``).
 
-rufus_llm uses the shared ``llm_server``; rufus_qp_medusa gets one server for this module.
+rufus_llm uses the shared ``llm_server``, rufus_qp_medusa the shared ``stack``.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from rufus.harness.server import TritonServer, free_port
+from rufus.harness.server import TritonServer
 
-from .conftest import metric_value, scrape, serving, wait_for
+from .conftest import metric_value, scrape, wait_for
 
 pytestmark = pytest.mark.integration
 LLM, QP = "rufus_llm", "rufus_qp_medusa"
@@ -312,11 +312,10 @@ class Target:
 
 
 @pytest.fixture(scope="module")
-def qp_server(log_dir):
-    srv = TritonServer(models=[QP], grpc_port=free_port(), http_port=free_port(),
-                       metrics_port=free_port(), log_path=log_dir / "tritonserver-qp-adv.log",
-                       extra_env={"VLLM_CPU_KVCACHE_SPACE": "1"})
-    yield from serving(srv)
+def qp_server(stack):
+    """The session's stack serves the planner as configured (its own settings are the
+    assistant's): the planner's cases run there, one server start fewer."""
+    return stack
 
 
 class Alongside:

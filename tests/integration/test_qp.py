@@ -18,12 +18,12 @@ import numpy as np
 import pytest
 
 from rufus.client import RequestFailed
-from rufus.harness.server import ROOT, TritonServer, free_port
+from rufus.harness.server import ROOT, TritonServer, free_port, stop_servers
 from rufus.qp.client import plan
 from rufus.qp.plan import fallback_plan, load_eval, validate_plan
 from rufus.qp.tooling.lossless import LOGPROBS_K, NEAR_TIE_NATS, compare
 
-from .conftest import metric_value, scrape
+from .conftest import STOP_S, metric_value, scrape
 
 pytestmark = pytest.mark.integration
 OVERRIDE = "RUFUS_RUFUS_QP_MEDUSA_ENGINE_ARGS"
@@ -53,8 +53,7 @@ def _pair(log_dir, dtype: str):
                 raise
         yield servers
     finally:
-        for s in servers.values():
-            s.stop()
+        stop_servers(servers.values(), timeout=STOP_S)
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +127,7 @@ def test_bad_input_does_not_affect_other_requests(qp_url):
 
 
 # Per-field floors of the served planner on data/qp/eval.jsonl (263 hand-written questions):
-# a few points under the figures measured with this model (docs/benchmarks.md, "Query
+# a few points under the figures measured with this model (docs/benchmarks-history.md, "Query
 # planner quality"), so a regression fails and CPU rounding does not.
 QUALITY_FLOORS = {"json_valid": 0.98, "intent": 0.92, "query_type": 0.92, "brand_f1": 0.85,
                   "max_price_f1": 0.94, "multi_turn_intent": 0.90, "query_words": 0.90}

@@ -128,7 +128,7 @@ def test_contract_env_var_is_read_by_its_reader(name):
             assert "env_override_name" in text and "_ENGINE_ARGS" in text
         else:
             # a setting read by its config name, which ``RUFUS_<NAME>`` overrides
-            # (rufus.serving.triton_backend.config_param, RestartPolicy.from_settings)
+            # (a ``param`` of rufus/serving/settings.py, e.g. on RestartPolicy)
             setting = name.removeprefix("RUFUS_").lower()
             assert name in text or f'"{setting}"' in text, f"{reader} does not read {name}"
 
@@ -579,10 +579,16 @@ def rufus_imports(rel: str) -> set[str]:
         if f in need:
             continue
         need.add(f)
-        for node in ast.walk(ast.parse((ROOT / f).read_text())):
+        tree = ast.parse((ROOT / f).read_text())
+        # what runs under ``if __name__ == "__main__":`` is the program's, not the importer's
+        program = {id(n) for top in tree.body if isinstance(top, ast.If)
+                   and "__main__" in ast.unparse(top.test) for n in ast.walk(top)}
+        for node in (n for n in ast.walk(tree) if id(n) not in program):
+            # ``from rufus.serving import precision`` needs the submodule too: each name is
+            # tried as one (a name that is not a module file adds nothing)
             mods = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                    else [node.module] if isinstance(node, ast.ImportFrom) and node.module
-                    else [])
+                    else [f"{node.module}.{a.name}" for a in node.names]
+                    if isinstance(node, ast.ImportFrom) and node.module else [])
             for mod in mods:
                 parts = mod.split(".")
                 if parts[0] != "rufus":

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from rufus.qp.tooling import measure  # registers the models' measurements and pass timer
 from rufus.serving import machine, precision
 
 AVX2 = {"avx2", "fma"}
@@ -144,10 +145,53 @@ def test_planner_choice_weighs_each_dtypes_tree():
              "int8": {"prefill": 0.38, "decode": 0.020, "verify": 0.055}}
     trees = {"bfloat16": _tree(12, 4.7, {1: 36, 16: 40, 32: 60}),
              "int8": _tree(4, 3.5, {1: 20, 2: 22, 4: 25, 8: 34, 16: 55})}
-    best, modelled = precision.planner_choice(costs, trees)
+    best, modelled = measure.planner_choice(costs, trees)
     assert best == "bfloat16" and modelled["bfloat16"] < modelled["int8"]
     # per plan: a quarter of the 128-token prefill + 38 tokens / tokens per step x step cost
     assert modelled["int8"] == pytest.approx(
-        1e3 * (0.25 * 0.38 + precision.PLAN_TOKENS / 3.5 * (0.025 + (0.034 - 0.025) / 4)), abs=0.1)
+        1e3 * (0.25 * 0.38 + measure.PLAN_TOKENS / 3.5 * (0.025 + (0.034 - 0.025) / 4)), abs=0.1)
     trees["bfloat16"] = _tree(12, 4.7, {1: 36, 16: 90, 32: 150})
-    assert precision.planner_choice(costs, trees)[0] == "int8"
+    assert measure.planner_choice(costs, trees)[0] == "int8"
+
+
+def test_the_models_register_their_measurements():
+    """The record knows no model: the planner's package registers both models' measurements
+    and the forward pass that times them (``python -m rufus.serving.precision`` imports it)."""
+    assert list(precision.MEASUREMENTS) == ["answer", "planner"]
+    assert precision.MEASUREMENTS["planner"].extra is measure.planner_extra
+    assert precision.MEASUREMENTS["answer"].extra is None
+    assert precision.pass_timer() is measure.time_passes
+
+
+def test_setup_measures_each_registered_model(tmp_path, monkeypatch):
+    """Each registered model's directory with its workload's candidates and its own extra; a
+    directory no measurement names is timed as an answer model."""
+    monkeypatch.setenv("RUFUS_CACHE_DIR", str(tmp_path / "cache"))
+    dirs = {name: tmp_path / name for name in ("answer", "planner", "other")}
+    for d in dirs.values():
+        d.mkdir()
+        (d / "config.json").write_text("{}")
+    timed: list[tuple[str, str]] = []
+
+    def timer(model_dir: Path, dtype: str, threads: int):
+        timed.append((model_dir.name, dtype))
+        return lambda n, context, reps: 0.001 * n * (3.0 if dtype == "bfloat16" else 1.0)
+
+    def planner_extra(result, model_dir, threads, progress):
+        return {"planner_trees": {}, "choice": {**result["choice"], "planner": "int8"}}
+
+    monkeypatch.setattr(precision, "MEASUREMENTS", {})
+    monkeypatch.setattr(precision, "_PASS_TIMER", [])
+    precision.set_pass_timer(timer)
+    precision.register(precision.Measurement("answer", lambda: dirs["answer"]))
+    precision.register(precision.Measurement("planner", lambda: dirs["planner"], planner_extra))
+    assert precision.main([]) == 0
+    assert timed == [("answer", dt) for dt in precision.WORKLOAD_CANDIDATES["answer"]] + [
+        ("planner", dt) for dt in precision.WORKLOAD_CANDIDATES["planner"]]
+    planner = precision.stored(dirs["planner"]) or {}
+    assert planner["choice"]["planner"] == "int8" and "planner_trees" in planner
+    answer = precision.stored(dirs["answer"]) or {}
+    assert answer["choice"]["answer"] == "float32" and "planner_trees" not in answer
+    timed.clear()
+    assert precision.main([str(dirs["other"])]) == 0
+    assert timed == [("other", dt) for dt in precision.WORKLOAD_CANDIDATES["answer"]]

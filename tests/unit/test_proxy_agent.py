@@ -202,9 +202,26 @@ def test_parse_load_sums_unit_models_and_takes_max_kv():
     (Load(running=2, kv_cache_usage=0.9), 55),
     (Load(running=2, kv_cache_usage=1.0), 10),
     (Load(running=1, waiting=1000), 1),
+    # the assistant's admission estimate against its SLO: full weight within half the SLO,
+    # then down to 1 % at the SLO; admission off (SLO 0) or no estimate: load alone
+    (Load(running=2, first_token_estimate_s=0.4, first_token_slo_s=1.0), 100),
+    (Load(running=2, first_token_estimate_s=0.75, first_token_slo_s=1.0), 50),
+    (Load(running=2, first_token_estimate_s=1.3, first_token_slo_s=1.0), 1),
+    (Load(running=2, first_token_estimate_s=1.3, first_token_slo_s=0.0), 100),
+    (Load(running=2, first_token_estimate_s=None, first_token_slo_s=1.0), 100),
 ])
 def test_weight(load, expected):
     assert weight_percent(load) == expected
+
+
+def test_the_agent_reads_and_exports_the_assistants_slo_estimate():
+    text = METRICS_TEXT + (
+        'rufus_assistant_first_token_estimate_seconds{model="rufus_assistant",version="1"} 0.8\n'
+        'rufus_assistant_first_token_slo_seconds{model="rufus_assistant",version="1"} 1\n')
+    load = parse_load(text, ["rufus_llm", "rufus_qp_medusa"])
+    assert (load.first_token_estimate_s, load.first_token_slo_s) == (0.8, 1.0)
+    assert weight_percent(load) == 40
+    assert parse_load(METRICS_TEXT, ["rufus_llm"]).first_token_estimate_s is None
 
 
 def test_judge_follower_without_json_body():
@@ -387,7 +404,7 @@ def test_sigterm_makes_the_agent_process_answer_down_then_exit():
 
     port, check_port = free_port(), free_port()
     env = {**os.environ, "RUFUS_AGENT_PORT": str(port), "RUFUS_AGENT_CHECK_PORT": str(check_port),
-           "RUFUS_LEADER_HTTP": f"http://127.0.0.1:{free_port()}", "RUFUS_AGENT_DRAIN_S": "3"}
+           "RUFUS_LEADER_HTTP": f"http://127.0.0.1:{free_port()}", "RUFUS_AGENT_DRAIN_S": "10"}
     root = Path(__file__).resolve().parents[2]
     proc = subprocess.Popen([sys.executable, "-m", "proxy.agent"], cwd=root, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -399,7 +416,13 @@ def test_sigterm_makes_the_agent_process_answer_down_then_exit():
                 return False
         _wait_for(listening, "agent listening", timeout=30)
         proc.send_signal(signal.SIGTERM)
-        _wait_for(lambda: "drain" in _agent_check(check_port), "a 'down #agent: ...drain' line")
+        def draining() -> bool:
+            try:
+                return "drain" in _agent_check(check_port)
+            except OSError:  # a check refused on a busy box: ask again
+                return False
+        # the drain lasts 10 s, so a machine busy with parallel tests still sees it
+        _wait_for(draining, "a 'down #agent: ...drain' line", timeout=30)
         assert proc.wait(timeout=30) == 0
     finally:
         if proc.poll() is None:

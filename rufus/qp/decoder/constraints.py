@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from rufus.qp.plan import prompt_context
+
 # The plan's exact layout (rufus/qp/plan.py ``render_plan``: what the planner was trained to
 # write): no free whitespace, compact separators. Pinned, most of a plan's tokens (keys,
 # punctuation, the rest of an enum value; docs/benchmarks.md) are forced by the grammar, which
@@ -97,8 +99,6 @@ class CopyConstraint:
     def for_prompt(cls, fields: tuple[str, ...] | list[str], tokenizer: Any,
                    prompt: list[int], vocab: TokenText) -> CopyConstraint:
         """For one planner request: the customer's words are its prompt's user turn."""
-        from rufus.qp.plan import prompt_context
-
         text = tokenizer.decode(prompt, skip_special_tokens=False)
         return cls(fields, prompt_context(text), vocab)
 
@@ -180,8 +180,6 @@ class WordDrafts:
     @classmethod
     def for_prompt(cls, tokenizer: Any, prompt: list[int], vocab: TokenText,
                    encode: Callable[[str], list[int]]) -> WordDrafts:
-        from rufus.qp.plan import prompt_context
-
         return cls(prompt_context(tokenizer.decode(prompt, skip_special_tokens=False)),
                    vocab, encode)
 

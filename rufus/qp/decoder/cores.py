@@ -3,9 +3,9 @@
 Why: on a small host the planner shares its cores with the answer model's vLLM worker, which
 busy-polls a core while it serves. An OpenMP team that counts on that core stalls at every
 barrier; a single thread leaves the second core idle whenever the answer model is. Both were
-measured (docs/benchmarks.md, "Planner threads" and "Round 4"). ``torch_threads: "auto"`` therefore runs as
-many threads as there are cores that other processes left idle over the last ~0.2 s, decided
-again before every decoding step.
+measured (docs/benchmarks-history.md, "Planner threads" and "Round 4").
+``torch_threads: "auto"`` therefore runs as many threads as there are cores that other
+processes left idle over the last ~0.2 s, decided again before every decoding step.
 
 How: a daemon thread reads ``/proc/stat`` (busy time of this process's cores) and
 ``/proc/self/stat`` (this process's own CPU time) every ``period`` seconds; the difference is

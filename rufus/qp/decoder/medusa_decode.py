@@ -31,6 +31,8 @@ import torch
 
 from rufus.qp.decoder.constraints import Grammar, WordDrafts
 from rufus.qp.decoder.torch_llama import MedusaHeads, Segment, TorchLlama
+from rufus.qp.plan import plan_seed
+from rufus.qp.settings import MAX_DRAFT_NODES  # draft trie size cap per step
 
 
 @dataclass
@@ -98,8 +100,6 @@ class Step:
     finish_reason: str | None
 
 
-# draft trie size cap per step (model.json ``max_draft_nodes``)
-MAX_DRAFT_NODES = 24
 # the question's words drafted at a time into the skeleton (a query copies a few of them)
 WORD_DRAFTS = 6
 
@@ -145,8 +145,6 @@ class PlanHistory:
     def seed(self, tokenizer: Any, path: str | Path) -> int:
         """Count the plans of a seed file (rufus/qp/tooling/build.py ``write_plan_seed``)
         before any is served; returns how many (0: no file)."""
-        from rufus.qp.plan import plan_seed
-
         plans = plan_seed(tokenizer, path)
         for prompt, plan, context in plans:
             self.add(prompt[-self.CONTEXT:] + plan, WordDrafts.shape_of(context), seed=True)
@@ -302,7 +300,7 @@ class Decoder:
                 if grammar is not None and grammar.words is not None and not forced else []
             lookup = words or prompt_lookup(seq + forced, self.lookup_drafts)
         # the heads draft where nothing surer does: their rows cost more than they gained
-        # beside the skeleton and the question's words (docs/benchmarks.md, "Plan skeleton")
+        # beside the skeleton and the question's words (docs/benchmarks-history.md, "Plan skeleton")
         if h_last is not None and self.tree is not None and self.heads is not None \
                 and k < self.tree.max_depth and not lookup and len(skeleton) <= k:
             top = self.heads.topk(h_last, self.tree.max_rank + 1, self.tree.max_depth)

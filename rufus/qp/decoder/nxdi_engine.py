@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from rufus.qp.decoder.torch_engine import TorchPlannerEngine
+from rufus.qp.settings import DecoderKnobs
 
 log = logging.getLogger("rufus.qp.nxdi")
 
@@ -199,11 +200,12 @@ class NxdiPlannerEngine(TorchPlannerEngine):
 
     def __init__(self, args: dict[str, Any], *, tree_paths: list[list[int]],
                  medusa_dir: str, num_heads: int, runtime_cls: type[NxdiRuntime] = NxdiRuntime,
-                 on_stats: Callable[[int, int, int], None] | None = None) -> None:
+                 on_stats: Callable[[int, int, int], None] | None = None,
+                 knobs: DecoderKnobs | None = None) -> None:
         self._runtime_cls = runtime_cls
         self._warned_grammar = False
         super().__init__(args, tree_paths=tree_paths, medusa_dir=medusa_dir,
-                         num_heads=num_heads, on_stats=on_stats)
+                         num_heads=num_heads, on_stats=on_stats, knobs=knobs)
 
     def _load(self, args: dict[str, Any], tree_paths: list[list[int]] | None,
               medusa_dir: str | None, num_heads: int, eos: set[int]) -> Any:
@@ -215,10 +217,10 @@ class NxdiPlannerEngine(TorchPlannerEngine):
         int8 = "-int8" if dtype == "int8" else ""  # its own compiled graph and checkpoint
         settings = NxdiSettings(
             model=model, medusa_dir=medusa_dir, tree=tree_paths, num_heads=num_heads,
-            compiled_path=str(args.get("nxdi_compiled_path")
-                              or Path(model).with_name(Path(model).name + "-neuron" + int8)),
+            compiled_path=self.knobs.nxdi_compiled_path
+            or str(Path(model).with_name(Path(model).name + "-neuron" + int8)),
             tp_degree=int(args.get("tensor_parallel_size", 1)), dtype=dtype,
-            max_len=self.max_len, max_new_tokens=int(args.get("nxdi_max_new_tokens", 96)),
+            max_len=self.max_len, max_new_tokens=self.knobs.nxdi_max_new_tokens,
             quantized_path=str(Path(model).with_name(Path(model).name + "-int8")) if int8
             else "")
         runtime = self._runtime_cls(settings)

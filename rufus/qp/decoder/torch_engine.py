@@ -31,6 +31,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from rufus.qp.plan import SEED_FILE
+from rufus.qp.settings import DecoderKnobs
 from rufus.serving.engine_api import Completion, Logprob, Output
 
 log = logging.getLogger("rufus.qp.torch")
@@ -83,9 +85,13 @@ class TorchPlannerEngine:
 
     def __init__(self, args: dict[str, Any], *, tree_paths: list[list[int]] | None,
                  medusa_dir: str | None, num_heads: int,
-                 on_stats: Callable[[int, int, int], None] | None = None) -> None:
+                 on_stats: Callable[[int, int, int], None] | None = None,
+                 knobs: DecoderKnobs | None = None) -> None:
         from transformers import AutoTokenizer
 
+        # the planner's model.json keys, typed (read once at load by rufus/qp/backends.py;
+        # from ``args`` when the engine is built directly)
+        self.knobs = DecoderKnobs.from_model_json(args) if knobs is None else knobs
         self.max_len = int(args.get("max_model_len", 1024))
         self.model_config = SimpleNamespace(max_model_len=self.max_len)
         self.output_processor = self
@@ -98,16 +104,15 @@ class TorchPlannerEngine:
         self._xgr_compiler: Any = None
         self._encode: Callable[[str], list[int]] | None = None
         # string fields copied from the customer's words (constraints.CopyConstraint)
-        self._copy_fields = tuple(args.get("copy_fields") or ())
+        self._copy_fields = self.knobs.copy_fields
         self._token_text: Any = None
         self._pending: dict[str, _Request] = {}
-        # plans decoded together in one pass when they queue (1: strictly one at a time;
-        # validated with the other planner settings, rufus/qp/backends.py)
-        self._max_batch = int(args.get("torch_max_batch", 1) or 1)
+        # plans decoded together in one pass when they queue (1: strictly one at a time)
+        self._max_batch = self.knobs.torch_max_batch
         self._init_queue()
         # Every torch op runs on this one thread, loading included: each thread that enters
         # an OpenMP parallel region gets its own thread team, and two teams on 2 cores made
-        # each forward pass markedly slower (docs/benchmarks.md, "Query planner").
+        # each forward pass markedly slower (docs/benchmarks-history.md, "Query planner").
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="qp-decode")
         t0 = time.monotonic()
         model_dir = str(args["model"])
@@ -137,14 +142,14 @@ class TorchPlannerEngine:
         import torch
 
         from rufus.qp.decoder.cores import CoreWatch, parse_threads
-        from rufus.qp.decoder.medusa_decode import MAX_DRAFT_NODES, Decoder, Tree
+        from rufus.qp.decoder.medusa_decode import Decoder, Tree
         from rufus.qp.decoder.torch_llama import MedusaHeads, TorchLlama
-        from rufus.qp.tooling.build import SEED_FILE
 
         # A fixed team stalls at every barrier when a busy neighbour (the answer model's vLLM
         # worker) holds one of its cores; "auto" (shipped) sizes it to the idle cores
-        # (rufus/qp/decoder/cores.py; docs/benchmarks.md, "Round 4").
-        fixed = parse_threads(args.get("torch_threads", 0))
+        # (rufus/qp/decoder/cores.py; docs/benchmarks-history.md, "Round 4").
+        knobs = self.knobs
+        fixed = parse_threads(knobs.torch_threads)
         if fixed is None:
             self._cores = CoreWatch(len(os.sched_getaffinity(0)))
         self._set_threads = torch.set_num_threads
@@ -155,11 +160,8 @@ class TorchPlannerEngine:
         if tree_paths is not None and medusa_dir:
             heads = MedusaHeads(medusa_dir, model.weights, num_heads)  # int8 too
             tree = Tree.from_paths(tree_paths)
-        decoder = Decoder(model, heads, tree, eos, int(args.get("grammar_drafts", 0) or 0),
-                          int(args.get("lookup_drafts", 0) or 0),
-                          int(args.get("max_draft_nodes") or MAX_DRAFT_NODES),
-                          int(args.get("batch_draft_nodes") or MAX_DRAFT_NODES),
-                          int(args.get("history_drafts", 0) or 0))
+        decoder = Decoder(model, heads, tree, eos, knobs.grammar_drafts, knobs.lookup_drafts,
+                          knobs.max_draft_nodes, knobs.batch_draft_nodes, knobs.history_drafts)
         if decoder.history_drafts and medusa_dir:
             n_seed = decoder.history.seed(self.tokenizer, Path(medusa_dir) / SEED_FILE)
             log.info("plan skeleton: %d training plans counted from %s", n_seed,

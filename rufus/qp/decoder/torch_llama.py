@@ -2,7 +2,7 @@
 
 Why not vLLM or transformers here: at batch size 1 on a CPU the planner's cost per step is
 framework overhead, not arithmetic. vLLM's speculative-decoding step costs a multiple of its
-plain decoding step on this machine, which capped Medusa's speedup there (docs/benchmarks.md,
+plain decoding step on this machine, which capped Medusa's speedup there (docs/benchmarks-history.md,
 "Query planner"). This module does only what the
 planner needs: fused QKV and gate/up projections, one KV-cache tensor for all layers (so
 accepted tree nodes are compacted with one indexing op), and an explicit attention mask, so
@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from rufus.env import env_int
+from rufus.qp.decoder import int8_kernel
 
 log = logging.getLogger("rufus.qp.torch")
 
@@ -35,7 +36,7 @@ DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch
 FP32_PACK_ROWS = 8  # oneDNN blocking hint: the few-row verification passes
 # Passes of at most this many rows run through the fused int8 stack (:class:`_FusedStack`),
 # longer ones op by op, whose attention (PyTorch's fused kernel) catches up with the fused
-# pass around this size (measured on both CPU classes: docs/benchmarks.md, "Follow-ups").
+# pass around this size (measured on both CPU classes: docs/benchmarks-history.md, "Follow-ups").
 # So a question's prefill, a follow-up's history included, takes the fused pass.
 FUSED_MAX_ROWS = 128
 _int8_op_failed: list[str] = []  # why _weight_int8pack_mm is not used (logged once)
@@ -103,8 +104,6 @@ def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def int8_activations() -> torch.dtype:
     """The activation dtype of ``int8`` on this CPU: float32 through our kernel
     (:mod:`rufus.qp.decoder.int8_kernel`) where it builds, else bf16 for PyTorch's op."""
-    from rufus.qp.decoder import int8_kernel
-
     return torch.float32 if int8_kernel.load() is not None else torch.bfloat16
 
 
@@ -120,8 +119,6 @@ def _int8_linear(w: torch.Tensor, activations: torch.dtype = torch.bfloat16
     saving."""
     q, scale = quantize_int8(w)
     if activations == torch.float32:
-        from rufus.qp.decoder import int8_kernel
-
         kernel = int8_kernel.load()
         if kernel is not None and int8_kernel.supports(q.shape[1], kernel[1]):
             return int8_kernel.linear(q, scale, kernel)
@@ -364,8 +361,6 @@ class _FusedStack:
         """The fused stack for ``model`` (int8 through our kernel), or None where it does not
         apply: the kernel did not load, a width is not a multiple of its vector width, or
         ``RUFUS_QP_FUSED=0``."""
-        from rufus.qp.decoder import int8_kernel
-
         if model.dtype != torch.float32 or not env_int("RUFUS_QP_FUSED", 1, minimum=0,
                                                        maximum=1):
             return None

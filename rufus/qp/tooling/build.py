@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rufus.qp.plan import SEED_FILE, load_eval, render_plan
 from rufus.serving.config import cache_dir, default_model_dir
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -32,9 +33,8 @@ HEADS_PATH = DATA / "medusa_heads.safetensors"
 # correctness (verification is by the full model).
 TOKEN_MAP_LOW_IDS = 6144
 # Plans of the training set written next to the heads as the plan skeleton's seed
-# (rufus/qp/decoder/medusa_decode.py PlanHistory): a started planner drafts the usual plan
-# structure from its first request instead of after a few served plans.
-SEED_FILE = "plan_seed.jsonl"
+# (SEED_FILE; rufus/qp/decoder/medusa_decode.py PlanHistory): a started planner drafts the
+# usual plan structure from its first request instead of after a few served plans.
 SEED_PLANS = 512
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -112,8 +112,6 @@ def draft_token_map(tokenizer_dir: Path) -> list[int]:
     """Sorted token ids the heads may draft (see TOKEN_MAP_LOW_IDS)."""
     from transformers import AutoTokenizer
 
-    from rufus.qp.plan import load_eval, render_plan
-
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     ids = set(range(TOKEN_MAP_LOW_IDS)) | set(tok.all_special_ids)
     for name in ("train.jsonl", "calib.jsonl"):
@@ -175,8 +173,6 @@ def build_medusa_dir(model: Path | None = None, heads: Path = HEADS_PATH,
 def write_plan_seed(path: Path, n: int = SEED_PLANS) -> None:
     """The first ``n`` training rows as ``{"question", "history"?, "plan"}`` with the plan in
     its served layout (:func:`rufus.qp.plan.render_plan`)."""
-    from rufus.qp.plan import render_plan
-
     lines = []
     for line in (DATA / "train.jsonl").read_text(encoding="utf-8").splitlines()[:n]:
         r = json.loads(line)

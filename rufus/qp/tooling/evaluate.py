@@ -32,7 +32,7 @@ from typing import Any
 
 from rufus.harness.loadgen import pct_nearest as pct
 from rufus.qp.grounding import brand_grounded, context_text, ground_plan, price_grounded
-from rufus.qp.plan import parse_plan, plan_schema, render_prompt_ids
+from rufus.qp.plan import SEED_FILE, parse_plan, plan_schema, render_prompt_ids
 
 
 @dataclass
@@ -146,8 +146,6 @@ class TorchPlanner:
         self.decoder = Decoder(model, heads, t, eos, grammar_drafts if grammar else 0,
                                lookup_drafts, history_drafts=history_drafts if grammar else 0)
         if self.decoder.history_drafts and medusa_dir:  # as the served engine does
-            from rufus.qp.tooling.build import SEED_FILE
-
             self.decoder.history.seed(self.tok, Path(medusa_dir) / SEED_FILE)
         self.encode = draft_encoder(self.tok)
         self.compiled = None

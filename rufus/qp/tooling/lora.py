@@ -6,7 +6,7 @@ on every linear layer is ~2.4M parameters (~5 MB in fp16, committed) and learns 
 conventions from generated examples (rufus/qp/tooling/questions.py). The loss covers only
 the plan tokens and the end-of-turn token. Forward and backward run under bf16 autocast
 (the adapter itself stays fp32): on an AVX-512-bf16 CPU that is much faster than fp32
-(docs/benchmarks.md, "Query planner training").
+(docs/benchmarks-history.md, "Query planner training").
 """
 
 from __future__ import annotations

@@ -1,0 +1,220 @@
+"""Render docs/configuration.md: every model setting, from the typed declarations
+(rufus/serving/model_settings.py, rufus/qp/settings.py, rufus/assistant/settings.py), and
+every environment variable, from deploy/contract.py's table plus the rig's own below.
+
+    python -m deploy.configuration          # rewrite docs/configuration.md
+    python -m deploy.configuration --check  # exit 1 if the committed file is stale
+
+tests/unit/test_settings.py fails when the committed file differs from this output, and when
+code names a ``RUFUS_*`` variable the file does not list.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from deploy.contract import ENV  # noqa: E402
+from rufus.assistant.settings import AssistantSettings  # noqa: E402
+from rufus.qp.settings import QP_KEYS, DecoderKnobs  # noqa: E402
+from rufus.serving.model_settings import EngineModelSettings, LLMSettings  # noqa: E402
+from rufus.serving.settings import ENVIRONMENT, MODEL_JSON, PBTXT, Row, rows  # noqa: E402
+
+DOC = ROOT / "docs" / "configuration.md"
+REPOSITORY = ROOT / "model_repository"
+
+# Read by scripts, the compose rig and the tests, not by a served process (so not in the
+# deployment contract).
+RIG_ENV: dict[str, tuple[str, str]] = {
+    "RUFUS_CELL_A_CPUS": ("docker/compose.yaml, scripts/compose.sh",
+                          "compose rig: cores of cell A (default: the first half)"),
+    "RUFUS_CELL_B_CPUS": ("docker/compose.yaml, scripts/compose.sh",
+                          "compose rig: cores of cell B (default: the second half)"),
+    "RUFUS_DOCKER_STATE": ("scripts/compose.sh, docker/engine.sh",
+                           "compose rig: the local Docker engine's state (build/docker)"),
+    "RUFUS_SKIP_IMAGE": ("scripts/compose.sh", "compose rig: 1 uses the images as they are"),
+    "RUFUS_TARGET": ("docker/compose.yaml", "compose rig: the image target (cpu)"),
+    "RUFUS_OPENAI_IMAGE": ("docker/compose.yaml",
+                           "compose rig: the frontend's image (rufus-inference:cpu)"),
+    "RUFUS_INGRESS_IMAGE": ("docker/compose.yaml, scripts/image.sh",
+                            "compose rig: the HAProxy ingress image"),
+    "RUFUS_INGRESS_HTTP_BIND": ("docker/compose.yaml", "compose rig: address the ingress's "
+                                "HTTP port is published on (127.0.0.1)"),
+    "RUFUS_INGRESS_STATS": ("scripts/rolling_update.sh",
+                            "rolling update: the ingress's stats CSV URL"),
+    "RUFUS_IMAGE_NAME": ("scripts/image.sh", "image build: the image name (rufus-inference)"),
+    "RUFUS_LOCAL_BASES": ("scripts/image.sh", "image build: 1 forces the local base images"),
+    "RUFUS_VENV": ("scripts/setup.sh", "setup: the virtual environment (.venv)"),
+    "RUFUS_TEST_LOGS": ("tests/integration/conftest.py, scripts/repeat_death_tests.sh",
+                        "tests: keep the servers' logs in this directory"),
+    "RUFUS_KEEP_IMAGES": ("tests/containers/conftest.py",
+                          "container tests: 0 removes the images and compile-cache volumes "
+                          "at the end (1: kept for the next run)"),
+    "RUFUS_RECOVERY_CYCLES": ("tests/integration/test_recovery.py",
+                              "tests: engine kill/recover cycles (1)"),
+    "RUFUS_PROXY_TEST_NNODES": ("tests/integration/test_proxy.py",
+                                "tests: nodes per unit in the proxy tests (2)"),
+    "RUFUS_QP_REQUIRE_IDENTICAL": ("tests/integration/test_qp.py", "tests: 1 requires Medusa "
+                                   "plans identical to the autoregressive ones"),
+}
+
+# model.json keys that mean more than vLLM's engine argument of that name
+ENGINE_NOTES: dict[str, str] = {
+    "model": "the model directory; `${VAR}` / `${VAR:-default}` expand `RUFUS_*` variables "
+             "(and names in `RUFUS_CONFIG_VARS`)",
+    "dtype": '`"measured"`: the precision measured on this machine at setup '
+             "(docs/precision.md), bf16 where native without a measurement",
+    "worker_extension_cls": "rufus's vLLM worker extension (rufus/serving/vllm_worker.py)",
+    "distributed_executor_backend": '`"uni"`: the model runs inside the EngineCore process',
+}
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _table(head: Iterable[str], body: Iterable[Iterable[str]]) -> list[str]:
+    head = list(head)
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    out += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in body]
+    return [*out, ""]
+
+
+def _code(text: str | None) -> str:
+    return f"`{text}`" if text else "—"
+
+
+def committed_parameters(model: str) -> dict[str, str]:
+    """A model's config.pbtxt ``parameters`` as committed."""
+    text = (REPOSITORY / model / "config.pbtxt").read_text(encoding="utf-8")
+    return dict(re.findall(r'key: "(\w+)" value: \{ string_value: "([^"]*)" \}', text))
+
+
+def committed_model_json(model: str) -> dict[str, object]:
+    return json.loads((REPOSITORY / model / "1" / "model.json").read_text(encoding="utf-8"))
+
+
+def _shipped(value: object) -> str:
+    if value is None:
+        return "—"
+    return f"`{json.dumps(value) if not isinstance(value, str) else value}`"
+
+
+def _settings_table(found: list[Row], shipped: Mapping[str, object], source: str) -> list[str]:
+    where = {PBTXT: "config.pbtxt", MODEL_JSON: "model.json"}[source]
+    return _table(
+        ("key", "environment", "type", "bounds", "default", where, "meaning"),
+        ((f"`{r.key}`", _code(r.env), r.kind, r.bounds or "—", f"`{r.default}`",
+          _shipped(shipped.get(r.key)), r.help) for r in found if r.source == source))
+
+
+def _env_table(found: list[Row]) -> list[str]:
+    return _table(("variable", "type", "bounds", "default", "meaning"),
+                  ((f"`{r.key}`", r.kind, r.bounds or "—", f"`{r.default}`", r.help)
+                   for r in found if r.source == ENVIRONMENT))
+
+
+def _engine_table(model_json: Mapping[str, object]) -> list[str]:
+    return _table(("key", "model.json", "meaning"),
+                  ((f"`{k}`", _shipped(v), ENGINE_NOTES.get(k, "vLLM engine argument"))
+                   for k, v in model_json.items() if k not in QP_KEYS))
+
+
+def model_variables() -> set[str]:
+    """Every variable a model setting reads."""
+    return {r.env for cls in (LLMSettings, EngineModelSettings, AssistantSettings)
+            for r in rows(cls) if r.env}
+
+
+INTRO = """\
+# Configuration
+
+Generated by `python -m deploy.configuration` from the settings' declarations; do not edit
+by hand (`tests/unit/test_settings.py` fails when this file is stale, or when code reads a
+`RUFUS_*` variable that is not listed here).
+
+Each model's settings are one typed, frozen object, read once when the model loads:
+`LLMSettings` (`rufus/serving/model_settings.py`), `PlannerSettings` with its
+`DecoderKnobs` (`rufus/qp/settings.py`) and `AssistantSettings` (`rufus/assistant/settings.py`).
+A value of the wrong type or out of bounds fails the load with an error that names the key
+and its variable and quotes a short prefix of the value. Where a value comes from, first
+match wins:
+
+1. a config.pbtxt parameter's environment variable, `RUFUS_<KEY>` (for every model that reads
+   the key);
+2. the model's `config.pbtxt` `parameters`;
+3. the code default below (the tables' config.pbtxt and model.json columns show the committed
+   files' values; — where a file leaves the key out).
+
+model.json keys are overridden as a whole JSON object by `RUFUS_ENGINE_ARGS` (every model)
+and then `RUFUS_<MODEL>_ENGINE_ARGS` (`RUFUS_RUFUS_LLM_ENGINE_ARGS`,
+`RUFUS_RUFUS_QP_MEDUSA_ENGINE_ARGS`); their values are JSON, so `"4"` is not 4. An empty value
+(variable or parameter) means the default. Keys that no setting declares are left alone:
+config.pbtxt parameters nobody reads are ignored, and model.json's other keys are vLLM's
+engine arguments, which vLLM checks. Booleans are `true`/`false` (also `1`/`0`, `yes`/`no`,
+`on`/`off`).
+"""
+
+
+def render() -> str:
+    llm, planner, assistant = "rufus_llm", "rufus_qp_medusa", "rufus_assistant"
+    llm_rows, qp_rows = rows(LLMSettings), rows(EngineModelSettings)
+    out = [INTRO]
+    out += ["## rufus_llm", "", "config.pbtxt parameters (`LLMSettings`):", ""]
+    out += _settings_table(llm_rows, committed_parameters(llm), PBTXT)
+    out += ["model.json: vLLM's engine arguments, passed through "
+            "(`rufus/serving/config.py` expands and overrides them):", ""]
+    out += _engine_table(committed_model_json(llm))
+    out += ["## rufus_qp_medusa", "", "config.pbtxt parameters (`PlannerSettings.parameters`, "
+            "the same keys as rufus_llm's):", ""]
+    out += _settings_table(qp_rows, committed_parameters(planner), PBTXT)
+    out += ["model.json: the planner's own keys (`DecoderKnobs`; `rufus/qp/backends.py` says "
+            "which backend uses which):", ""]
+    out += _settings_table(rows(DecoderKnobs), committed_model_json(planner), MODEL_JSON)
+    out += ["model.json: vLLM's engine arguments (the file's other keys; the torch backends "
+            "read `model`, `dtype` and `max_model_len` of them):", ""]
+    out += _engine_table(committed_model_json(planner))
+    found = rows(AssistantSettings)
+    out += ["## rufus_assistant", "", "config.pbtxt parameters (`AssistantSettings`):", ""]
+    out += _settings_table(found, committed_parameters(assistant), PBTXT)
+    out += ["Environment (`PipelineSettings`, admission: `AdmissionSettings` in "
+            "`rufus/assistant/admission.py`); the frontend's `rufus-assistant` model reads "
+            "them too:", ""]
+    out += _env_table(found)
+    listed = model_variables() | {r.key for r in found if r.source == ENVIRONMENT}
+    out += ["## Other environment variables", "",
+            "Read by the processes (`deploy/contract.py`, which the deployment files are "
+            "checked against):", ""]
+    out += _table(("variable", "read by", "meaning"),
+                  ((f"`{name}`", ", ".join(f"`{r}`" for r in var.readers), var.meaning)
+                   for name, var in sorted(ENV.items()) if name not in listed))
+    out += ["Read by scripts, the compose rig and the tests:", ""]
+    out += _table(("variable", "read by", "meaning"),
+                  ((f"`{name}`", ", ".join(f"`{r}`" for r in readers.split(", ")), meaning)
+                   for name, (readers, meaning) in sorted(RIG_ENV.items())))
+    return "\n".join(out).rstrip("\n") + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--check", action="store_true", help="exit 1 if the committed file is stale")
+    a = ap.parse_args(argv)
+    text = render()
+    if a.check:
+        stale = DOC.read_text(encoding="utf-8") != text if DOC.exists() else True
+        if stale:
+            print(f"{DOC.relative_to(ROOT)} is stale: run python -m deploy.configuration",
+                  file=sys.stderr)
+        return int(stale)
+    DOC.write_text(text, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

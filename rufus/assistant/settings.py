@@ -1,0 +1,76 @@
+"""The shopping assistant's settings: rufus_assistant's config.pbtxt parameters, and what the
+pipeline reads from the environment (the Triton model and the frontend's ``rufus-assistant``
+hook alike), admission included (:class:`~rufus.assistant.admission.AdmissionSettings`,
+``RUFUS_ASSISTANT_<FIELD>``, which keeps its own reader).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from collections.abc import Mapping
+
+from rufus.assistant.admission import AdmissionSettings
+from rufus.assistant.prompt import ANSWER_PRODUCTS
+from rufus.serving.model_settings import ModelSettings
+from rufus.serving.settings import ENVIRONMENT, Row, env_var, group, param, read
+
+# what docs/configuration.md says of each AdmissionSettings field (bounds: its from_env)
+ADMISSION_HELP: dict[str, str] = {
+    "slo_s": "first answer text SLO, seconds; turns estimated past margin x SLO are refused "
+             "UNAVAILABLE / 503 (0 turns admission off)",
+    "margin": "refuse above this share of the SLO",
+    "base_s": "prior: first answer text of a lone turn, seconds",
+    "per_waiting_s": "prior: added per turn ahead still waiting for its first text, seconds",
+    "per_decoding_s": "prior: added per turn decoding its answer, seconds",
+    "forgetting": "the fit's weight of the past per observation",
+    "prior_weight": "observations the priors count as",
+}
+ADMISSION_BOUNDS: dict[str, str] = {"forgetting": "> 0, <= 1"}
+
+
+def admission_rows() -> list[Row]:
+    """AdmissionSettings as docs/configuration.md lists it (one variable per field)."""
+    hints = typing.get_type_hints(AdmissionSettings)
+    out = []
+    for f in dataclasses.fields(AdmissionSettings):
+        tp = hints[f.name]
+        out.append(Row(ENVIRONMENT, f"RUFUS_ASSISTANT_{f.name.upper()}",
+                       f"RUFUS_ASSISTANT_{f.name.upper()}", getattr(tp, "__name__", str(tp)),
+                       ADMISSION_BOUNDS.get(f.name, ">= 0"), f"{f.default}",
+                       ADMISSION_HELP.get(f.name, "see rufus/assistant/admission.py")))
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineSettings:
+    """What the pipeline reads from the environment."""
+
+    plan_timeout_s: float = env_var("RUFUS_ASSISTANT_PLAN_TIMEOUT_S", 10.0,
+                                    "planner time limit before the fallback plan, seconds",
+                                    minimum=0)
+    prewarm: bool = env_var("RUFUS_ASSISTANT_PREWARM", True, "prefill a follow-up's answer "
+                            "prefix while the planner runs")
+    admission: AdmissionSettings = group(  # noqa: RUF009 - a default_factory field
+        AdmissionSettings, read=AdmissionSettings.from_env, describe=admission_rows)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> PipelineSettings:
+        return read(cls, env=env)
+
+
+@dataclasses.dataclass(frozen=True)
+class AssistantSettings(ModelSettings):
+    """rufus_assistant: its config.pbtxt parameters and the pipeline's environment."""
+
+    planner_model: str = param("planner_model", "rufus_qp_medusa", "the planner it calls")
+    answer_model: str = param("answer_model", "rufus_llm", "the answer model it calls")
+    num_products: int = param("num_products", 5, "product cards per turn", minimum=1)
+    answer_products: int = param("answer_products", ANSWER_PRODUCTS,
+                                 "of those cards, how many the answer prompt lists", minimum=1)
+    answer_max_tokens: int = param("answer_max_tokens", 160, "answer length cap, tokens",
+                                   minimum=1)
+    triton_grpc_url: str = param("triton_grpc_url", "127.0.0.1:8001",
+                                 "this server's gRPC address, where it calls the two models "
+                                 "(the launcher sets RUFUS_TRITON_GRPC_URL)")
+    pipeline: PipelineSettings = group(PipelineSettings)  # noqa: RUF009 - a default_factory field
