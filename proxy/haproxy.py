@@ -203,10 +203,11 @@ def _affinity_rule(backend: str | None) -> list[str]:
     return [f"    use_backend {backend} if {{ req.hdr({CONVERSATION_HEADER}) -m found }}"]
 
 
-def _affinity_backend(name: str, servers: list[str]) -> list[str]:
+def _affinity_backend(name: str, servers: list[str], options: list[str] | None = None
+                      ) -> list[str]:
     """Bounded-load consistent hashing on the conversation key over ``servers`` (lines that
     ``track`` the units' health elsewhere, so membership is decided in one place)."""
-    return [f"backend {name}",
+    return [f"backend {name}", *(options or []),
             "    # conversation affinity: one unit per conversation key (its prefix cache),",
             f"    # but none above {AFFINITY_BALANCE_FACTOR}% of the average keyed load (a hot key "
             "spills over)",
@@ -420,8 +421,7 @@ def render_compose(n_units: int = 2, *, grpc_port: int = 8001, http_port: int = 
         out += ["", f"backend {name}",
                 "    # least outstanding requests: HAProxy counts in-flight streams per unit itself",
                 f"    balance {BALANCE}", *retry, *servers,
-                "", *_affinity_backend(affinity, servers)[:1], *retry,
-                *_affinity_backend(affinity, servers)[1:]]
+                "", *_affinity_backend(affinity, servers, retry)]
     return "\n".join(out) + "\n"
 
 
