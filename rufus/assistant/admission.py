@@ -135,9 +135,13 @@ class SloAdmission:
     def enabled(self) -> bool:
         return self.settings.slo_s > 0
 
+    def _predict_now(self) -> float:
+        """What a new turn would get with the queue as it is (caller holds the lock)."""
+        return self.fit.predict((1.0, float(self.waiting), float(self.decoding)))
+
     def estimate(self) -> float:
         with self.lock:
-            return self.fit.predict((1.0, float(self.waiting), float(self.decoding)))
+            return self._predict_now()
 
     def admit(self) -> Ticket:
         """A ticket for a new turn, or :class:`~rufus.errors.Unavailable` (retryable) when
@@ -165,7 +169,7 @@ class SloAdmission:
             self.waiting -= 1
             self.decoding += 1
             self.fit.update(t.x, measured)
-            now = self.fit.predict((1.0, float(self.waiting), float(self.decoding)))
+            now = self._predict_now()
         self.on_error(t.estimate_s - measured)
         self.on_estimate(now)
 
@@ -175,7 +179,7 @@ class SloAdmission:
                 self.decoding -= 1
             else:
                 self.waiting -= 1
-            now = self.fit.predict((1.0, float(self.waiting), float(self.decoding)))
+            now = self._predict_now()
         # the gauge always says what a new turn would get now (the unit agent routes on it),
         # not only what the last arrival was told
         self.on_estimate(now)
