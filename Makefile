@@ -16,7 +16,7 @@ model:
 	bash scripts/setup.sh model
 
 serve: setup      ## serve model_repository on GRPC_PORT/HTTP_PORT/METRICS_PORT + OpenAI API on OPENAI_PORT
-	$(PY) -m rufus.harness.stack --models "$${RUFUS_MODELS:-rufus_llm,rufus_qp_medusa,rufus_assistant}"
+	$(PY) -m rufus.launch.stack --models "$${RUFUS_MODELS:-rufus_llm,rufus_qp_medusa,rufus_assistant}"
 
 # Unit tests are independent of each other: one pytest-xdist worker per core (at most 4).
 # The container and integration tests share servers and cores, so they run in one process.
@@ -78,7 +78,7 @@ compose-down:     ## stop and remove the rig (volumes with compile caches are ke
 	bash scripts/compose.sh down
 
 roll: setup       ## rolling update of the rig under load: RUFUS_IMAGE or a new tag of the current image
-	$(PY) -m rufus.harness.containers roll $(ROLL_ARGS)
+	$(PY) -m lab.roll_bench $(ROLL_ARGS)
 
 test-containers: setup  ## container tests: build, rig up, faults, rolling update, rig down
 	$(PY) -m pytest -q -p no:cacheprovider --durations=10 tests/containers

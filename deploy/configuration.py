@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from deploy.contract import ENV  # noqa: E402
 from rufus.assistant.settings import AssistantSettings  # noqa: E402
-from rufus.qp.settings import QP_KEYS, DecoderKnobs  # noqa: E402
-from rufus.serving.model_settings import EngineModelSettings, LLMSettings  # noqa: E402
+from rufus.qp.settings import QP_KEYS, DecoderKnobs, PlannerModelSettings  # noqa: E402
+from rufus.serving.model_settings import LLMSettings  # noqa: E402
 from rufus.serving.settings import ENVIRONMENT, MODEL_JSON, PBTXT, Row, rows  # noqa: E402
 
 DOC = ROOT / "docs" / "configuration.md"
@@ -128,7 +128,7 @@ def _engine_table(model_json: Mapping[str, object]) -> list[str]:
 
 def model_variables() -> set[str]:
     """Every variable a model setting reads."""
-    return {r.env for cls in (LLMSettings, EngineModelSettings, AssistantSettings)
+    return {r.env for cls in (LLMSettings, PlannerModelSettings, AssistantSettings)
             for r in rows(cls) if r.env}
 
 
@@ -164,7 +164,7 @@ engine arguments, which vLLM checks. Booleans are `true`/`false` (also `1`/`0`, 
 
 def render() -> str:
     llm, planner, assistant = "rufus_llm", "rufus_qp_medusa", "rufus_assistant"
-    llm_rows, qp_rows = rows(LLMSettings), rows(EngineModelSettings)
+    llm_rows, qp_rows = rows(LLMSettings), rows(PlannerModelSettings)
     out = [INTRO]
     out += ["## rufus_llm", "", "config.pbtxt parameters (`LLMSettings`):", ""]
     out += _settings_table(llm_rows, committed_parameters(llm), PBTXT)
@@ -174,6 +174,9 @@ def render() -> str:
     out += ["## rufus_qp_medusa", "", "config.pbtxt parameters (`PlannerSettings.parameters`, "
             "the same keys as rufus_llm's):", ""]
     out += _settings_table(qp_rows, committed_parameters(planner), PBTXT)
+    out += ["Environment (admission: `PlannerModelSettings.admission`, `rufus/qp/settings.py`):",
+            ""]
+    out += _env_table(qp_rows)
     out += ["model.json: the planner's own keys (`DecoderKnobs`; `rufus/qp/backends.py` says "
             "which backend uses which):", ""]
     out += _settings_table(rows(DecoderKnobs), committed_model_json(planner), MODEL_JSON)
@@ -184,10 +187,10 @@ def render() -> str:
     out += ["## rufus_assistant", "", "config.pbtxt parameters (`AssistantSettings`):", ""]
     out += _settings_table(found, committed_parameters(assistant), PBTXT)
     out += ["Environment (`PipelineSettings`, admission: `AdmissionSettings` in "
-            "`rufus/assistant/admission.py`); the frontend's `rufus-assistant` model reads "
+            "`rufus/serving/admission.py`); the frontend's `rufus-assistant` model reads "
             "them too:", ""]
     out += _env_table(found)
-    listed = model_variables() | {r.key for r in found if r.source == ENVIRONMENT}
+    listed = model_variables() | {r.key for r in found + qp_rows if r.source == ENVIRONMENT}
     out += ["## Other environment variables", "",
             "Read by the processes (`deploy/contract.py`, which the deployment files are "
             "checked against):", ""]

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 # --- ports -----------------------------------------------------------------------------------
 PORTS: dict[str, int] = {
-    "GRPC_PORT": 8001,           # tritonserver gRPC (leader)      rufus/harness/server.py
-    "HTTP_PORT": 8000,           # tritonserver HTTP (leader)      rufus/harness/server.py
-    "METRICS_PORT": 8002,        # tritonserver /metrics (leader)  rufus/harness/server.py
+    "GRPC_PORT": 8001,           # tritonserver gRPC (leader)      rufus/launch/server.py
+    "HTTP_PORT": 8000,           # tritonserver HTTP (leader)      rufus/launch/server.py
+    "METRICS_PORT": 8002,        # tritonserver /metrics (leader)  rufus/launch/server.py
     "RUFUS_LEADER_PORT": 29500,  # torch.distributed rendezvous    rufus/multinode/topology.py
     "RUFUS_CONTROL_PORT": 29501,  # leader/follower control channel rufus/multinode/topology.py (+1)
     "RUFUS_HEALTH_PORT": 8081,   # follower /health                rufus/multinode/topology.py
@@ -37,14 +37,14 @@ LEADER_MODELS: tuple[str, ...] = (MODEL, "rufus_qp_medusa", ASSISTANT_MODEL)
 # where the images keep the product search index (built in docker/Dockerfile's cpu-build)
 CATALOG_INDEX = "/opt/rufus/catalog/catalog.sqlite"
 COMMANDS: dict[str, list[str]] = {
-    "leader": ["python", "-m", "rufus.harness.server"],
+    "leader": ["python", "-m", "rufus.launch.server"],
     "follower": ["python", "-m", "follower"],
     "agent": ["python", "-m", "proxy.agent"],
     "openai": ["python", "-m", "rufus.frontend"],
 }
 # the file that ``python -m <module>`` runs, relative to the repository root
 MODULE_FILES: dict[str, str] = {
-    "rufus.harness.server": "rufus/harness/server.py",
+    "rufus.launch.server": "rufus/launch/server.py",
     "follower": "follower/__main__.py",
     "proxy.agent": "proxy/agent.py",
     "rufus.frontend": "rufus/frontend/__main__.py",
@@ -98,10 +98,10 @@ class Var:
 
 
 ENV: dict[str, Var] = {
-    "GRPC_PORT": Var(("rufus/harness/server.py",), "leader gRPC port"),
-    "HTTP_PORT": Var(("rufus/harness/server.py",), "leader HTTP port"),
-    "METRICS_PORT": Var(("rufus/harness/server.py",), "leader metrics port"),
-    "RUFUS_MODELS": Var(("rufus/harness/server.py",), "models tritonserver loads"),
+    "GRPC_PORT": Var(("rufus/launch/server.py",), "leader gRPC port"),
+    "HTTP_PORT": Var(("rufus/launch/server.py",), "leader HTTP port"),
+    "METRICS_PORT": Var(("rufus/launch/server.py",), "leader metrics port"),
+    "RUFUS_MODELS": Var(("rufus/launch/server.py",), "models tritonserver loads"),
     "RUFUS_CACHE_DIR": Var(("rufus/serving/config.py",), "root of built models and caches"),
     "RUFUS_MODEL_DIR": Var(("rufus/serving/config.py",), "the default model's directory"),
     "RUFUS_COMPILE_CACHE_DIR": Var(("rufus/serving/caches.py",),
@@ -120,7 +120,7 @@ ENV: dict[str, Var] = {
     "RUFUS_ENGINE_ARGS": Var(("rufus/serving/config.py",), "JSON engine-argument overrides, all models"),
     "RUFUS_RUFUS_LLM_ENGINE_ARGS": Var(("rufus/serving/config.py",),
                                        "JSON engine-argument overrides for rufus_llm"),
-    "RUFUS_RUFUS_QP_MEDUSA_ENGINE_ARGS": Var(("rufus/qp/tooling/bench.py",),
+    "RUFUS_RUFUS_QP_MEDUSA_ENGINE_ARGS": Var(("lab/qp/bench.py",),
                                              "JSON engine-argument overrides for rufus_qp_medusa"),
     "RUFUS_NNODES": Var(("rufus/multinode/topology.py",), "nodes in the unit"),
     "RUFUS_NODE_RANK": Var(("rufus/multinode/topology.py",), "this node's rank (0 = leader)"),
@@ -149,16 +149,16 @@ ENV: dict[str, Var] = {
     "RUFUS_CAPACITY_REFERENCE": Var(("proxy/",),
                                     "unit agent: the capacity (sequences) that weighs 100 % at the "
                                     "ingress; the same on every agent (LWS: INSTANCE_TYPES' largest)"),
-    "RUFUS_AGENT_DRAIN_S": Var(("proxy/", "rufus/harness/fleet.py"),
+    "RUFUS_AGENT_DRAIN_S": Var(("proxy/", "rufus/launch/fleet.py"),
                                "unit agent: seconds it answers 'down' on SIGTERM before exiting "
                                "(default 4.5; the local fleet sets 0)"),
-    "RUFUS_FLEET_NNODES": Var(("rufus/harness/fleet.py",), "local fleet (make fleet): nodes per unit"),
+    "RUFUS_FLEET_NNODES": Var(("rufus/launch/fleet.py",), "local fleet (make fleet): nodes per unit"),
     **{f"RUFUS_UNIT{i}_{kind}": Var((HAPROXY_CONFIG,),
                                     f"ingress: unit {i}'s {kind.lower()} address (host:port)")
        for i in (0, 1) for kind in ("GRPC", "HTTP", "AGENT")},
     # secrets (SECURITY.md): from a Kubernetes Secret / ECS secrets / the compose environment,
     # never a literal value in a deployment file
-    "RUFUS_ADMIN_KEY": Var(("rufus/harness/server.py",),
+    "RUFUS_ADMIN_KEY": Var(("rufus/launch/server.py",),
                            "secret: opens Triton's restricted APIs (model control); unset = random"),
     "RUFUS_UNIT_SECRET": Var(("rufus/multinode/control.py",),
                              "secret: the unit's control-channel HMAC key, same on every node"),
@@ -178,27 +178,33 @@ ENV: dict[str, Var] = {
                                 "frontend: resends before the first token (UNAVAILABLE)"),
     "RUFUS_OPENAI_API_KEY": Var(("rufus/frontend/__main__.py",),
                                 "secret: bearer key the frontend requires on /v1 (unset: open)"),
-    "RUFUS_BENCH_LOGS": Var(("rufus/harness/bench_openai.py",), "benchmarks: log directory"),
+    "RUFUS_BENCH_LOGS": Var(("lab/bench_openai.py",), "benchmarks: log directory"),
     "RUFUS_ROLE": Var(("docker/healthcheck.py",),
                       "leader|follower|agent|openai: which endpoint the image HEALTHCHECK probes"),
     # the shopping assistant (rufus_assistant, rufus/assistant/, rufus/retrieval/)
-    "RUFUS_TRITON_GRPC_URL": Var(("rufus/harness/server.py",),
+    "RUFUS_TRITON_GRPC_URL": Var(("rufus/launch/server.py",),
                                  "rufus_assistant: the server's own gRPC address (set by the "
                                  "launcher; default 127.0.0.1:8001)"),
     "RUFUS_ASSISTANT_PLAN_TIMEOUT_S": Var(("rufus/assistant/settings.py",),
                                           "assistant: planner time limit before the fallback plan (10)"),
-    "RUFUS_ASSISTANT_SLO_S": Var(("rufus/assistant/admission.py",),
+    "RUFUS_ASSISTANT_SLO_S": Var(("rufus/assistant/settings.py",),
                                  "assistant: first answer text SLO in seconds (1.0); turns "
                                  "estimated past margin x SLO are refused UNAVAILABLE / 503 "
                                  "(0 turns admission off)"),
-    "RUFUS_ASSISTANT_MARGIN": Var(("rufus/assistant/admission.py",),
+    "RUFUS_ASSISTANT_MARGIN": Var(("rufus/assistant/settings.py",),
                                   "assistant: refuse above this share of the SLO (1.0)"),
+    "RUFUS_QP_SLO_S": Var(("rufus/qp/settings.py",),
+                          "planner: plan SLO in seconds (0.3); plans estimated past margin x "
+                          "SLO are refused UNAVAILABLE (a request's slo_ms replaces it; 0 "
+                          "turns admission off)"),
+    "RUFUS_QP_MARGIN": Var(("rufus/qp/settings.py",),
+                           "planner: refuse above this share of the SLO (1.0)"),
     "RUFUS_ASSISTANT_PREWARM": Var(("rufus/assistant/settings.py",),
                                    "assistant: prefill a follow-up's answer prefix while planning "
                                    "(1; 0 turns it off)"),
     "RUFUS_CATALOG": Var(("rufus/retrieval/__init__.py",),
                          "assistant: your own catalog (.jsonl/.csv) instead of the generated one"),
-    "RUFUS_INIT_MARKERS": Var(("rufus/serving/triton_backend.py", "rufus/harness/server.py"),
+    "RUFUS_INIT_MARKERS": Var(("rufus/serving/triton_backend.py", "rufus/launch/server.py"),
                               "set by the launcher, not by operators: where each stub marks "
                               "that its initialize() returned (stalled loads: docs/operations.md)"),
     "RUFUS_WARMUP": Var(("rufus/serving/model_settings.py",),

@@ -1,4 +1,4 @@
-"""Write build/triton/env.json (what ``python -m rufus.harness.server`` reads) in the CUDA and Neuron
+"""Write build/triton/env.json (what ``python -m rufus.launch.server`` reads) in the CUDA and Neuron
 images, whose Python and tritonserver are not the CPU venv's that scripts/setup.sh prepares.
 
     python3 docker/triton_env.py system    # tritonserver in /opt/tritonserver (NVIDIA image)

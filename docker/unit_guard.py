@@ -10,7 +10,7 @@ service then starts the node again, and the restarted node re-forms the unit wit
 which the same wrapper has restarted too. Before the unit first forms nothing is enforced
 except ``--startup-timeout``, so a starting unit never restarts itself in a loop.
 
-    python docker/unit_guard.py --watch URL [--watch URL ...] -- python -m rufus.harness.server
+    python docker/unit_guard.py --watch URL [--watch URL ...] -- python -m rufus.launch.server
 """
 
 from __future__ import annotations

@@ -1,3 +1,3 @@
 """Proxy layer, what runs in production: the per-unit agent (health + load) and the HAProxy
-configuration for the data path. The local fleet, its benchmark and the routing simulation
-are harness code in rufus/harness/. See proxy/README.md."""
+configuration for the data path. The local fleet is in rufus/launch/; its benchmarks and
+the routing simulation are in lab/. See proxy/README.md."""

@@ -1,7 +1,7 @@
 """The multi-region traffic policy: per-region signals in, each region's share of global traffic out.
 
 Pure (no I/O, no clock, no randomness): the orchestrator process (proxy/orchestrator.py),
-the Prime Day simulation (rufus/harness/region_sim.py) and the unit tests run the very same
+the Prime Day simulation (lab/region_sim.py) and the unit tests run the very same
 decisions, so what the simulation shows is what production does.
 
 One round, :func:`decide`:
@@ -268,189 +268,246 @@ def decide(signals: Sequence[RegionSignals], state: PolicyState,
     signals = [replace(s, ttft_p50_s=None, ttft_p99_s=None)
                if s.ttft_samples is not None and s.ttft_samples < cfg.min_ttft_samples else s
                for s in signals]
-    by_name = {s.name: s for s in signals}
     names = [s.name for s in signals]
-    if len(by_name) != len(names):
+    if len({s.name for s in signals}) != len(names):
         raise ValueError(f"region names must be unique: {names}")
     before = {n: int(state.shares.get(n, 0)) for n in names}
     if sum(before.values()) != TOTAL:  # a region added or removed: start from what is known
         before = apportion(TOTAL, {n: float(before[n]) or 1e-9 for n in names})
-
-    # 1. streaks
-    regions: dict[str, RegionState] = {}
-    pressure: dict[str, tuple[str, str, bool] | None] = {}
-    for s in signals:
-        rs = state.regions.get(s.name, RegionState())
-        p = _pressure(s, cfg) if s.up else None
-        pressure[s.name] = p
-        regions[s.name] = RegionState(
-            hot_rounds=rs.hot_rounds + 1 if p else 0,
-            cool_rounds=rs.cool_rounds + 1 if s.up and _cool(s, cfg) else 0,
-            up_rounds=rs.up_rounds + 1 if s.up else 0,
-            returning=rs.returning or not s.up,
-        )
-
-    shares = dict(before)
-    kinds: dict[str, str] = {}
-    reasons: dict[str, str] = {}
-    up = [n for n in names if by_name[n].up]
-    if not up:
-        for n in names:
-            kinds[n] = "hold_all_down"
-            reasons[n] = (f"every region is down, holding the last shares ({by_name[n].down_reason()})")
-        return _done(before, shares, kinds, reasons, regions, state)
-
-    base_w = {n: by_name[n].baseline * by_name[n].healthy_units / max(by_name[n].total_units, 1)
-              for n in up}
-    base = apportion(TOTAL, base_w) if sum(base_w.values()) > 0 else apportion(
-        TOTAL, {n: 1.0 for n in up})
-
-    # a failed region waits, at 0, until it has been up long enough
-    waiting = {n for n in up if regions[n].returning and shares[n] == 0
-               and regions[n].up_rounds <= cfg.return_after_rounds}
-    for n in waiting:
-        kinds[n] = "waiting_return"
-        reasons[n] = (f"back up {regions[n].up_rounds}/{cfg.return_after_rounds + 1} rounds "
-                      f"before traffic returns ({_signals_text(by_name[n])})")
-
-    # 2. fail-out: every point of a region that is not up moves now
-    failed = 0
-    failed_from = []
-    for n in names:
-        if by_name[n].up:
-            continue
-        if shares[n] > 0:
-            failed += shares[n]
-            failed_from.append(f"{n} (fail-out)")
-            kinds[n] = "fail_out"
-            reasons[n] = f"fail-out: {by_name[n].down_reason()}"
-            shares[n] = 0
-        else:
-            kinds[n] = "out"
-            reasons[n] = f"out: {by_name[n].down_reason()}"
-
-    # 3. sheds: confirmed pressure gives up to max_step points
-    shed: dict[str, int] = {}
-    for n in up:
-        p = pressure[n]
-        if p is None or n in waiting:
-            continue
-        kind, why, severe = p
-        rounds = regions[n].hot_rounds
-        if rounds < cfg.persist_rounds and not severe:
-            kinds[n] = "hold_unconfirmed"
-            reasons[n] = f"{why}, {rounds}/{cfg.persist_rounds} rounds: not yet acting"
-            continue
-        when = "at once (beyond the jump band)" if rounds < cfg.persist_rounds else f"for {rounds} rounds"
-        kinds[n] = kind
-        if shares[n] == 0:
-            reasons[n] = f"{why} {when}, share already 0"
-            continue
-        shed[n] = min(cfg.max_step, shares[n])
-        reasons[n] = f"shed: {why} {when}"
-
-    receivers = [n for n in up if pressure[n] is None and n not in waiting]
-    headroom = {n: _headroom(by_name[n], cfg) for n in receivers}
-    # a region coming back takes at most return_step a round, whatever the source
-    gain_cap = {n: (cfg.return_step if regions[n].returning else cfg.max_step) for n in receivers}
-    gained: dict[str, int] = dict.fromkeys(up, 0)
-    sources: dict[str, list[str]] = {n: [] for n in up}
-
-    # 4a. a failed region's share goes now, by headroom (by baseline if nobody has room)
+    r = _Round(cfg, signals, state, before)
+    if not r.up:
+        r.hold_all_down()
+        return _done(before, r.shares, r.kinds, r.reasons, r.regions, state)
+    r.wait_for_return()
+    failed, failed_from = r.fail_out()
+    shed = r.sheds()
+    r.find_receivers()
     if failed:
-        w = headroom if sum(headroom.values()) > 0 else {n: float(base[n]) for n in receivers}
-        if not receivers:  # every up region is under pressure or waiting: still must go
-            w = {n: float(base[n]) for n in up}
-        got = apportion(failed, w)
+        r.place_failed(failed, failed_from)
+    if shed:
+        r.place_sheds(shed)
+    if not failed and not any(shed.values()):
+        r.restore()
+    r.name_receivers()
+    r.hold_the_rest()
+    return _done(before, r.shares, r.kinds, r.reasons, r.regions, state)
+
+
+class _Round:
+    """One round of :func:`decide` as it goes: the region streaks, the shares as they move,
+    and for every region what it did (``kinds``) and why (``reasons``). Each method is one
+    step of the module docstring's rules, run in that order."""
+
+    def __init__(self, cfg: PolicyConfig, signals: Sequence[RegionSignals], state: PolicyState,
+                 before: dict[str, int]) -> None:
+        self.cfg = cfg
+        self.by_name = {s.name: s for s in signals}
+        self.names = [s.name for s in signals]
+        self.shares = dict(before)
+        self.kinds: dict[str, str] = {}
+        self.reasons: dict[str, str] = {}
+        self.up = [n for n in self.names if self.by_name[n].up]
+        # 1. streaks
+        self.regions: dict[str, RegionState] = {}
+        self.pressure: dict[str, tuple[str, str, bool] | None] = {}
+        for s in signals:
+            rs = state.regions.get(s.name, RegionState())
+            p = _pressure(s, cfg) if s.up else None
+            self.pressure[s.name] = p
+            self.regions[s.name] = RegionState(
+                hot_rounds=rs.hot_rounds + 1 if p else 0,
+                cool_rounds=rs.cool_rounds + 1 if s.up and _cool(s, cfg) else 0,
+                up_rounds=rs.up_rounds + 1 if s.up else 0,
+                returning=rs.returning or not s.up,
+            )
+        self.waiting: set[str] = set()
+        self.base: dict[str, int] = {}
+        self.receivers: list[str] = []
+        self.headroom: dict[str, float] = {}
+        self.gain_cap: dict[str, int] = {}
+        self.gained: dict[str, int] = {}
+        self.sources: dict[str, list[str]] = {}
+
+    def hold_all_down(self) -> None:
+        for n in self.names:
+            self.kinds[n] = "hold_all_down"
+            self.reasons[n] = (f"every region is down, holding the last shares "
+                               f"({self.by_name[n].down_reason()})")
+
+    def wait_for_return(self) -> None:
+        """The resting point (baseline x healthy fraction); a failed region waits, at 0,
+        until it has been up long enough."""
+        cfg, by_name, regions = self.cfg, self.by_name, self.regions
+        base_w = {n: by_name[n].baseline * by_name[n].healthy_units / max(by_name[n].total_units, 1)
+                  for n in self.up}
+        self.base = apportion(TOTAL, base_w) if sum(base_w.values()) > 0 else apportion(
+            TOTAL, {n: 1.0 for n in self.up})
+        self.waiting = {n for n in self.up if regions[n].returning and self.shares[n] == 0
+                        and regions[n].up_rounds <= cfg.return_after_rounds}
+        for n in self.waiting:
+            self.kinds[n] = "waiting_return"
+            self.reasons[n] = (f"back up {regions[n].up_rounds}/{cfg.return_after_rounds + 1} "
+                               f"rounds before traffic returns ({_signals_text(by_name[n])})")
+
+    def fail_out(self) -> tuple[int, list[str]]:
+        """2. Every point of a region that is not up moves now: (points, from where)."""
+        failed = 0
+        failed_from = []
+        for n in self.names:
+            s = self.by_name[n]
+            if s.up:
+                continue
+            if self.shares[n] > 0:
+                failed += self.shares[n]
+                failed_from.append(f"{n} (fail-out)")
+                self.kinds[n] = "fail_out"
+                self.reasons[n] = f"fail-out: {s.down_reason()}"
+                self.shares[n] = 0
+            else:
+                self.kinds[n] = "out"
+                self.reasons[n] = f"out: {s.down_reason()}"
+        return failed, failed_from
+
+    def sheds(self) -> dict[str, int]:
+        """3. Confirmed pressure gives up to ``max_step`` points: points per shedder."""
+        cfg = self.cfg
+        shed: dict[str, int] = {}
+        for n in self.up:
+            p = self.pressure[n]
+            if p is None or n in self.waiting:
+                continue
+            kind, why, severe = p
+            rounds = self.regions[n].hot_rounds
+            if rounds < cfg.persist_rounds and not severe:
+                self.kinds[n] = "hold_unconfirmed"
+                self.reasons[n] = f"{why}, {rounds}/{cfg.persist_rounds} rounds: not yet acting"
+                continue
+            when = ("at once (beyond the jump band)" if rounds < cfg.persist_rounds
+                    else f"for {rounds} rounds")
+            self.kinds[n] = kind
+            if self.shares[n] == 0:
+                self.reasons[n] = f"{why} {when}, share already 0"
+                continue
+            shed[n] = min(cfg.max_step, self.shares[n])
+            self.reasons[n] = f"shed: {why} {when}"
+        return shed
+
+    def find_receivers(self) -> None:
+        """The regions that may take points: up, under no pressure, not waiting."""
+        self.receivers = [n for n in self.up if self.pressure[n] is None and n not in self.waiting]
+        self.headroom = {n: _headroom(self.by_name[n], self.cfg) for n in self.receivers}
+        # a region coming back takes at most return_step a round, whatever the source
+        self.gain_cap = {n: (self.cfg.return_step if self.regions[n].returning
+                             else self.cfg.max_step) for n in self.receivers}
+        self.gained = dict.fromkeys(self.up, 0)
+        self.sources = {n: [] for n in self.up}
+
+    def _give(self, got: Mapping[str, int], sources: list[str]) -> None:
         for n, g in got.items():
             if g:
-                shares[n] += g
-                gained[n] += g
-                sources[n].extend(failed_from)
+                self.shares[n] += g
+                self.gained[n] += g
+                self.sources[n].extend(sources)
 
-    # 4b. sheds go to regions with headroom, at most max_step each; what finds no room stays
-    if shed:
+    def place_failed(self, failed: int, failed_from: list[str]) -> None:
+        """4a. A failed region's share goes now, by headroom (by baseline if nobody has room)."""
+        receivers, base = self.receivers, self.base
+        w = (self.headroom if sum(self.headroom.values()) > 0
+             else {n: float(base[n]) for n in receivers})
+        if not receivers:  # every up region is under pressure or waiting: still must go
+            w = {n: float(base[n]) for n in self.up}
+        self._give(apportion(failed, w), failed_from)
+
+    def place_sheds(self, shed: dict[str, int]) -> None:
+        """4b. Sheds go to regions with headroom, at most max_step each; what finds no room
+        stays with its shedder."""
         total_shed = sum(shed.values())
-        room = {n: min(max(gain_cap[n] - gained[n], 0), _room(by_name[n], shares[n], cfg))
-                for n in receivers if headroom[n] > 0}
+        room = {n: min(max(self.gain_cap[n] - self.gained[n], 0),
+                       _room(self.by_name[n], self.shares[n], self.cfg))
+                for n in self.receivers if self.headroom[n] > 0}
         room = {n: v for n, v in room.items() if v > 0}
-        got = apportion(total_shed, {n: headroom[n] for n in room}, room)
+        got = apportion(total_shed, {n: self.headroom[n] for n in room}, room)
         placed = sum(got.values())
         if placed < total_shed:  # give the unplaced points back to the shedders
             back = apportion(total_shed - placed, {n: float(v) for n, v in shed.items()}, shed)
             for n in shed:
                 shed[n] -= back[n]
-        shed_names = [f"{n} ({kinds[n].removeprefix('shed_')})" for n in shed if shed[n] > 0]
+        shed_names = [f"{n} ({self.kinds[n].removeprefix('shed_')})" for n in shed if shed[n] > 0]
         for n, v in shed.items():
-            shares[n] -= v
+            self.shares[n] -= v
             if v == 0:
-                kinds[n] = "hold_no_headroom"
-                reasons[n] = reasons[n].replace("shed: ", "") + ": no region has headroom, holding"
-        for n, g in got.items():
-            if g:
-                shares[n] += g
-                gained[n] += g
-                sources[n].extend(shed_names)
+                self.kinds[n] = "hold_no_headroom"
+                self.reasons[n] = (self.reasons[n].replace("shed: ", "")
+                                   + ": no region has headroom, holding")
+        self._give(got, shed_names)
 
-    # 4c. restore: returning or cooled-down regions below baseline take points back from
-    # regions above theirs (only in rounds without a fail-out or a shed: one move at a time)
-    if not failed and not any(shed.values()):
+    def restore(self) -> None:
+        """4c. Returning or cooled-down regions below baseline take points back from regions
+        above theirs (only in rounds without a fail-out or a shed: one move at a time)."""
+        cfg, base, shares, regions = self.cfg, self.base, self.shares, self.regions
         want: dict[str, int] = {}
-        for n in receivers:
+        for n in self.receivers:
             rs = regions[n]
             gap = base[n] - shares[n]
             if rs.returning and gap > 0:
                 want[n] = min(cfg.return_step, gap)
             elif gap > cfg.dead_band and rs.cool_rounds >= cfg.restore_after_rounds:
-                want[n] = min(cfg.max_step, gap, _room(by_name[n], shares[n], cfg))
+                want[n] = min(cfg.max_step, gap, _room(self.by_name[n], shares[n], cfg))
         want = {n: v for n, v in want.items() if v > 0}
-        excess = {n: min(shares[n] - base[n], cfg.max_step) for n in up
+        excess = {n: min(shares[n] - base[n], cfg.max_step) for n in self.up
                   if n not in want and shares[n] > base[n]}
         need = sum(want.values())
-        if need and excess:
-            take = apportion(min(need, sum(excess.values())),
-                             {n: float(v) for n, v in excess.items()}, excess)
-            pool = sum(take.values())
-            give = apportion(pool, {n: float(v) for n, v in want.items()}, want)
-            donors = [n for n, v in take.items() if v]
-            for n, v in take.items():
-                if v:
-                    shares[n] -= v
-                    kinds[n] = "donate"
-                    reasons[n] = (f"gives {v} back (above its baseline {base[n]}; "
-                                  f"{_signals_text(by_name[n])})")
-            for n, v in give.items():
-                if v:
-                    shares[n] += v
-                    kinds[n] = "return" if regions[n].returning else "restore"
-                    what = ("back after fail-out" if regions[n].returning
-                            else f"cool for {regions[n].cool_rounds} rounds")
-                    reasons[n] = (f"{kinds[n]}: +{v} toward baseline {base[n]} ({what}; "
-                                  f"{_signals_text(by_name[n])}; from {', '.join(donors)})")
+        if not (need and excess):
+            return
+        take = apportion(min(need, sum(excess.values())),
+                         {n: float(v) for n, v in excess.items()}, excess)
+        give = apportion(sum(take.values()), {n: float(v) for n, v in want.items()}, want)
+        donors = [n for n, v in take.items() if v]
+        for n, v in take.items():
+            if v:
+                shares[n] -= v
+                self.kinds[n] = "donate"
+                self.reasons[n] = (f"gives {v} back (above its baseline {base[n]}; "
+                                   f"{_signals_text(self.by_name[n])})")
+        for n, v in give.items():
+            if v:
+                shares[n] += v
+                kind = self.kinds[n] = "return" if regions[n].returning else "restore"
+                what = ("back after fail-out" if regions[n].returning
+                        else f"cool for {regions[n].cool_rounds} rounds")
+                self.reasons[n] = (f"{kind}: +{v} toward baseline {base[n]} ({what}; "
+                                   f"{_signals_text(self.by_name[n])}; from {', '.join(donors)})")
 
-    for n in up:
-        if gained.get(n):
-            kinds[n] = "receive"
-            reasons[n] = (f"receive +{gained[n]} from {', '.join(dict.fromkeys(sources[n]))}: "
-                          f"headroom ({_signals_text(by_name[n])})")
+    def name_receivers(self) -> None:
+        """Every region that gained says from where; a returning region is back once it is
+        near its baseline."""
+        for n in self.up:
+            if self.gained.get(n):
+                self.kinds[n] = "receive"
+                self.reasons[n] = (f"receive +{self.gained[n]} from "
+                                   f"{', '.join(dict.fromkeys(self.sources[n]))}: "
+                                   f"headroom ({_signals_text(self.by_name[n])})")
+        for n in self.up:
+            rs = self.regions[n]
+            if rs.returning and self.shares[n] >= self.base[n] - self.cfg.dead_band \
+                    and n not in self.waiting:
+                self.regions[n] = replace(rs, returning=False)
 
-    # a returning region is back once it is near its baseline
-    for n in up:
-        rs = regions[n]
-        if rs.returning and shares[n] >= base[n] - cfg.dead_band and n not in waiting:
-            regions[n] = replace(rs, returning=False)
-    for n in names:
-        if n not in kinds:
-            s = by_name[n]
-            kinds[n] = "hold"
-            if s.up and shares[n] < base[n] - cfg.dead_band:
-                cool = regions[n].cool_rounds
-                reasons[n] = (f"hold below baseline {base[n]}: cool {cool}/{cfg.restore_after_rounds} "
-                              f"rounds ({_signals_text(s)})" if cool else
-                              f"hold below baseline {base[n]} until cool ({_signals_text(s)})")
+    def hold_the_rest(self) -> None:
+        """Every region nothing above moved holds, with why."""
+        for n in self.names:
+            if n in self.kinds:
+                continue
+            s = self.by_name[n]
+            self.kinds[n] = "hold"
+            if s.up and self.shares[n] < self.base[n] - self.cfg.dead_band:
+                base, cool = self.base[n], self.regions[n].cool_rounds
+                self.reasons[n] = (f"hold below baseline {base}: cool {cool}/"
+                                   f"{self.cfg.restore_after_rounds} rounds ({_signals_text(s)})"
+                                   if cool else
+                                   f"hold below baseline {base} until cool ({_signals_text(s)})")
             else:
-                reasons[n] = f"hold ({_signals_text(s)})" if s.up else reasons.get(n, "out")
-    return _done(before, shares, kinds, reasons, regions, state)
+                self.reasons[n] = f"hold ({_signals_text(s)})" if s.up else self.reasons.get(n, "out")
 
 
 def _done(before: dict[str, int], shares: dict[str, int], kinds: dict[str, str],

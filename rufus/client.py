@@ -21,7 +21,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import numpy as np
 
@@ -81,6 +81,16 @@ def value_tensors(values: dict[str, Any]) -> dict[str, np.ndarray]:
         else:
             out[name] = bytes_tensor(value)
     return out
+
+
+class LLMInputs(TypedDict, total=False):
+    """rufus_llm's inputs besides the prompt: the keywords of :func:`build_inputs`, which
+    :func:`generate` and :func:`agenerate` pass on as they are."""
+
+    stream: bool
+    sampling: dict[str, Any] | None
+    flags: dict[str, bool] | None
+    raw: dict[str, Any] | None
 
 
 def build_inputs(
@@ -169,14 +179,15 @@ def _rpc_failed(exc: Any, prefix: str = "") -> RequestFailed:
 
 
 def stream_outputs(url: str, model: str, inputs: list[Any], *, timeout: float = 300.0,
-                   client: Any = None, conversation: str | None = None
-                   ) -> Iterator[dict[str, Any]]:
+                   client: Any = None, conversation: str | None = None,
+                   parameters: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
     """The stream core: send one request on its own gRPC stream (any model of this project,
     they are all decoupled) and yield each response's outputs until the final response.
 
     ``client``: a ``tritonclient.grpc`` client to reuse (kept open); otherwise one is
     opened and closed here. ``conversation``: the conversation key (:data:`CONVERSATION_HEADER`)
-    sent as metadata. Raises :class:`RequestFailed` on a server error."""
+    sent as metadata; ``parameters``: Triton request parameters. Raises
+    :class:`RequestFailed` on a server error."""
     import tritonclient.grpc as grpcclient
 
     q: queue.Queue[Any] = queue.Queue()
@@ -185,7 +196,8 @@ def stream_outputs(url: str, model: str, inputs: list[Any], *, timeout: float = 
     try:
         client.start_stream(callback=lambda result, error: q.put((result, error)),
                             stream_timeout=timeout, headers=conversation_headers(conversation))
-        client.async_stream_infer(model, inputs, enable_empty_final_response=True)
+        client.async_stream_infer(model, inputs, enable_empty_final_response=True,
+                                  parameters=parameters)
         deadline = time.monotonic() + timeout
         while True:
             outputs, final = _response(*q.get(timeout=max(deadline - time.monotonic(), 0.1)))
@@ -200,19 +212,22 @@ def stream_outputs(url: str, model: str, inputs: list[Any], *, timeout: float = 
 
 
 async def astream_outputs(url: str, model: str, inputs: list[Any], *, timeout: float = 600.0,
-                          client: Any = None, prefix: str = "", conversation: str | None = None
+                          client: Any = None, prefix: str = "", conversation: str | None = None,
+                          parameters: dict[str, Any] | None = None
                           ) -> AsyncIterator[dict[str, Any]]:
     """asyncio version of :func:`stream_outputs` (``client``: a ``tritonclient.grpc.aio``
     client, one HTTP/2 connection for many streams). ``prefix`` goes in front of error
-    messages (a pipeline names the model that failed). A caller that stops early cancels
-    the gRPC stream, which Triton reports to the model as a cancelled request."""
+    messages (a pipeline names the model that failed); ``parameters``: Triton request
+    parameters. A caller that stops early cancels the gRPC stream, which Triton reports to
+    the model as a cancelled request."""
     import contextlib
 
     import grpc
     import tritonclient.grpc.aio as aioclient
 
     async def requests() -> AsyncIterator[dict[str, Any]]:
-        yield {"model_name": model, "inputs": inputs, "enable_empty_final_response": True}
+        yield {"model_name": model, "inputs": inputs, "enable_empty_final_response": True,
+               "parameters": parameters}
 
     async with contextlib.AsyncExitStack() as stack:
         if client is None:
@@ -251,14 +266,15 @@ class AsyncStreams:
         await self.client.close()
 
     def stream(self, model: str, values: dict[str, Any], timeout: float = 600.0,
-               conversation: str | None = None) -> AsyncIterator[dict[str, Any]]:
+               conversation: str | None = None, parameters: dict[str, Any] | None = None
+               ) -> AsyncIterator[dict[str, Any]]:
         """Each response's outputs (:func:`astream_outputs`); ``values`` are Python values
         (:func:`value_tensors`). Errors name the model."""
         import tritonclient.grpc as grpcclient
 
         return astream_outputs(self.url, model, infer_inputs(grpcclient, value_tensors(values)),
                                timeout=timeout, client=self.client, prefix=f"{model}: ",
-                               conversation=conversation)
+                               conversation=conversation, parameters=parameters)
 
 
 def retryable(exc: RequestFailed) -> bool:
@@ -285,20 +301,10 @@ def _retry_after(exc: RequestFailed, started: bool, attempt: int, retries: int) 
     return retry_delay(attempt)
 
 
-def generate(
-    url: str,
-    model: str,
-    prompt: str | None = None,
-    messages: list[dict[str, str]] | None = None,
-    *,
-    stream: bool = True,
-    sampling: dict[str, Any] | None = None,
-    flags: dict[str, bool] | None = None,
-    raw: dict[str, Any] | None = None,
-    timeout: float = 300.0,
-    retries: int = 0,
-    conversation: str | None = None,
-) -> Iterator[Chunk]:
+def generate(url: str, model: str, prompt: str | None = None,
+             messages: list[dict[str, str]] | None = None, *, timeout: float = 300.0,
+             retries: int = 0, conversation: str | None = None,
+             **inputs: Unpack[LLMInputs]) -> Iterator[Chunk]:
     """Yield response chunks as they arrive; raise :class:`RequestFailed` on a server error.
 
     ``retries``: how many times to resend a request that failed *before its first chunk*
@@ -308,15 +314,16 @@ def generate(
     been yielded, a failure is raised, never retried: the caller already holds part of the
     answer (backoff: :func:`retry_delay`). ``conversation``: the conversation key, which
     keeps a conversation's requests on one unit behind the ingress (:data:`CONVERSATION_HEADER`).
+    ``inputs``: ``stream`` (default true), ``sampling``, ``flags``, ``raw``, as
+    :func:`build_inputs` takes them.
     """
     import tritonclient.grpc as grpcclient
 
-    inputs = build_inputs(grpcclient, prompt, messages, stream=stream, sampling=sampling,
-                          flags=flags, raw=raw)
+    built = build_inputs(grpcclient, prompt, messages, **inputs)
     for attempt in range(retries + 1):
         started = False
         try:
-            for chunk in _generate_once(url, model, inputs, timeout, conversation):
+            for chunk in _generate_once(url, model, built, timeout, conversation):
                 started = True
                 yield chunk
             return
@@ -331,20 +338,10 @@ def _generate_once(url: str, model: str, inputs: list[Any], timeout: float,
         yield Chunk(output_str(outs), outs, time.monotonic())
 
 
-async def agenerate(
-    url: str,
-    model: str,
-    prompt: str | None = None,
-    messages: list[dict[str, str]] | None = None,
-    *,
-    stream: bool = True,
-    sampling: dict[str, Any] | None = None,
-    flags: dict[str, bool] | None = None,
-    timeout: float = 600.0,
-    retries: int = 0,
-    client: Any = None,
-    conversation: str | None = None,
-) -> AsyncIterator[Chunk]:
+async def agenerate(url: str, model: str, prompt: str | None = None,
+                    messages: list[dict[str, str]] | None = None, *, timeout: float = 600.0,
+                    retries: int = 0, client: Any = None, conversation: str | None = None,
+                    **inputs: Unpack[LLMInputs]) -> AsyncIterator[Chunk]:
     """asyncio version (one gRPC stream per request), used by the load generator.
 
     ``retries`` as in :func:`generate`: only :func:`retryable` errors, only before the
@@ -355,12 +352,11 @@ async def agenerate(
 
     import tritonclient.grpc as grpcclient
 
-    inputs = build_inputs(grpcclient, prompt, messages, stream=stream, sampling=sampling,
-                          flags=flags)
+    built = build_inputs(grpcclient, prompt, messages, **inputs)
     for attempt in range(retries + 1):
         started = False
         try:
-            async for chunk in _agenerate_once(url, model, inputs, timeout, client, conversation):
+            async for chunk in _agenerate_once(url, model, built, timeout, client, conversation):
                 started = True
                 yield chunk
             return

@@ -3,11 +3,11 @@
     python scripts/affinity_bench.py                 # ~10 minutes on 2 cores
     python scripts/affinity_bench.py --help
 
-The same as ``python -m rufus.harness.affinity_bench`` (rufus/harness/affinity_bench.py);
+The same as ``python -m lab.affinity_bench`` (lab/affinity_bench.py);
 figures and the command: docs/benchmarks-history.md, "Conversation affinity".
 """
 
-from rufus.harness.affinity_bench import main
+from lab.affinity_bench import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -8,47 +8,7 @@ Writes build/retrieval/catalog.jsonl and build/retrieval/catalog.sqlite (or --in
 Bad rows in your own catalog stop the build with the file, row and field named.
 """
 
-from __future__ import annotations
-
-import argparse
-import sys
-import time
-from pathlib import Path
-
-from rufus.retrieval import index_path
-from rufus.retrieval.catalog import (
-    DEFAULT_SEED,
-    DEFAULT_SIZE,
-    CatalogError,
-    generate_catalog,
-    load_catalog,
-    write_jsonl,
-)
-from rufus.retrieval.sqlite_fts import build_index
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--catalog", help="your own catalog (.jsonl or .csv) instead of the generated one")
-    ap.add_argument("--size", type=int, default=DEFAULT_SIZE)
-    ap.add_argument("--seed", type=int, default=DEFAULT_SEED)
-    ap.add_argument("--index", type=Path, default=index_path())
-    a = ap.parse_args(argv)
-    t0 = time.monotonic()
-    try:
-        products = load_catalog(a.catalog) if a.catalog else generate_catalog(a.size, a.seed)
-    except (CatalogError, FileNotFoundError) as exc:
-        print(f"catalog error: {exc}", file=sys.stderr)
-        return 2
-    t1 = time.monotonic()
-    write_jsonl(products, a.index.with_suffix(".jsonl"))
-    build_index(products, a.index).close()
-    cats = len({p.category for p in products})
-    print(f"[build_catalog] {len(products)} products, {cats} categories "
-          f"({'from ' + a.catalog if a.catalog else f'generated, seed {a.seed}'}) in {t1 - t0:.2f} s; "
-          f"index {a.index} in {time.monotonic() - t1:.2f} s", flush=True)
-    return 0
-
+from rufus.retrieval.build import main
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main(doc=__doc__))

@@ -4,10 +4,10 @@
     python scripts/capacity_bench.py --smoke               # two short phases: does it work
     python scripts/capacity_bench.py --unit-seqs 8,2 --concurrency 10 --requests 96
 
-The same as ``python -m rufus.harness.capacity_bench`` (rufus/harness/capacity_bench.py).
+The same as ``python -m lab.capacity_bench`` (lab/capacity_bench.py).
 """
 
-from rufus.harness.capacity_bench import main
+from lab.capacity_bench import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

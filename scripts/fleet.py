@@ -5,11 +5,11 @@
     python scripts/fleet.py --nnodes 1           # single-node units (less CPU)
     python scripts/fleet.py bench                # least-outstanding vs round robin, same run
 
-The same as ``python -m rufus.harness.fleet`` (rufus/harness/fleet.py; the benchmark:
-rufus/harness/fleet_bench.py).
+``up`` is ``python -m rufus.launch.fleet`` (rufus/launch/fleet.py); the benchmark:
+lab/fleet_bench.py.
 """
 
-from rufus.harness.fleet import main
+from lab.fleet_bench import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

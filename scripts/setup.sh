@@ -84,7 +84,7 @@ setup_qp() {
   # Query planner (issue 6): merge the committed LoRA into the default model and build vLLM's
   # Medusa checkpoint from the committed heads. Seconds; retraining is scripts/train_*.py.
   step "query planner model + Medusa heads (rufus_qp_medusa)"
-  "$VENV/bin/python" -m rufus.qp.tooling.build
+  "$VENV/bin/python" -m rufus.qp.build
 }
 
 setup_catalog() {
@@ -112,9 +112,9 @@ setup_precision() {
 
 setup_w8a8() {
   # Opt-in (not in "all"): the default model as a compressed-tensors W8A8 checkpoint for vLLM's
-  # CPU int8 kernel (rufus/harness/w8a8.py; docs/precision.md).
+  # CPU int8 kernel (lab/w8a8.py; docs/precision.md).
   step "W8A8 int8 copy of the default model (opt-in)"
-  "$VENV/bin/python" -m rufus.harness.w8a8
+  "$VENV/bin/python" -m lab.w8a8
 }
 
 setup_proxy() {

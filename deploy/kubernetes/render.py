@@ -94,116 +94,22 @@ def container_ports(*names: str) -> list[dict[str, Any]]:
 
 
 def manifest(types: InstanceTypes, type_name: str) -> dict[str, Any]:
+    """The LeaderWorkerSet of one instance type: a leader pod (tritonserver, the unit agent,
+    the OpenAI frontend) and ``nodes_per_cell - 1`` follower pods per cell."""
     cell = types[type_name]
-    variant = cell.manifest
     name = lws_name(cell)
-    py = cell.accel.python
-    resources = cell.resources()
+    # one object in every container: the YAML names it once (an anchor) and refers to it
     security = {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001,
                 "allowPrivilegeEscalation": False}
-    # LWS injects LWS_LEADER_ADDRESS, LWS_GROUP_SIZE and LWS_WORKER_INDEX into every pod;
-    # rufus/multinode/topology.py reads them. Only the ports and engine arguments are ours.
-    common_env = {"RUFUS_LEADER_PORT": str(PORTS["RUFUS_LEADER_PORT"]),
-                  "RUFUS_CONTROL_PORT": str(PORTS["RUFUS_CONTROL_PORT"]),
-                  "RUFUS_HEALTH_PORT": str(PORTS["RUFUS_HEALTH_PORT"]),
-                  "RUFUS_RUFUS_LLM_ENGINE_ARGS": cell.engine_args_json(),
-                  **cell.env}
-    startup = probe("leader_ready", 10, cell.startup_failures)
-    leader = {
-        "name": "leader",
-        "image": cell.accel.image,
-        "command": [py, "-m", "rufus.harness.server"],
-        "env": [*env_list({"GRPC_PORT": str(PORTS["GRPC_PORT"]),
-                           "HTTP_PORT": str(PORTS["HTTP_PORT"]),
-                           "METRICS_PORT": str(PORTS["METRICS_PORT"]),
-                           # the unit's model + the planner and the assistant (leader only)
-                           "RUFUS_MODELS": ",".join(LEADER_MODELS), **common_env}),
-                copy.deepcopy(UNIT_SECRET), copy.deepcopy(ADMIN_KEY)],
-        "ports": container_ports("GRPC_PORT", "HTTP_PORT", "METRICS_PORT", "RUFUS_LEADER_PORT",
-                                 "RUFUS_CONTROL_PORT"),
-        "resources": with_extra_memory(resources, LEADER_EXTRA_MEMORY_GI),
-        "startupProbe": startup,
-        "readinessProbe": probe("model_ready", 5, 2),
-        # the model unloads itself when the multi-node engine dies: restart -> LWS
-        # recreates the whole group (RecreateGroupOnPodRestart)
-        "livenessProbe": probe("model_ready", 10, 3),
-        "securityContext": security,
-        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
-    }
-    agent_env: list[dict[str, Any]] = [
-        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-        {"name": "RUFUS_AGENT_PORT", "value": str(PORTS["RUFUS_AGENT_PORT"])},
-        {"name": "RUFUS_LEADER_HTTP", "value": f"http://127.0.0.1:{PORTS['HTTP_PORT']}"},
-        # the unit is healthy only while everything its leader serves is ready
-        {"name": "RUFUS_UNIT_MODELS", "value": ",".join(LEADER_MODELS)},
-        # the capacity that weighs 100 % at the ingress: the same for every type
-        {"name": "RUFUS_CAPACITY_REFERENCE", "value": str(types.capacity_reference)},
-    ]
-    if cell.nodes_per_cell > 1:
-        # worker pods are <leader pod>-<index> in the LWS headless service <name>
-        agent_env.append({"name": "RUFUS_FOLLOWER_HEALTH_URLS", "value": ",".join(
-            f"http://$(POD_NAME)-{r}.{name}:{PORTS['RUFUS_HEALTH_PORT']}"
-            f"{HEALTH['follower_health'].path}" for r in range(1, cell.nodes_per_cell))})
-    agent = {
-        "name": "agent",
-        "image": cell.accel.image,
-        "command": [py, "-m", "proxy.agent"],
-        "env": agent_env,
-        "ports": container_ports("RUFUS_AGENT_PORT"),
-        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"},
-                      "limits": {"memory": "256Mi"}},
-        # the leader pod is Ready (in the Service) only while the whole unit is healthy
-        "readinessProbe": probe("agent_health", 5, 2),
-        "livenessProbe": probe("agent_load", 10, 3),
-        "securityContext": security,
-    }
-    # OpenAI-compatible API beside the leader, gRPC to its own tritonserver; Ready once
-    # Triton and the model are (no liveness probe: a unit that is down must not restart it)
-    openai = {
-        "name": "openai",
-        "image": OPENAI_IMAGE,
-        "command": ["python", "-m", "rufus.frontend"],
-        "env": [*env_list({"OPENAI_PORT": str(PORTS["OPENAI_PORT"]),
-                           "TRITON_GRPC_URL": f"127.0.0.1:{PORTS['GRPC_PORT']}",
-                           "RUFUS_OPENAI_MODELS": MODEL}),
-                copy.deepcopy(OPENAI_API_KEY)],
-        "ports": container_ports("OPENAI_PORT"),
-        "resources": {"requests": {"cpu": "500m", "memory": "256Mi"},
-                      "limits": {"memory": "1Gi"}},
-        "readinessProbe": probe("openai_health", 5, 2),
-        "securityContext": security,
-    }
-    worker = {
-        "name": "follower",
-        "image": cell.accel.image,
-        "command": [py, "-m", "follower"],
-        "env": [*env_list(common_env), copy.deepcopy(UNIT_SECRET)],
-        "ports": container_ports("RUFUS_HEALTH_PORT"),
-        "resources": copy.deepcopy(resources),
-        "startupProbe": probe("follower_health", 10, cell.startup_failures),
-        "readinessProbe": probe("follower_health", 5, 2),
-        "livenessProbe": probe("follower_health", 10, 3),
-        "securityContext": security,
-        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
-    }
-    volumes = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}}]
-
-    def pod(role: str, containers: list[dict[str, Any]]) -> dict[str, Any]:
-        spec: dict[str, Any] = {"containers": containers, "volumes": copy.deepcopy(volumes),
-                                "terminationGracePeriodSeconds": 40,
-                                "nodeSelector": dict(cell.node_selector)}
-        if cell.tolerations():
-            spec["tolerations"] = cell.tolerations()
-        return {"metadata": {"labels": {"app.kubernetes.io/name": NAME,
-                                        "app.kubernetes.io/component": role,
-                                        "rufus.dev/variant": variant}},
-                "spec": spec}
-
+    env = node_env(cell)
+    leader_pod = pod_template(cell, "leader", [leader_container(cell, env, security),
+                                               agent_container(types, cell, name, security),
+                                               openai_container(security)])
     return {
         "apiVersion": "leaderworkerset.x-k8s.io/v1",
         "kind": "LeaderWorkerSet",
         "metadata": {"name": name,
-                     "labels": {"app.kubernetes.io/name": NAME, "rufus.dev/variant": variant},
+                     "labels": {"app.kubernetes.io/name": NAME, "rufus.dev/variant": cell.manifest},
                      "annotations": {
                          "rufus.dev/instance-type": cell.name,
                          # the weight its agents report, idle, relative to the other types
@@ -219,11 +125,140 @@ def manifest(types: InstanceTypes, type_name: str) -> dict[str, Any]:
             "leaderWorkerTemplate": {
                 "size": cell.nodes_per_cell,
                 "restartPolicy": "RecreateGroupOnPodRestart",
-                "leaderTemplate": pod("leader", [leader, agent, openai]),
-                "workerTemplate": pod("follower", [worker]),
+                "leaderTemplate": leader_pod,
+                "workerTemplate": pod_template(cell, "follower",
+                                               [follower_container(cell, env, security)]),
             },
         },
     }
+
+
+def node_env(cell: CellType) -> dict[str, str]:
+    """The environment of every node of a cell, leader and followers."""
+    # LWS injects LWS_LEADER_ADDRESS, LWS_GROUP_SIZE and LWS_WORKER_INDEX into every pod;
+    # rufus/multinode/topology.py reads them. Only the ports and engine arguments are ours.
+    return {"RUFUS_LEADER_PORT": str(PORTS["RUFUS_LEADER_PORT"]),
+            "RUFUS_CONTROL_PORT": str(PORTS["RUFUS_CONTROL_PORT"]),
+            "RUFUS_HEALTH_PORT": str(PORTS["RUFUS_HEALTH_PORT"]),
+            "RUFUS_RUFUS_LLM_ENGINE_ARGS": cell.engine_args_json(),
+            **cell.env}
+
+
+def node_container(cell: CellType, name: str, module: str, spec: dict[str, Any]
+                   ) -> dict[str, Any]:
+    """A container of the cell's image that runs ``python -m <module>``; ``spec``: the rest
+    of it, in order."""
+    return {"name": name, "image": cell.accel.image,
+            "command": [cell.accel.python, "-m", module], **spec}
+
+
+def probes(ready: str, live: str | None = None, startup: str | None = None,
+           startup_failures: int = 0) -> dict[str, Any]:
+    """A container's probes on contract endpoints, with the periods every container uses:
+    startup every 10 s (``startup_failures`` of them: the cell's start-up budget),
+    readiness every 5 s (out after 2 failures), liveness every 10 s (restart after 3)."""
+    out: dict[str, Any] = {}
+    if startup is not None:
+        out["startupProbe"] = probe(startup, 10, startup_failures)
+    out["readinessProbe"] = probe(ready, 5, 2)
+    if live is not None:
+        out["livenessProbe"] = probe(live, 10, 3)
+    return out
+
+
+def leader_container(cell: CellType, env: dict[str, str], security: dict[str, Any]
+                     ) -> dict[str, Any]:
+    return node_container(cell, "leader", "rufus.launch.server", {
+        "env": [*env_list({"GRPC_PORT": str(PORTS["GRPC_PORT"]),
+                           "HTTP_PORT": str(PORTS["HTTP_PORT"]),
+                           "METRICS_PORT": str(PORTS["METRICS_PORT"]),
+                           # the unit's model + the planner and the assistant (leader only)
+                           "RUFUS_MODELS": ",".join(LEADER_MODELS), **env}),
+                copy.deepcopy(UNIT_SECRET), copy.deepcopy(ADMIN_KEY)],
+        "ports": container_ports("GRPC_PORT", "HTTP_PORT", "METRICS_PORT", "RUFUS_LEADER_PORT",
+                                 "RUFUS_CONTROL_PORT"),
+        "resources": with_extra_memory(cell.resources(), LEADER_EXTRA_MEMORY_GI),
+        # the model unloads itself when the multi-node engine dies: restart (liveness) ->
+        # LWS recreates the whole group (RecreateGroupOnPodRestart)
+        **probes("model_ready", live="model_ready", startup="leader_ready",
+                 startup_failures=cell.startup_failures),
+        "securityContext": security,
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+    })
+
+
+def agent_container(types: InstanceTypes, cell: CellType, name: str,
+                    security: dict[str, Any]) -> dict[str, Any]:
+    """The unit agent beside the leader; ``name``: the LWS (its followers' service)."""
+    agent_env: list[dict[str, Any]] = [
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "RUFUS_AGENT_PORT", "value": str(PORTS["RUFUS_AGENT_PORT"])},
+        {"name": "RUFUS_LEADER_HTTP", "value": f"http://127.0.0.1:{PORTS['HTTP_PORT']}"},
+        # the unit is healthy only while everything its leader serves is ready
+        {"name": "RUFUS_UNIT_MODELS", "value": ",".join(LEADER_MODELS)},
+        # the capacity that weighs 100 % at the ingress: the same for every type
+        {"name": "RUFUS_CAPACITY_REFERENCE", "value": str(types.capacity_reference)},
+    ]
+    if cell.nodes_per_cell > 1:
+        # worker pods are <leader pod>-<index> in the LWS headless service <name>
+        agent_env.append({"name": "RUFUS_FOLLOWER_HEALTH_URLS", "value": ",".join(
+            f"http://$(POD_NAME)-{r}.{name}:{PORTS['RUFUS_HEALTH_PORT']}"
+            f"{HEALTH['follower_health'].path}" for r in range(1, cell.nodes_per_cell))})
+    return node_container(cell, "agent", "proxy.agent", {
+        "env": agent_env,
+        "ports": container_ports("RUFUS_AGENT_PORT"),
+        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"},
+                      "limits": {"memory": "256Mi"}},
+        # the leader pod is Ready (in the Service) only while the whole unit is healthy
+        **probes("agent_health", live="agent_load"),
+        "securityContext": security,
+    })
+
+
+def openai_container(security: dict[str, Any]) -> dict[str, Any]:
+    """OpenAI-compatible API beside the leader, gRPC to its own tritonserver; Ready once
+    Triton and the model are (no liveness probe: a unit that is down must not restart it)."""
+    return {
+        "name": "openai",
+        "image": OPENAI_IMAGE,
+        "command": ["python", "-m", "rufus.frontend"],
+        "env": [*env_list({"OPENAI_PORT": str(PORTS["OPENAI_PORT"]),
+                           "TRITON_GRPC_URL": f"127.0.0.1:{PORTS['GRPC_PORT']}",
+                           "RUFUS_OPENAI_MODELS": MODEL}),
+                copy.deepcopy(OPENAI_API_KEY)],
+        "ports": container_ports("OPENAI_PORT"),
+        "resources": {"requests": {"cpu": "500m", "memory": "256Mi"},
+                      "limits": {"memory": "1Gi"}},
+        **probes("openai_health"),
+        "securityContext": security,
+    }
+
+
+def follower_container(cell: CellType, env: dict[str, str], security: dict[str, Any]
+                       ) -> dict[str, Any]:
+    return node_container(cell, "follower", "follower", {
+        "env": [*env_list(env), copy.deepcopy(UNIT_SECRET)],
+        "ports": container_ports("RUFUS_HEALTH_PORT"),
+        "resources": cell.resources(),
+        **probes("follower_health", live="follower_health", startup="follower_health",
+                 startup_failures=cell.startup_failures),
+        "securityContext": security,
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+    })
+
+
+def pod_template(cell: CellType, role: str, containers: list[dict[str, Any]]) -> dict[str, Any]:
+    spec: dict[str, Any] = {"containers": containers,
+                            "volumes": [{"name": "dshm",
+                                         "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}}],
+                            "terminationGracePeriodSeconds": 40,
+                            "nodeSelector": dict(cell.node_selector)}
+    if cell.tolerations():
+        spec["tolerations"] = cell.tolerations()
+    return {"metadata": {"labels": {"app.kubernetes.io/name": NAME,
+                                    "app.kubernetes.io/component": role,
+                                    "rufus.dev/variant": cell.manifest}},
+            "spec": spec}
 
 
 def render(types: InstanceTypes, type_name: str) -> str:

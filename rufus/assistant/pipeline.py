@@ -37,7 +37,6 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 
-from rufus.assistant.admission import SloAdmission, Ticket
 from rufus.assistant.answer import (
     REPETITION_PENALTY,
     CatalogNames,
@@ -61,6 +60,7 @@ from rufus.errors import RufusError
 from rufus.retrieval.base import Retriever, query_terms
 from rufus.retrieval.catalog import Product
 from rufus.retrieval.grounding import GroundedSearch, SearchOutcome
+from rufus.serving.admission import SloAdmission, Ticket
 from rufus.serving.validation import check_history, check_question
 
 log = logging.getLogger("rufus.assistant")
@@ -190,7 +190,7 @@ class Assistant:
             admission = SloAdmission(env.admission) if admission is None else admission
         self.plan_timeout_s = plan_timeout_s
         self.metrics: AssistantMetrics = metrics or NullMetrics()
-        # SLO-aware admission (rufus/assistant/admission.py): RUFUS_ASSISTANT_SLO_S etc.
+        # SLO-aware admission (rufus/serving/admission.py): RUFUS_ASSISTANT_SLO_S etc.
         self.admission = admission
         self.admission.on_estimate = self.metrics.estimate
         self.admission.on_error = self.metrics.estimate_error
@@ -223,8 +223,12 @@ class Assistant:
         last: dict[str, Any] = {}
         try:
             async with asyncio.timeout(self.plan_timeout_s):
+                # slo_ms: the planner's own admission (300 ms) gives way to this turn's,
+                # which admitted it already; the time limit still bounds the plan
                 async with contextlib.aclosing(self.streams().stream(
-                        self.planner_model, tensors, conversation=conversation)) as s:
+                        self.planner_model, tensors, conversation=conversation,
+                        parameters={"slo_ms": min(max(1, round(self.plan_timeout_s * 1e3)),
+                                               600_000)})) as s:
                     async for outs in s:
                         last = outs
             plan = json.loads(output_str(last, "plan"))
@@ -274,7 +278,7 @@ class Assistant:
         return dataclasses.replace(found, products=diversify(found.products, self.k))
 
     def admit(self) -> Ticket:
-        """Admission for a new turn (rufus/assistant/admission.py): a ticket, or a retryable
+        """Admission for a new turn (rufus/serving/admission.py): a ticket, or a retryable
         :class:`~rufus.errors.Unavailable` (counted) when its first answer text is estimated
         past the SLO. Before any work, so a refusal costs microseconds."""
         try:

@@ -1,21 +1,22 @@
 """The shopping assistant's settings: rufus_assistant's config.pbtxt parameters, and what the
 pipeline reads from the environment (the Triton model and the frontend's ``rufus-assistant``
-hook alike), admission included (:class:`~rufus.assistant.admission.AdmissionSettings`,
+hook alike), admission included (:class:`~rufus.serving.admission.AdmissionSettings`,
 ``RUFUS_ASSISTANT_<FIELD>``, which keeps its own reader).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import typing
 from collections.abc import Mapping
 
-from rufus.assistant.admission import AdmissionSettings
 from rufus.assistant.prompt import ANSWER_PRODUCTS
+from rufus.serving.admission import AdmissionSettings, admission_rows
 from rufus.serving.model_settings import ModelSettings
-from rufus.serving.settings import ENVIRONMENT, Row, env_var, group, param, read
+from rufus.serving.settings import Row, env_var, group, param, read
 
-# what docs/configuration.md says of each AdmissionSettings field (bounds: its from_env)
+# the assistant's admission: RUFUS_ASSISTANT_SLO_S, RUFUS_ASSISTANT_MARGIN and the fit's
+# priors (RUFUS_ASSISTANT_<FIELD>), measured at the first answer text
+ADMISSION_PREFIX = "RUFUS_ASSISTANT_"
 ADMISSION_HELP: dict[str, str] = {
     "slo_s": "first answer text SLO, seconds; turns estimated past margin x SLO are refused "
              "UNAVAILABLE / 503 (0 turns admission off)",
@@ -26,20 +27,15 @@ ADMISSION_HELP: dict[str, str] = {
     "forgetting": "the fit's weight of the past per observation",
     "prior_weight": "observations the priors count as",
 }
-ADMISSION_BOUNDS: dict[str, str] = {"forgetting": "> 0, <= 1"}
 
 
-def admission_rows() -> list[Row]:
+def read_admission(env: Mapping[str, str] | None = None) -> AdmissionSettings:
+    return AdmissionSettings.from_env(env, ADMISSION_PREFIX)
+
+
+def admission_env_rows() -> list[Row]:
     """AdmissionSettings as docs/configuration.md lists it (one variable per field)."""
-    hints = typing.get_type_hints(AdmissionSettings)
-    out = []
-    for f in dataclasses.fields(AdmissionSettings):
-        tp = hints[f.name]
-        out.append(Row(ENVIRONMENT, f"RUFUS_ASSISTANT_{f.name.upper()}",
-                       f"RUFUS_ASSISTANT_{f.name.upper()}", getattr(tp, "__name__", str(tp)),
-                       ADMISSION_BOUNDS.get(f.name, ">= 0"), f"{f.default}",
-                       ADMISSION_HELP.get(f.name, "see rufus/assistant/admission.py")))
-    return out
+    return admission_rows(ADMISSION_PREFIX, AdmissionSettings(), ADMISSION_HELP)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +48,7 @@ class PipelineSettings:
     prewarm: bool = env_var("RUFUS_ASSISTANT_PREWARM", True, "prefill a follow-up's answer "
                             "prefix while the planner runs")
     admission: AdmissionSettings = group(  # noqa: RUF009 - a default_factory field
-        AdmissionSettings, read=AdmissionSettings.from_env, describe=admission_rows)
+        AdmissionSettings, read=read_admission, describe=admission_env_rows)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> PipelineSettings:

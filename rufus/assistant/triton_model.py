@@ -10,7 +10,7 @@ The request path is every model's (:class:`~rufus.serving.triton_backend.TritonM
 IO table, the bounded parser, the error vocabulary, :class:`~rufus.serving.triton_backend.TritonSink`,
 the shared :class:`~rufus.serving.cancel.CancelWatcher`). The pipeline runs on its own event
 loop inside the stub and calls rufus_qp_medusa and rufus_llm on the *same* server over gRPC
-(address from ``RUFUS_TRITON_GRPC_URL``, which rufus.harness.server sets): gRPC calls can be
+(address from ``RUFUS_TRITON_GRPC_URL``, which rufus.launch.server sets): gRPC calls can be
 cancelled, BLS requests cannot (Triton 2.51). A client that goes away cancels its task, which
 cancels its gRPC streams.
 """
@@ -28,15 +28,15 @@ from typing import Any
 
 import numpy as np
 
-from rufus.assistant.admission import SloAdmission, Ticket
 from rufus.assistant.answer import PickRenderer, answer_grammar, reason_options
 from rufus.assistant.pipeline import Assistant, NullMetrics, fallback_plan
 from rufus.assistant.prompt import LinkRenderer, answer_messages, cards
 from rufus.assistant.settings import AssistantSettings
 from rufus.client import RequestFailed
 from rufus.errors import Cancelled, Internal, InvalidInput, RufusError, Unavailable, client_error
+from rufus.serving.admission import SloAdmission, Ticket
 from rufus.serving.cancel import CancelWatcher
-from rufus.serving.metrics import MetricBuffer
+from rufus.serving.metrics import AdmissionMetrics, MetricBuffer
 from rufus.serving.sampling import request_parameters
 from rufus.serving.triton_backend import TritonModel, TritonSink, pb_utils
 from rufus.serving.validation import (
@@ -52,7 +52,6 @@ from rufus.serving.validation import (
 log = logging.getLogger("rufus.assistant.triton")
 
 STAGE_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]
-ERROR_BUCKETS = [-2.0, -1.0, -0.5, -0.25, -0.1, 0.0, 0.1, 0.25, 0.5, 1.0, 2.0]
 
 # rufus_assistant's inputs and outputs, declared once (config auto-complete, decoding;
 # tests/unit/test_inputs.py checks them against config.pbtxt).
@@ -116,27 +115,11 @@ class TritonAssistantMetrics:
                                            "(brand, product, colour, repeat, format): a model or "
                                            "prompt that starts to invent shows up here",
                                kind=fam.COUNTER)
-        self.estimate_family = fam(
-            name="rufus_assistant_first_token_estimate_seconds",
-            description="Admission: the first answer text a new turn would get now, from the "
-                        "live queue (refused above the SLO; rufus/assistant/admission.py)",
-            kind=fam.GAUGE)
-        self.error_family = fam(
-            name="rufus_assistant_first_token_estimate_error_seconds",
-            description="Admission: estimate minus measured first answer text, per admitted turn",
-            kind=fam.HISTOGRAM)
         self.stages: dict[str, Any] = {}
         self.counters: dict[tuple[str, str], Any] = {}
         self.drops: dict[str, Any] = {}
-        self.slo_family = fam(
-            name="rufus_assistant_first_token_slo_seconds",
-            description="Admission: the first-answer-text SLO new turns are admitted against "
-                        "(0: admission off); the unit agent compares the estimate with it",
-            kind=fam.GAUGE)
-        self.slo_metric = self.slo_family.Metric(labels=self.labels)
-        self.slo_metric.set(slo_s)
-        self.estimate_metric = self.estimate_family.Metric(labels=self.labels)
-        self.error_metric = self.error_family.Metric(labels=self.labels, buckets=ERROR_BUCKETS)
+        self.admission = AdmissionMetrics(pb_utils, "rufus_assistant_first_token",
+                                          "first answer text", self.labels, slo_s)
 
     def observe(self, stage: str, seconds: float) -> None:
         if stage not in self.stages:
@@ -157,10 +140,10 @@ class TritonAssistantMetrics:
         self.drops[kind].increment(1)
 
     def estimate(self, seconds: float) -> None:
-        self.estimate_metric.set(seconds)
+        self.admission.estimate(seconds)
 
     def estimate_error(self, seconds: float) -> None:
-        self.error_metric.observe(seconds)
+        self.admission.estimate_error(seconds)
 
     def close(self) -> None:
         # metrics, then families, while the stub's shared memory exists (a MetricFamily
@@ -168,10 +151,8 @@ class TritonAssistantMetrics:
         self.stages.clear()
         self.counters.clear()
         self.drops.clear()
-        self.estimate_metric = self.error_metric = self.slo_metric = None
-        self.slo_family = None
+        self.admission.close()
         self.stage_family = self.req_family = self.drop_family = None
-        self.estimate_family = self.error_family = None
         import gc
 
         gc.collect()

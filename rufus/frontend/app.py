@@ -38,6 +38,7 @@ from rufus.frontend.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     ParsedRequest,
+    bad_request,
     openai_error,
     parse_body,
     parse_chat,
@@ -153,6 +154,19 @@ class Frontend:
                            param="model")
         raise APIError(404, f"The model `{model_id[:64]}` does not exist. Available: "
                        f"{self.model_ids()}", param="model", code="model_not_found")
+
+    def build_chat(self, body: bytes, conversation: str | None) -> tuple[ParsedRequest, bool]:
+        """A chat completions body -> (the request, True: chat)."""
+        req = parse_body(ChatCompletionRequest, body)
+        self.check_model(req.model, chat=True)
+        return parse_chat(req, conversation), True
+
+    def build_completion(self, body: bytes, conversation: str | None
+                         ) -> tuple[ParsedRequest, bool]:
+        """A completions body -> (the request, False: not chat)."""
+        req = parse_body(CompletionRequest, body)
+        self.check_model(req.model, chat=False)
+        return parse_completion(req, conversation), False
 
     async def health(self) -> tuple[int, dict[str, Any]]:
         """Triton ready and every served Triton model ready (cached for 1 s)."""
@@ -370,6 +384,8 @@ async def _prime(agen: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
 
 
 def create_app(settings: Settings) -> FastAPI:
+    """The app: the OpenAI routes, health and metrics over one :class:`Frontend`, which
+    starts and stops with it."""
     fe = Frontend(settings)
 
     @contextlib.asynccontextmanager
@@ -385,6 +401,13 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.frontend = fe
     if settings.api_key:
         app.add_middleware(BearerAuth, key=settings.api_key)
+    _add_error_handlers(app)
+    _add_routes(app, fe)
+    return app
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every error leaves as OpenAI's error body, FastAPI's own (404, 405) included."""
 
     @app.exception_handler(APIError)
     async def _api_error(_request: Request, exc: APIError) -> JSONResponse:
@@ -394,75 +417,15 @@ def create_app(settings: Settings) -> FastAPI:
     async def _http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
         return error_response(APIError(exc.status_code, str(exc.detail)))
 
-    async def handle(request: Request, endpoint: str,
-                     build: Callable[[bytes, str | None], tuple[ParsedRequest, bool]]
-                     ) -> Response:
-        arrival = time.monotonic()
-        model = "-"
-        status = 500
-        fe.metrics.in_flight.labels(endpoint).inc()
-        streaming = False
-        try:
-            body = await request.body()
-            if len(body) > MAX_BODY_BYTES:
-                raise APIError(413, f"request body over {MAX_BODY_BYTES} bytes")
-            parsed, chat = build(body, request.headers.get(CONVERSATION_HEADER))
-            model = parsed.model
-            hook = fe.hooks.get(parsed.model) if chat else None
-            if hook is not None:
-                if parsed.n > 1:
-                    raise APIError(400, f"n: model {parsed.model} answers once (n must be 1)",
-                                   param="n")
-                if parsed.stream:
-                    agen = await _prime(fe.stream_hook(parsed, hook))
-                else:
-                    result = await _race_disconnect(request, fe.complete_hook(parsed, hook))
-                    status = 200
-                    return JSONResponse(result)
-            elif parsed.stream:
-                agen = await _prime(fe.stream(parsed, endpoint, arrival))
-            else:
-                result = await _race_disconnect(request, fe.complete(parsed, endpoint, arrival))
-                status = 200
-                return JSONResponse(result)
-            streaming = True
-            status = 200
-            return StreamingResponse(_finish(agen, fe, endpoint, model, arrival),
-                                     media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache",
-                                              "X-Accel-Buffering": "no"})
-        except APIError as exc:
-            status = exc.status
-            if exc.status >= 500 and exc.status != 503:
-                log.warning("%s %s failed: %s", endpoint, model, exc.message)
-            return error_response(exc)
-        except StopAsyncIteration:
-            status = 500
-            return error_response(APIError(500, "empty response from the model",
-                                           type_="server_error"))
-        finally:
-            if not streaming:
-                fe.metrics.in_flight.labels(endpoint).dec()
-                fe.metrics.requests.labels(endpoint, model, str(status)).inc()
-                fe.metrics.latency.labels(endpoint, model).observe(time.monotonic() - arrival)
 
-    def build_chat(body: bytes, conversation: str | None) -> tuple[ParsedRequest, bool]:
-        req = parse_body(ChatCompletionRequest, body)
-        fe.check_model(req.model, chat=True)
-        return parse_chat(req, conversation), True
-
-    def build_completion(body: bytes, conversation: str | None) -> tuple[ParsedRequest, bool]:
-        req = parse_body(CompletionRequest, body)
-        fe.check_model(req.model, chat=False)
-        return parse_completion(req, conversation), False
-
+def _add_routes(app: FastAPI, fe: Frontend) -> None:
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        return await handle(request, "chat", build_chat)
+        return await _handle(fe, request, "chat", fe.build_chat)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        return await handle(request, "completions", build_completion)
+        return await _handle(fe, request, "completions", fe.build_completion)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -485,7 +448,61 @@ def create_app(settings: Settings) -> FastAPI:
     async def metrics() -> Response:
         return Response(generate_latest(fe.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    return app
+
+async def _handle(fe: Frontend, request: Request, endpoint: str,
+                  build: Callable[[bytes, str | None], tuple[ParsedRequest, bool]]) -> Response:
+    """One OpenAI request, with its metrics: counted here, or by :func:`_finish` once a
+    streamed body ends."""
+    arrival = time.monotonic()
+    model = "-"
+    status = 500
+    fe.metrics.in_flight.labels(endpoint).inc()
+    streaming = False
+    try:
+        body = await request.body()
+        if len(body) > MAX_BODY_BYTES:
+            raise APIError(413, f"request body over {MAX_BODY_BYTES} bytes")
+        parsed, chat = build(body, request.headers.get(CONVERSATION_HEADER))
+        model = parsed.model
+        response = await _respond(fe, request, endpoint, parsed, chat, arrival)
+        streaming = isinstance(response, StreamingResponse)
+        status = 200
+        return response
+    except APIError as exc:
+        status = exc.status
+        if exc.status >= 500 and exc.status != 503:
+            log.warning("%s %s failed: %s", endpoint, model, exc.message)
+        return error_response(exc)
+    except StopAsyncIteration:
+        status = 500
+        return error_response(APIError(500, "empty response from the model",
+                                       type_="server_error"))
+    finally:
+        if not streaming:
+            fe.metrics.in_flight.labels(endpoint).dec()
+            fe.metrics.requests.labels(endpoint, model, str(status)).inc()
+            fe.metrics.latency.labels(endpoint, model).observe(time.monotonic() - arrival)
+
+
+async def _respond(fe: Frontend, request: Request, endpoint: str, parsed: ParsedRequest,
+                   chat: bool, arrival: float) -> Response:
+    """The answer of a parsed request: a registered chat model (the assistant) or Triton's,
+    whole or streamed (a stream starts only once its first item is in)."""
+    hook = fe.hooks.get(parsed.model) if chat else None
+    if hook is not None:
+        if parsed.n > 1:
+            raise bad_request("n", f"model {parsed.model} answers once (n must be 1)")
+        if not parsed.stream:
+            return JSONResponse(await _race_disconnect(request, fe.complete_hook(parsed, hook)))
+        agen = await _prime(fe.stream_hook(parsed, hook))
+    elif parsed.stream:
+        agen = await _prime(fe.stream(parsed, endpoint, arrival))
+    else:
+        return JSONResponse(await _race_disconnect(request,
+                                                   fe.complete(parsed, endpoint, arrival)))
+    return StreamingResponse(_finish(agen, fe, endpoint, parsed.model, arrival),
+                             media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
 class BearerAuth:

@@ -11,9 +11,17 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
+    ValidationError,
+    model_validator,
+)
 
 from rufus.errors import InvalidInput, RufusError
 from rufus.serving.sampling import validate_sampling
@@ -29,7 +37,12 @@ MAX_PROMPTS = 16  # prompts of one batched completions request
 
 
 class APIError(Exception):
-    """An error with OpenAI's body ``{"error": {message, type, param, code}}``."""
+    """An error with OpenAI's body ``{"error": {message, type, param, code}}``: what the
+    client receives, not a second vocabulary. An error of :mod:`rufus.errors` becomes one
+    in :func:`openai_error` (the input's 400s too: :func:`bad_request`); raised directly
+    are only the refusals that vocabulary has no type for, because they are the HTTP
+    frontend's own: an unknown model (404), a body too large (413), a wrong API key (401),
+    a model that serves chat only, and an unrecognized argument in OpenAI's wording."""
 
     def __init__(self, status: int, message: str, *, param: str | None = None,
                  type_: str = "invalid_request_error", code: str | None = None,
@@ -48,7 +61,11 @@ class APIError(Exception):
 
 
 def bad_request(param: str | None, reason: str) -> APIError:
-    return APIError(400, f"{param}: {reason}" if param else reason, param=param)
+    """The client's input is wrong (:class:`InvalidInput`): 400 naming ``param``, which is
+    already OpenAI's name (kept as given, not re-targeted like a Triton field)."""
+    err = openai_error(InvalidInput(param or "", reason))
+    err.param = param
+    return err
 
 
 # longest prompt_cache_key / user / x-rufus-conversation header accepted (hashed, never sent on)
@@ -72,7 +89,28 @@ def conversation_key(prompt_cache_key: str | None, header: str | None,
 
 
 class _Strict(BaseModel):
+    """Unknown fields fail validation (OpenAI's "Unrecognized request argument").
+
+    ``REFUSED`` names the OpenAI fields this server knows but has no counterpart for: the
+    schema takes them with any value and sets them aside, so they are refused by name
+    (:meth:`refused`) only once the rest of the body is valid; a null one counts as absent."""
+
     model_config = ConfigDict(extra="forbid")
+    REFUSED: ClassVar[tuple[str, ...]] = ()
+    _refused: list[str] = PrivateAttr(default_factory=list)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _set_aside_refused(cls, data: Any, handler: ModelWrapValidatorHandler[Any]) -> Any:
+        if not cls.REFUSED or not isinstance(data, dict):
+            return handler(data)
+        model = handler({k: v for k, v in data.items() if k not in cls.REFUSED})
+        model._refused = [name for name in cls.REFUSED if data.get(name) is not None]
+        return model
+
+    def refused(self) -> str | None:
+        """The first ``REFUSED`` field (in that order) the client sent a value for."""
+        return self._refused[0] if self._refused else None
 
 
 class StreamOptions(_Strict):
@@ -87,15 +125,13 @@ class ContentPart(BaseModel):
 
 
 class Message(_Strict):
+    # fields of assistant/tool turns that a text-only chat template cannot carry
+    REFUSED = ("tool_calls", "tool_call_id", "function_call", "audio")
+
     role: str
     content: str | list[ContentPart] | None = None
     name: str | None = None
-    # fields of assistant/tool turns that a text-only chat template cannot carry
-    tool_calls: Any = None
-    tool_call_id: Any = None
-    function_call: Any = None
-    refusal: Any = None
-    audio: Any = None
+    refusal: Any = None  # an assistant turn's; accepted and ignored
 
 
 class _Sampling(_Strict):
@@ -130,6 +166,10 @@ class _Sampling(_Strict):
 
 
 class ChatCompletionRequest(_Sampling):
+    # OpenAI features rufus_llm has no counterpart for: 400 when used
+    REFUSED = ("tools", "tool_choice", "parallel_tool_calls", "functions", "function_call",
+               "modalities", "audio", "prediction", "reasoning_effort", "web_search_options")
+
     messages: list[Message]
     max_completion_tokens: int | None = None
     logprobs: bool | None = False
@@ -139,17 +179,6 @@ class ChatCompletionRequest(_Sampling):
     metadata: dict[str, Any] | None = None
     store: bool | None = None
     service_tier: str | None = None
-    # OpenAI features rufus_llm has no counterpart for: 400 when used
-    tools: Any = None
-    tool_choice: Any = None
-    parallel_tool_calls: Any = None
-    functions: Any = None
-    function_call: Any = None
-    modalities: Any = None
-    audio: Any = None
-    prediction: Any = None
-    reasoning_effort: Any = None
-    web_search_options: Any = None
 
 
 class CompletionRequest(_Sampling):
@@ -183,15 +212,15 @@ def parse_body(model: type[_Sampling], body: bytes) -> Any:
     except ValidationError as exc:
         err = exc.errors()[0]
         if err["type"] == "json_invalid":
-            raise APIError(400, f"request body is not valid JSON ({err['msg']})") from None
+            raise bad_request(None, f"request body is not valid JSON ({err['msg']})") from None
         if err["type"] == "model_type" and not err["loc"]:
-            raise APIError(400, "request body must be a JSON object") from None
+            raise bad_request(None, "request body must be a JSON object") from None
         param = _loc(err["loc"])
         if err["type"] == "extra_forbidden":
             raise APIError(400, f"Unrecognized request argument supplied: {param}",
                            param=param) from None
         if err["type"] == "missing":
-            raise APIError(400, f"{param}: required", param=param) from None
+            raise bad_request(param, "required") from None
         raise bad_request(param, err["msg"]) from None
 
 
@@ -224,9 +253,6 @@ class ParsedRequest:
     conversation: str | None = None
 
 
-_UNSUPPORTED_CHAT = ("tools", "tool_choice", "parallel_tool_calls", "functions", "function_call",
-                     "modalities", "audio", "prediction", "reasoning_effort",
-                     "web_search_options")
 _VLLM_EXTRAS = ("top_k", "min_p", "repetition_penalty", "min_tokens", "ignore_eos",
                 "stop_token_ids", "skip_special_tokens", "spaces_between_special_tokens",
                 "include_stop_str_in_output")
@@ -304,9 +330,8 @@ def chat_messages(req: ChatCompletionRequest) -> list[dict[str, str]]:
     """OpenAI messages -> rufus_llm's ``messages`` (system/user/assistant, text only)."""
     out = []
     for i, msg in enumerate(req.messages):
-        for extra in ("tool_calls", "tool_call_id", "function_call", "audio"):
-            if getattr(msg, extra) is not None:
-                raise bad_request(f"messages[{i}].{extra}", "not supported by this server")
+        if (extra := msg.refused()) is not None:
+            raise bad_request(f"messages[{i}].{extra}", "not supported by this server")
         role = "system" if msg.role == "developer" else msg.role
         if role not in ("system", "user", "assistant"):
             raise bad_request(f"messages[{i}].role",
@@ -321,9 +346,8 @@ def chat_messages(req: ChatCompletionRequest) -> list[dict[str, str]]:
 
 def parse_chat(req: ChatCompletionRequest, conversation: str | None = None) -> ParsedRequest:
     """``conversation``: the x-rufus-conversation header, if the client sent one."""
-    for name in _UNSUPPORTED_CHAT:
-        if getattr(req, name) is not None:
-            raise bad_request(name, "not supported by this server")
+    if (name := req.refused()) is not None:
+        raise bad_request(name, "not supported by this server")
     if req.response_format and req.response_format.get("type", "text") != "text":
         raise bad_request("response_format", "only {'type': 'text'} is supported")
     stream, include_usage = _stream_flags(req)

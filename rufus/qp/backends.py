@@ -98,7 +98,7 @@ MEASURED = precision.MEASURED  # model.json value resolved on this machine
 
 def measured_tree(args: dict[str, Any]) -> dict[str, Any]:
     """``"medusa_tree": "measured"``: the tree setup grew on this machine's pass costs for the
-    served precision (rufus/qp/tooling/tree.py ``machine_trees``), else the committed one."""
+    served precision (rufus/qp/tree.py ``machine_trees``), else the committed one."""
     rec = precision.stored(str(args["model"])) or {}
     dtype = str(args.get("dtype"))
     grown = (rec.get("planner_trees") or {}).get(dtype)

@@ -41,10 +41,13 @@ class PlanResponse:
 
 def plan(url: str, question: str | None, history: list[dict[str, str]] | None = None,
          sampling: dict[str, Any] | None = None, *, raw: dict[str, Any] | None = None,
-         model: str = MODEL, timeout: float = 120.0, client: Any = None) -> PlanResponse:
+         model: str = MODEL, timeout: float = 120.0, client: Any = None,
+         slo_ms: float | None = None) -> PlanResponse:
     """Plan one question; raises :class:`RequestFailed` with the server's message on error.
 
-    ``raw`` sends arbitrary tensors (bad-input tests); ``client`` reuses a connection (bench).
+    ``raw`` sends arbitrary tensors (bad-input tests); ``client`` reuses a connection (bench);
+    ``slo_ms``: the plan latency this request accepts (the planner refuses at once, retryable
+    UNAVAILABLE, a plan it estimates slower; default: the planner's SLO, 300 ms).
     """
     import tritonclient.grpc as grpcclient
 
@@ -59,7 +62,8 @@ def plan(url: str, question: str | None, history: list[dict[str, str]] | None = 
     t0 = time.monotonic()
     outs: dict[str, Any] = {}
     for response in stream_outputs(url, model, infer_inputs(grpcclient, tensors),
-                                   timeout=timeout, client=client):
+                                   timeout=timeout, client=client,
+                                   parameters=None if slo_ms is None else {"slo_ms": slo_ms}):
         outs = response  # the planner answers once; keep the last response's outputs
     lp = output_str(outs, "logprobs")
     return PlanResponse(
@@ -80,11 +84,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default=MODEL)
     ap.add_argument("--history", default=None, help="previous turns as a JSON list")
     ap.add_argument("--max-tokens", type=int, default=None)
+    ap.add_argument("--slo-ms", type=int, default=None,
+                    help="plan latency accepted (default: the planner's SLO)")
     a = ap.parse_args(argv)
     a.url = a.url or default_url()
     try:
         r = plan(a.url, a.question, json.loads(a.history) if a.history else None,
-                 {"max_tokens": a.max_tokens} if a.max_tokens else None, model=a.model)
+                 {"max_tokens": a.max_tokens} if a.max_tokens else None, model=a.model,
+                 slo_ms=a.slo_ms)
     except RequestFailed as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -9,7 +9,9 @@ accelerated by Medusa heads verified as a tree by the torch decoder (rufus/qp/ba
 
 Generation, admission, cancellation, metrics and error mapping are rufus_llm's own
 (:func:`rufus.serving.generation.run_generate`); this module only builds the request and turns the
-final text into a plan on its way out.
+final text into a plan on its way out. On top, the planner admits against its SLO
+(rufus/serving/admission.py, settings in rufus/qp/settings.py): a plan estimated past 300 ms
+is refused at once, UNAVAILABLE, unless the request's ``slo_ms`` parameter accepts more.
 """
 
 from __future__ import annotations
@@ -25,8 +27,10 @@ from rufus.errors import InvalidInput, RufusError
 from rufus.qp.backends import PlannerBackend, create_backend, tree_args
 from rufus.qp.grounding import ground_plan
 from rufus.qp.plan import HISTORY_TURNS_USED, build_messages, parse_plan, structured_outputs
-from rufus.qp.settings import PlannerSettings
+from rufus.qp.settings import PlannerModelSettings, PlannerSettings
+from rufus.serving.admission import SloAdmission, Ticket
 from rufus.serving.generation import run_generate
+from rufus.serving.metrics import AdmissionMetrics, MetricBuffer
 from rufus.serving.request import GenerateRequest, finish_logprobs
 from rufus.serving.sampling import merge_sampling, request_parameters
 from rufus.serving.triton_backend import EngineModel, pb_utils
@@ -47,6 +51,10 @@ assert HISTORY_TURNS_USED <= MAX_HISTORY_TURNS
 # Greedy only: the planner's output must be reproducible (and Medusa's lossless guarantee is
 # for greedy decoding). logprobs are for diagnostics (the losslessness test's near-tie check).
 QP_SAMPLING_KEYS = ("max_tokens", "logprobs")
+# request parameter: the plan latency this request accepts, replacing the planner's SLO for
+# its admission (the assistant sends its plan time limit: its own admission holds the turn)
+SLO_PARAMETER = "slo_ms"
+MAX_SLO_MS = 600_000
 
 # The planner's inputs and outputs, declared once (config auto-complete, decoding, the
 # known-inputs set; tests/unit/test_inputs.py checks them against config.pbtxt).
@@ -72,6 +80,21 @@ class PlanRequest:
     question: str
     generate: GenerateRequest
     history: list[dict[str, str]] | None = None
+    slo_s: float | None = None  # the request's ``slo_ms``, in seconds
+    ticket: Ticket | None = None  # admitted on Triton's execute thread
+
+
+def read_slo(params: dict[str, Any]) -> float | None:
+    """Pop the ``slo_ms`` request parameter: seconds, or None when the request sets none."""
+    if SLO_PARAMETER not in params:
+        return None
+    value = params.pop(SLO_PARAMETER)
+    if isinstance(value, bool) or not isinstance(value, int | float) \
+            or not 1 <= value <= MAX_SLO_MS:
+        raise InvalidInput(f"parameters.{SLO_PARAMETER}",
+                           f"must be a number of milliseconds in 1..{MAX_SLO_MS}, got "
+                           f"{str(value)[:40]!r}")
+    return float(value) / 1e3
 
 
 def parse_plan_request(inputs: dict[str, np.ndarray | None], parameters: str | None,
@@ -80,9 +103,10 @@ def parse_plan_request(inputs: dict[str, np.ndarray | None], parameters: str | N
     values = decode_inputs(QP_INPUT_SPECS, inputs, limits)
     question, turns = read_conversation(values, limits)
     history = turns or None
+    params = request_parameters(parameters, limits)
+    slo_s = read_slo(params)
     try:
-        sampling = merge_sampling(values.get("sampling_parameters"),
-                                  request_parameters(parameters, limits), limits=limits,
+        sampling = merge_sampling(values.get("sampling_parameters"), params, limits=limits,
                                   default_max_tokens=default_max_tokens, allowed=QP_SAMPLING_KEYS)
     except InvalidInput as exc:
         if exc.field == "sampling_parameters" and exc.reason.startswith("unknown key"):
@@ -102,7 +126,7 @@ def parse_plan_request(inputs: dict[str, np.ndarray | None], parameters: str | N
         prompt_field="history" if history else "question",
     )
     finish_logprobs(req)
-    return PlanRequest(question, req, history)
+    return PlanRequest(question, req, history, slo_s)
 
 
 class PlanSink:
@@ -113,11 +137,12 @@ class PlanSink:
     ``text_output`` stays the raw generation."""
 
     def __init__(self, inner: Any, question: str, history: list[dict[str, str]] | None = None,
-                 ground: bool = False) -> None:
+                 ground: bool = False, ticket: Ticket | None = None) -> None:
         self.inner = inner
         self.question = question
         self.history = history
         self.ground = ground
+        self.ticket = ticket
 
     def send(self, outputs: dict[str, np.ndarray] | None, error: RufusError | None,
              final: bool) -> None:
@@ -131,6 +156,8 @@ class PlanSink:
             outputs["plan"] = np.array([json.dumps(res.plan).encode()], dtype=np.object_)
             outputs["fallback"] = np.array([res.fallback], dtype=bool)
             outputs["fallback_reason"] = np.array([res.error.encode()], dtype=np.object_)
+        if final and error is None and self.ticket is not None:
+            self.ticket.first_token()  # the plan is done: what the admission learns from
         self.inner.send(outputs, error, final)
 
     def is_cancelled(self) -> bool:
@@ -178,6 +205,8 @@ def _step_counter(counters: dict[str, Any]) -> Any:
 class QueryPlannerModel(EngineModel):
     INPUT_SPECS = QP_INPUT_SPECS
     OUTPUT_SPECS = QP_OUTPUT_SPECS
+    SETTINGS = PlannerModelSettings
+    settings: PlannerModelSettings
     backend: PlannerBackend
     precision_workload = "planner"  # tree verification passes decide "dtype": "measured"
 
@@ -193,7 +222,30 @@ class QueryPlannerModel(EngineModel):
             self.host.stat_loggers.append(spec_stat_logger(counters))
         self.host.engine_factory = self.backend.engine_factory(
             None if counters is None else _step_counter(counters))
+        self.admission = self._make_admission()
         super().setup()
+
+    def _make_admission(self) -> SloAdmission:
+        """The planner's SLO admission, its estimate and error exported when metrics are on
+        (through a buffer: each update is IPC, and admission runs on Triton's thread)."""
+        s = self.settings.admission
+        adm = SloAdmission(s, what="plan", queue="{waiting} plans in flight")
+        self._admission_metrics: MetricBuffer | None = None
+        if pb_utils is not None and self.settings.report_custom_metrics:
+            buf = MetricBuffer(AdmissionMetrics(
+                pb_utils, "rufus_qp_plan", "plan latency",
+                {"model": self.name, "version": self.version}, s.slo_s), name="qp-admission")
+            adm.on_estimate = lambda v: buf.gauge("estimate", v)
+            adm.on_error = lambda v: buf.event("estimate_error", v)
+            self._admission_metrics = buf
+        log.info("%s: plans admitted against a %g s SLO (margin %g; 0: off)", self.name,
+                 s.slo_s, s.margin)
+        return adm
+
+    def finalize(self) -> None:
+        super().finalize()
+        if self._admission_metrics is not None:
+            self._admission_metrics.close()
 
     def _spec_counters(self) -> dict[str, Any]:
         labels = {"model": self.name, "version": self.version}
@@ -231,11 +283,26 @@ class QueryPlannerModel(EngineModel):
         return parse_plan_request(inputs, parameters, self.default_max_tokens,
                                   self.request_limits())
 
+    def submit(self, parsed: PlanRequest, sink: Any, arrival: float) -> None:
+        # Admission here, on Triton's execute thread: a refusal is the request's one response
+        # (TritonModel.execute sends it and counts it), sent before the engine sees it.
+        ticket = self.admission.admit(parsed.slo_s)
+        try:
+            parsed.ticket = ticket
+            super().submit(parsed, sink, arrival)
+        except BaseException:
+            ticket.done()
+            raise
+
     async def handle(self, parsed: PlanRequest, sink: Any, arrival: float,
                      request_id: str, internal: bool = False) -> None:
         if self.backend.structured_output:
             parsed.generate.sampling["structured_outputs"] = structured_outputs()
-        await run_generate(self.host, self.watcher, parsed.generate,
-                           PlanSink(sink, parsed.question, parsed.history,
-                                    self.backend.ground_filters),
-                           self.metrics, arrival, request_id, internal)
+        try:
+            await run_generate(self.host, self.watcher, parsed.generate,
+                               PlanSink(sink, parsed.question, parsed.history,
+                                        self.backend.ground_filters, parsed.ticket),
+                               self.metrics, arrival, request_id, internal)
+        finally:
+            if parsed.ticket is not None:
+                parsed.ticket.done()

@@ -47,7 +47,7 @@ def build_messages(question: str, history: list[dict[str, str]] | None = None
 
     The system message is identical for every request, so the prefix cache serves it and
     only the question is prefilled per request. (The prompts of the un-tuned baselines that
-    the eval compares against are in rufus/qp/tooling/prompts.py.)
+    the eval compares against are in lab/qp/prompts.py.)
     """
     content = question
     if history:
@@ -138,14 +138,14 @@ def load_eval(path: str | Path) -> list[dict[str, Any]]:
             if line.strip()]
 
 
-# The plan skeleton's seed, written next to the Medusa heads (rufus/qp/tooling/build.py
+# The plan skeleton's seed, written next to the Medusa heads (rufus/qp/build.py
 # ``write_plan_seed``) and read by the served planner at start.
 SEED_FILE = "plan_seed.jsonl"
 
 
 def plan_seed(tokenizer: Any, path: str | Path) -> list[tuple[list[int], list[int], str]]:
     """``(prompt ids, plan ids, the prompt's customer words)`` for each plan of a seed file
-    (rufus/qp/tooling/build.py ``write_plan_seed``): what the torch planner's plan skeleton
+    (rufus/qp/build.py ``write_plan_seed``): what the torch planner's plan skeleton
     starts from. Missing file: []."""
     p = Path(path)
     if not p.is_file():

@@ -13,8 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from rufus.serving.admission import AdmissionSettings, admission_rows
 from rufus.serving.model_settings import EngineModelSettings
-from rufus.serving.settings import MODEL_JSON, keys, model_json, read
+from rufus.serving.settings import MODEL_JSON, Row, group, keys, model_json, read
 
 BACKENDS = ("torch_medusa", "torch_autoregressive", "vllm_medusa", "autoregressive", "nxdi")
 # draft trie size cap per step (``max_draft_nodes``, ``batch_draft_nodes``)
@@ -122,17 +123,58 @@ def engine_arguments(model_json: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in model_json.items() if k not in QP_KEYS}
 
 
+# The planner's admission: a plan estimated past its SLO (300 ms, RUFUS_QP_SLO_S; margin
+# RUFUS_QP_MARGIN; the fit's priors RUFUS_QP_<FIELD>) is refused at once, UNAVAILABLE. The
+# estimate is of the whole plan: plans in flight ahead of it share the decoder's passes
+# (up to ``torch_max_batch`` per pass, the rest queue). A request may state the latency it
+# accepts (request parameter ``slo_ms``): the assistant sends its plan time limit, since
+# its own admission already holds the turn's SLO.
+ADMISSION_PREFIX = "RUFUS_QP_"
+# priors: the least-squares fit of plan latency to plans in flight measured at 4-12 plans/s
+# on AVX-512 + bf16 + AMX (docs/benchmarks-history.md); the online fit moves from there
+ADMISSION = AdmissionSettings(slo_s=0.3, base_s=0.11, per_waiting_s=0.035, per_decoding_s=0.0)
+ADMISSION_HELP: dict[str, str] = {
+    "slo_s": "plan SLO, seconds; plans estimated past margin x SLO are refused UNAVAILABLE "
+             "(a request's `slo_ms` parameter replaces it for that request; 0 turns "
+             "admission off)",
+    "margin": "refuse above this share of the SLO",
+    "base_s": "prior: a lone plan, seconds",
+    "per_waiting_s": "prior: added per plan in flight ahead of it, seconds",
+    "per_decoding_s": "unused by the planner (no second phase), kept 0",
+    "forgetting": "the fit's weight of the past per observation",
+    "prior_weight": "observations the priors count as",
+}
+
+
+def read_admission(env: Mapping[str, str] | None = None) -> AdmissionSettings:
+    return AdmissionSettings.from_env(env, ADMISSION_PREFIX, ADMISSION)
+
+
+def admission_env_rows() -> list[Row]:
+    """The planner's AdmissionSettings as docs/configuration.md lists it."""
+    return admission_rows(ADMISSION_PREFIX, ADMISSION, ADMISSION_HELP)
+
+
+@dataclass(frozen=True)
+class PlannerModelSettings(EngineModelSettings):
+    """rufus_qp_medusa's config.pbtxt parameters (rufus_llm's keys) and its admission."""
+
+    admission: AdmissionSettings = group(  # noqa: RUF009 - a default_factory field
+        AdmissionSettings, read=read_admission, describe=admission_env_rows,
+        default=lambda: ADMISSION)
+
+
 @dataclass(frozen=True)
 class PlannerSettings:
     """rufus_qp_medusa: config.pbtxt parameters, the decoder knobs and vLLM's engine
     arguments, each typed apart."""
 
-    parameters: EngineModelSettings = field(default_factory=EngineModelSettings)
+    parameters: PlannerModelSettings = field(default_factory=PlannerModelSettings)
     knobs: DecoderKnobs = field(default_factory=DecoderKnobs)
     engine_args: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def load(cls, parameters: EngineModelSettings, model_json: Mapping[str, Any],
+    def load(cls, parameters: PlannerModelSettings, model_json: Mapping[str, Any],
              model: str = "") -> PlannerSettings:
         """Split model.json (overrides applied, ``"measured"`` resolved) once."""
         return cls(parameters, DecoderKnobs.from_model_json(model_json, model),

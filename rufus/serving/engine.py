@@ -22,7 +22,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,20 +95,55 @@ def engine_process_env(engine_args: dict[str, Any]) -> Iterator[None]:
     from vllm.utils.ompmultiprocessing import OMPProcessManager
 
     global _uni_cores
+    bind = every_core_binding()
+    if bind is not None:
+        os.environ[OMP_BIND_VAR] = bind
+        log.info("no native bf16 on this CPU: the engine's OpenMP threads take every core "
+                 "(%s=%s; set it to override)", OMP_BIND_VAR, bind)
     one_worker = SimpleNamespace(
         parallel_config=SimpleNamespace(local_world_size=1, data_parallel_rank_local=None,
                                         _api_process_count=1),
         kv_transfer_config=None)
-    omp = OMPProcessManager(one_worker)
-    with omp.configure_omp_envs(rank=0, local_rank=0):
-        _uni_cores = None if omp.skip_setup or not omp.cpu_lists else list(omp.cpu_lists[0])
-        log.info("vLLM worker inside the engine core; OpenMP: %s", {
-            k: os.environ[k] for k in ("OMP_NUM_THREADS", "OMP_PLACES", "OMP_PROC_BIND",
-                                       "KMP_AFFINITY", "GOMP_CPU_AFFINITY") if k in os.environ})
-        try:
-            yield
-        finally:
-            _uni_cores = None
+    try:
+        omp = OMPProcessManager(one_worker)
+        with omp.configure_omp_envs(rank=0, local_rank=0):
+            _uni_cores = None if omp.skip_setup or not omp.cpu_lists else list(omp.cpu_lists[0])
+            log.info("vLLM worker inside the engine core; OpenMP: %s", {
+                k: os.environ[k] for k in ("OMP_NUM_THREADS", "OMP_PLACES", "OMP_PROC_BIND",
+                                           "KMP_AFFINITY", "GOMP_CPU_AFFINITY")
+                if k in os.environ})
+            try:
+                yield
+            finally:
+                _uni_cores = None
+    finally:
+        if bind is not None:
+            os.environ.pop(OMP_BIND_VAR, None)
+
+
+OMP_BIND_VAR = "VLLM_CPU_OMP_THREADS_BIND"
+
+
+def every_core_binding(flags: set[str] | None = None, cpus: list[int] | None = None,
+                       env: Mapping[str, str] | None = None) -> str | None:
+    """The answer engine's OpenMP binding where it is not vLLM's: every core this process
+    may use, on a CPU without native bf16 (the answer model runs in fp32 there: AVX2,
+    AVX-512 without bf16). There its prefill is compute-bound and the first answer token
+    waits for it, so it takes both cores of a two-core unit; vLLM's own binding keeps one
+    core for its scheduler, which in the ``"uni"`` layout runs on the worker's thread
+    anyway. Measured with AVX2 emulated (docs/benchmarks-history.md, "Every core for the
+    answer engine"). With native bf16 the other core stays the planner's (None: vLLM's
+    binding); so does an explicit ``VLLM_CPU_OMP_THREADS_BIND``, or a single core."""
+    from rufus.serving import machine
+
+    env = os.environ if env is None else env
+    if env.get(OMP_BIND_VAR, "auto") != "auto":
+        return None
+    flags = machine.this_cpu(env) if flags is None else flags
+    cpus = sorted(os.sched_getaffinity(0)) if cpus is None else sorted(cpus)
+    if machine.native_bf16(flags) or len(cpus) < 2:
+        return None
+    return ",".join(str(c) for c in cpus)
 
 
 # The cores engine_process_env gives a "uni" engine's worker (None: vLLM binds nothing), and

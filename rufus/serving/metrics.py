@@ -316,6 +316,49 @@ class TritonMetrics(Metrics):
         self.vllm_waiting.set(waiting)
 
 
+# estimate minus measured, seconds: negative is a pessimistic estimate (refuses too early)
+ADMISSION_ERROR_BUCKETS = [-2.0, -1.0, -0.5, -0.25, -0.1, 0.0, 0.1, 0.25, 0.5, 1.0, 2.0]
+
+
+class AdmissionMetrics:
+    """An SLO-admitting model's families (rufus/serving/admission.py): what a new request
+    would get now (the unit agent routes on it), the estimate's error per admitted request,
+    and the SLO it is compared with. ``prefix`` names them (``rufus_assistant_first_token``,
+    ``rufus_qp_plan``); ``what`` is the measured latency, in words."""
+
+    def __init__(self, pb_utils: Any, prefix: str, what: str, labels: dict[str, str],
+                 slo_s: float) -> None:
+        fam = pb_utils.MetricFamily
+        self.families = [
+            fam(name=f"{prefix}_estimate_seconds",
+                description=f"Admission: the {what} a new request would get now, from the "
+                            "live queue (refused above the SLO; rufus/serving/admission.py)",
+                kind=fam.GAUGE),
+            fam(name=f"{prefix}_estimate_error_seconds",
+                description=f"Admission: estimate minus measured {what}, per admitted request",
+                kind=fam.HISTOGRAM),
+            fam(name=f"{prefix}_slo_seconds",
+                description=f"Admission: the {what} SLO new requests are admitted against "
+                            "(0: admission off); the unit agent compares the estimate with it",
+                kind=fam.GAUGE)]
+        self.estimate_metric = self.families[0].Metric(labels=labels)
+        self.error_metric = self.families[1].Metric(labels=labels,
+                                                    buckets=ADMISSION_ERROR_BUCKETS)
+        self.slo_metric = self.families[2].Metric(labels=labels)
+        self.slo_metric.set(slo_s)
+
+    def estimate(self, seconds: float) -> None:
+        self.estimate_metric.set(seconds)
+
+    def estimate_error(self, seconds: float) -> None:
+        self.error_metric.observe(seconds)
+
+    def close(self) -> None:
+        """Metrics, then families (see :meth:`TritonMetrics.close`)."""
+        self.estimate_metric = self.error_metric = self.slo_metric = None
+        self.families.clear()
+
+
 class MetricBuffer:
     """Keeps Triton metric IPC off the serving loop, for any metrics object.
 

@@ -16,7 +16,7 @@ picks, per workload, the dtype with the lower cost:
 This module knows the machine, the cache and the record, not the models: each model
 registers its measurement (:func:`register`: which model, what it adds to the record) and the
 forward pass that times the passes (:func:`set_pass_timer`); the planner's package does both
-(rufus/qp/tooling/measure.py), so nothing here imports a model.
+(rufus/qp/measure.py), so nothing here imports a model.
 
 The result is cached per CPU (:func:`rufus.serving.machine.cpu_key`) and model (its build stamp), so a
 new CPU class or a rebuilt model is measured again, and written where an operator reads it:
@@ -253,7 +253,7 @@ if __name__ == "__main__":
     # The setup program (scripts/setup.sh precision, the image build): the models register
     # their measurements with this module imported under its own name (not as __main__),
     # which then runs them. A program's imports sit above every layer (docs/architecture.md).
-    import rufus.qp.tooling.measure  # noqa: F401
+    import rufus.qp.measure  # noqa: F401
     from rufus.serving import precision
 
     raise SystemExit(precision.main())

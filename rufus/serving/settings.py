@@ -103,9 +103,12 @@ class Group:
 
 
 def group(cls: type, *, read: Callable[[Mapping[str, str]], Any] | None = None,
-          describe: Callable[[], list[Row]] | None = None) -> Any:
-    """A nested settings dataclass, read from the same sources (or by ``read(env)``)."""
-    return dataclasses.field(default_factory=cls, metadata={_GROUP: Group(read, describe)})
+          describe: Callable[[], list[Row]] | None = None,
+          default: Callable[[], Any] | None = None) -> Any:
+    """A nested settings dataclass, read from the same sources (or by ``read(env)``);
+    ``default`` builds its default where that is not ``cls()``."""
+    return dataclasses.field(default_factory=default or cls,
+                             metadata={_GROUP: Group(read, describe)})
 
 
 def config_parameters(model_config: Mapping[str, Any]) -> dict[str, str]:

@@ -215,7 +215,7 @@ class CollectingSink:
 def mark_initialized(name: str) -> None:
     """Tell the launcher that this stub's ``initialize()`` returned (a file named after the
     model in ``$RUFUS_INIT_MARKERS``), so it can tell a load tritonserver silently gave up on
-    from a slow one (rufus/harness/server.py ``TritonServer.stalled_loads``). Best effort."""
+    from a slow one (rufus/launch/server.py ``TritonServer.stalled_loads``). Best effort."""
     where = os.environ.get("RUFUS_INIT_MARKERS")
     if where:
         try:

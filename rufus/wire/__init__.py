@@ -17,7 +17,7 @@ CONVERSATION_HEADER = "x-rufus-conversation"
 
 # The engine's configured size on Triton's metrics endpoint: EngineCapacity field ->
 # (metric family, description). rufus/serving/metrics.py exports them; the unit agent
-# (proxy/agent.py) parses these names.
+# (proxy/capacity.py) parses these names.
 CAPACITY_GAUGES: dict[str, tuple[str, str]] = {
     "sequences": ("rufus_engine_capacity_sequences",
                   "Sequences the engine batches at most (max_num_seqs x data-parallel engines)"),

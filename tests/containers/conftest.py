@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from rufus.harness import containers as rig
+from rufus.launch import containers as rig
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGES = ("rufus-inference:cpu", "rufus-ingress:2.6")

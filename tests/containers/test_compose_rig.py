@@ -16,8 +16,9 @@ import threading
 
 import pytest
 
+from lab import roll_bench
 from rufus.client import RequestFailed, generate
-from rufus.harness import containers as rig
+from rufus.launch import containers as rig
 
 pytestmark = [pytest.mark.containers, pytest.mark.timeout(3600),
               pytest.mark.usefixtures("compose_rig")]
@@ -119,7 +120,7 @@ def test_leader_crash_mid_stream():
 def test_rolling_update_under_load_has_zero_failed_requests():
     # the baseline and the tail only need some requests served (before: the load works;
     # after: the new cells serve): the roll itself, under the same load, is what takes time
-    rc = rig.cmd_roll(argparse.Namespace(tag="cpu-roll", image=None, concurrency=3,
+    rc = roll_bench.cmd_roll(argparse.Namespace(tag="cpu-roll", image=None, concurrency=3,
                                          max_tokens=16, baseline_s=10.0, after_s=3.0,
                                          ready_timeout=BACK_TIMEOUT))
     assert rc == 0

@@ -21,13 +21,13 @@ from pathlib import Path
 
 import pytest
 
-from rufus.harness.server import TritonServer, free_port, stop_servers
-from rufus.harness.stack import start_frontend, stop_process
+from rufus.launch.server import TritonServer, free_port, stop_servers
+from rufus.launch.stack import start_frontend, stop_process
 
 # Small enough to test admission quickly, large enough for the 16-stream test.
 ADMISSION_LIMIT = 24
 # How long a server gets to exit after SIGTERM before its process group is killed: what
-# `make serve` gives it (rufus.harness.server.serve). A model whose stub never finalizes
+# `make serve` gives it (rufus.launch.server.serve). A model whose stub never finalizes
 # would otherwise hold tritonserver for its whole 20-s exit timeout at every stop.
 STOP_S = 6.0
 
@@ -101,7 +101,10 @@ def stack(log_dir, session_servers):
                    "RUFUS_ASSISTANT_PLAN_TIMEOUT_S": "120",
                    # nor its SLO admission (a slow box would refuse a second conversation;
                    # admission is tested at its unit boundaries, tests/unit/test_admission.py)
-                   "RUFUS_ASSISTANT_SLO_S": "0"},
+                   "RUFUS_ASSISTANT_SLO_S": "0",
+                   # nor the planner's, for the tests that call it directly with a good stream
+                   # alongside (its admission is tested on test_qp.py's server)
+                   "RUFUS_QP_SLO_S": "0"},
     )
     yield from serving(srv, stop_later=session_servers)
 

@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from rufus.harness.server import TritonServer
+from rufus.launch.server import TritonServer
 
 from .conftest import metric_value, scrape, wait_for
 

@@ -21,7 +21,7 @@ from rufus.assistant.pipeline import PRODUCT_INTENTS
 from rufus.assistant.prompt import SERVICE_REPLIES
 from rufus.client import AsyncStreams, RequestFailed, output_str
 from rufus.errors import InvalidInput
-from rufus.harness.server import TritonServer
+from rufus.launch.server import TritonServer
 from rufus.retrieval import default_retriever
 from rufus.retrieval.base import norm_brand
 

@@ -20,7 +20,7 @@ import pytest
 
 from proxy.agent import MAX_WEIGHT_PERCENT, AgentConfig, UnitAgent
 from proxy.haproxy import Backend, HAProxy, find_haproxy, render
-from rufus.harness.server import free_port
+from rufus.launch.server import free_port
 from tests.fakes import FakeLeader, HeldStreams
 
 pytestmark = pytest.mark.skipif(find_haproxy() is None,

@@ -269,7 +269,7 @@ def write_peft_adapter(src_dir, out_dir) -> None:
 def lora_url(tmp_path_factory, log_dir):
     import shutil
 
-    from rufus.harness.server import ROOT, TritonServer, free_port
+    from rufus.launch.server import ROOT, TritonServer, free_port
 
     repo = tmp_path_factory.mktemp("lora_repo")
     shutil.copytree(ROOT / "model_repository" / MODEL, repo / MODEL,

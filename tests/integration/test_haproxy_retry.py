@@ -23,7 +23,7 @@ import pytest
 
 from proxy.agent import AgentConfig, UnitAgent
 from proxy.haproxy import HTTP_RETRY, Backend, HAProxy, find_haproxy, render
-from rufus.harness.server import free_port
+from rufus.launch.server import free_port
 from tests.fakes import FakeLeader
 
 pytestmark = pytest.mark.skipif(find_haproxy() is None,

@@ -1,5 +1,5 @@
 """The two-node unit with real processes: leader tritonserver (rank 0) + `python -m follower`
-(rank 1), pipeline_parallel_size=2, the real default model, loopback mode (rufus/harness/rig.py).
+(rank 1), pipeline_parallel_size=2, the real default model, loopback mode (rufus/launch/rig.py).
 
 The unit is started once for the module under a Supervisor (the `make rig` code) and ended
 by process group at the end. Order matters: the failure tests come last, and the follower
@@ -18,8 +18,8 @@ import psutil
 import pytest
 
 from rufus.client import generate
-from rufus.harness.rig import LocalUnit, Supervisor
-from rufus.harness.server import TritonServer, free_port
+from rufus.launch.rig import LocalUnit, Supervisor
+from rufus.launch.server import TritonServer, free_port
 
 from .conftest import wait_for
 

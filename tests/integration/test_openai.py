@@ -15,8 +15,8 @@ import urllib.request
 import openai
 import pytest
 
-from rufus.harness.server import free_port
-from rufus.harness.stack import start_frontend, stop_process
+from rufus.launch.server import free_port
+from rufus.launch.stack import start_frontend, stop_process
 
 from .conftest import ADMISSION_LIMIT, metric_value, scrape, wait_for
 

@@ -21,7 +21,7 @@ import pytest
 
 from proxy.haproxy import Backend, HAProxy, render
 from proxy.orchestrator import Orchestrator, OrchestratorConfig, RuntimeAPI, render_global
-from rufus.harness.server import free_port
+from rufus.launch.server import free_port
 from tests.fakes import serve_http
 
 HAVE_HAPROXY = shutil.which("haproxy") is not None or Path("/usr/sbin/haproxy").exists()

@@ -1,5 +1,5 @@
 """The proxy layer with real processes: two units (leader tritonserver + follower each,
-rufus/harness/rig.py), a unit agent per unit, HAProxy in front (rufus/harness/fleet.py =
+rufus/launch/rig.py), a unit agent per unit, HAProxy in front (rufus/launch/fleet.py =
 `make fleet`).
 
 One fleet for the module (every vLLM start costs 1-3 minutes on 2 cores); tests run in
@@ -25,7 +25,7 @@ import pytest
 from proxy.haproxy import find_haproxy
 from rufus.client import RequestFailed, generate
 from rufus.errors import InvalidInput
-from rufus.harness.fleet import Fleet
+from rufus.launch.fleet import Fleet
 from tests.fakes import FakeLeader
 
 from .conftest import metric_value, wait_for
@@ -79,7 +79,7 @@ def test_real_haproxy_and_agent_take_a_unit_out_and_back_quickly(tmp_path, monke
     (both renderings), to pin the take-out and put-back times the fleet relies on."""
     from proxy.agent import AgentConfig, UnitAgent
     from proxy.haproxy import Backend, HAProxy, render, render_compose
-    from rufus.harness.server import free_port
+    from rufus.launch.server import free_port
 
     leader = FakeLeader()
     cfg = AgentConfig(leader_http=f"http://127.0.0.1:{leader.port}",

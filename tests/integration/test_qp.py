@@ -17,29 +17,37 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
+from lab.qp.lossless import LOGPROBS_K, NEAR_TIE_NATS, compare
 from rufus.client import RequestFailed
-from rufus.harness.server import ROOT, TritonServer, free_port, stop_servers
+from rufus.launch.server import ROOT, TritonServer, free_port, stop_servers
 from rufus.qp.client import plan
 from rufus.qp.plan import fallback_plan, load_eval, validate_plan
-from rufus.qp.tooling.lossless import LOGPROBS_K, NEAR_TIE_NATS, compare
 
-from .conftest import STOP_S, metric_value, scrape
+from .conftest import STOP_S, metric_value, scrape, wait_for
 
 pytestmark = pytest.mark.integration
 OVERRIDE = "RUFUS_RUFUS_QP_MEDUSA_ENGINE_ARGS"
 
 
-def _server(log_dir, kind: str, args: dict[str, object]) -> TritonServer:
+# The Medusa server's plan SLO: one every CPU misses with a plan ahead (a plan alone takes
+# longer), so which requests SLO admission refuses does not depend on the machine's speed.
+# Sequential tests never have a plan ahead, and an idle planner never refuses.
+TEST_SLO_S = 0.05
+
+
+def _server(log_dir, kind: str, args: dict[str, object],
+            env: dict[str, str] | None = None) -> TritonServer:
     return TritonServer(
         models=["rufus_qp_medusa"], grpc_port=free_port(), http_port=free_port(),
         metrics_port=free_port(), log_path=log_dir / f"tritonserver-qp-{kind}.log",
-        extra_env={OVERRIDE: json.dumps(args), "VLLM_CPU_KVCACHE_SPACE": "1"},
+        extra_env={OVERRIDE: json.dumps(args), "VLLM_CPU_KVCACHE_SPACE": "1", **(env or {})},
     )
 
 
 @contextlib.contextmanager
 def _pair(log_dir, dtype: str):
-    servers = {"medusa": _server(log_dir, f"medusa-{dtype}", {"dtype": dtype}),
+    servers = {"medusa": _server(log_dir, f"medusa-{dtype}", {"dtype": dtype},
+                                 {"RUFUS_QP_SLO_S": str(TEST_SLO_S)}),
                "ar": _server(log_dir, f"ar-{dtype}", {"qp_backend": "torch_autoregressive",
                                                       "dtype": dtype})}
     for s in servers.values():
@@ -111,8 +119,8 @@ def test_bad_input_names_the_field(qp_url, kwargs, field):
 
 
 def test_bad_input_does_not_affect_other_requests(qp_url):
-    def good():
-        return plan(qp_url, "track my order from last week")
+    def good():  # slo_ms: a slow box's SLO admission must not refuse the second good plan
+        return plan(qp_url, "track my order from last week", slo_ms=120_000)
 
     def bad():
         with pytest.raises(RequestFailed):
@@ -124,6 +132,51 @@ def test_bad_input_does_not_affect_other_requests(qp_url):
         results = [f.result() for f in futs]
     for r in results[0::2]:
         assert r is not None and validate_plan(r.plan) == ""
+
+
+def test_slo_admission_refuses_at_once_what_it_cannot_plan_in_time(qp_servers, qp_url):
+    """Plans arriving together past what the planner can do within its SLO (TEST_SLO_S on
+    this server): the ones estimated late are refused UNAVAILABLE (retryable) before any
+    decoding, the admitted ones are served, requests that state a longer ``slo_ms`` are
+    admitted, an idle planner plans again, and the estimate and SLO are exported."""
+    server = qp_servers["medusa"]
+    refused_before = metric_value(scrape(server), "rufus_requests_total",
+                                  model="rufus_qp_medusa", outcome="unavailable") or 0.0
+
+    def one(i: int):
+        patient = i % 7 == 0  # 0 and 7: accepts 2 minutes
+        try:
+            return patient, plan(qp_url, f"running shoes size {i + 6} under ${40 + i}",
+                                 slo_ms=120_000 if patient else None)
+        except RequestFailed as exc:
+            return patient, exc
+
+    with ThreadPoolExecutor(14) as ex:
+        results = list(ex.map(one, range(14)))
+    refusals = [r for _, r in results if isinstance(r, RequestFailed)]
+    assert refusals, f"14 plans at once: none was estimated past the {TEST_SLO_S} s SLO"
+    for exc in refusals:
+        assert "UNAVAILABLE" in exc.status, exc
+        assert "overloaded: plan estimated in" in str(exc) and "retry" in str(exc), exc
+    for patient, r in results:
+        if patient:
+            assert not isinstance(r, RequestFailed), f"slo_ms=120000 refused: {r}"
+        if not isinstance(r, RequestFailed):
+            assert validate_plan(r.plan) == "", r.plan
+    again = plan(qp_url, "wireless earbuds under $50")  # idle: never refused
+    assert not again.fallback
+    text = scrape(server)
+    assert metric_value(text, "rufus_qp_plan_slo_seconds", model="rufus_qp_medusa") == TEST_SLO_S
+    assert metric_value(text, "rufus_qp_plan_estimate_seconds", model="rufus_qp_medusa") > 0
+    assert wait_for(lambda: (metric_value(scrape(server), "rufus_requests_total",
+                                          model="rufus_qp_medusa", outcome="unavailable")
+                             or 0.0) - refused_before == len(refusals), timeout=10)
+
+
+def test_slo_ms_parameter_is_validated(qp_url):
+    with pytest.raises(RequestFailed) as exc:
+        plan(qp_url, "running shoes", slo_ms=0)
+    assert "INVALID_ARG" in exc.value.status and "parameters.slo_ms" in str(exc.value)
 
 
 # Per-field floors of the served planner on data/qp/eval.jsonl (263 hand-written questions):
@@ -139,7 +192,7 @@ LOSSLESS_STRIDE = 4
 def test_plan_quality_on_eval_set(qp_url, log_dir):
     """Every eval question through the served planner: valid JSON, every field scored, no
     filter value that is not written in the question or history."""
-    from rufus.qp.tooling.evaluate import Prediction, score, summary_line
+    from lab.qp.evaluate import Prediction, score, summary_line
 
     rows = load_eval(ROOT / "data/qp/eval.jsonl")
     preds = []

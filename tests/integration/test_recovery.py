@@ -28,7 +28,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from rufus.client import RequestFailed, build_inputs, generate
-from rufus.harness.server import ROOT, TritonServer, free_port
+from rufus.launch.server import ROOT, TritonServer, free_port
 from rufus.qp.client import plan
 
 from .conftest import metric_value, scrape, serving, wait_for

@@ -28,7 +28,7 @@ from tritonclient.utils import InferenceServerException
 
 from proxy.haproxy import REFUSAL, HAProxy, Limits, find_haproxy, render_compose
 from rufus.client import generate
-from rufus.harness.server import ADMIN_HEADER, TritonServer, free_port
+from rufus.launch.server import ADMIN_HEADER, TritonServer, free_port
 
 from .conftest import wait_for
 

@@ -1,4 +1,5 @@
-"""SLO-aware admission (rufus/assistant/admission.py) against fake queues and a fake clock."""
+"""SLO-aware admission (rufus/serving/admission.py) against fake queues and a fake clock: the
+assistant's and the planner's."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import contextlib
 
 import pytest
 
-from rufus.assistant.admission import AdmissionSettings, SloAdmission
 from rufus.errors import Unavailable
+from rufus.serving.admission import AdmissionSettings, SloAdmission
 
 
 class Clock:
@@ -103,7 +104,7 @@ def test_the_pipeline_refuses_before_any_model_call():
     class Streams:
         calls: list[str] = []
 
-        async def stream(self, model, tensors, conversation=None):
+        async def stream(self, model, tensors, conversation=None, parameters=None):
             self.calls.append(model)
             await asyncio.sleep(3600)
             yield {}
@@ -133,3 +134,36 @@ def test_the_pipeline_refuses_before_any_model_call():
     assert streams.calls == ["rufus_qp_medusa"]
     assert ("unavailable", "none") in counted
     assert (adm.waiting, adm.decoding) == (0, 0)
+
+
+def test_a_request_may_accept_a_longer_latency_than_the_slo():
+    """The planner's ``slo_ms``: the assistant's plans (admitted by the turn's own admission)
+    are not refused by the planner's 300 ms SLO; a stricter one is refused earlier."""
+    s = AdmissionSettings(slo_s=0.3, base_s=0.2, per_waiting_s=0.1, per_decoding_s=0.0)
+    adm = SloAdmission(s, clock=Clock(), what="plan", queue="{waiting} plans in flight")
+    held = [adm.admit(), adm.admit()]            # 0.2 s, 0.3 s: within 0.3 s
+    with pytest.raises(Unavailable) as err:      # 0.4 s
+        adm.admit()
+    assert err.value.message.startswith("overloaded: plan estimated in 0.40 s (2 plans in flight")
+    assert "over the 0.3 s SLO" in err.value.message
+    held.append(adm.admit(slo_s=10.0))           # accepts 10 s: admitted
+    with pytest.raises(Unavailable, match=r"over the 0\.25 s SLO"):
+        adm.admit(slo_s=0.25)
+    for t in held:
+        t.first_token()                          # the plan is done
+        t.done()
+    assert (adm.waiting, adm.decoding) == (0, 0)
+    off = SloAdmission(AdmissionSettings(slo_s=0.0, base_s=5.0))
+    for _ in range(3):
+        off.admit(slo_s=0.001)                   # admission off: a request cannot turn it on
+
+
+def test_admission_settings_read_their_prefix_and_keep_their_defaults():
+    from rufus.qp.settings import ADMISSION, PlannerModelSettings, read_admission
+
+    assert PlannerModelSettings().admission == ADMISSION and ADMISSION.slo_s == 0.3
+    got = read_admission({"RUFUS_QP_SLO_S": "0.5", "RUFUS_ASSISTANT_SLO_S": "9"})
+    assert (got.slo_s, got.base_s) == (0.5, ADMISSION.base_s)
+    assert AdmissionSettings.from_env({"RUFUS_QP_SLO_S": "0.5"}).slo_s == 1.0  # assistant's
+    with pytest.raises(ValueError, match="RUFUS_QP_MARGIN"):
+        read_admission({"RUFUS_QP_MARGIN": "-1"})

@@ -334,13 +334,10 @@ def test_a_written_out_card_name_refers_to_it_but_cites_nothing(facts: CatalogFa
 # ------------------------------------------------------------------ the script's I/O
 
 def _script() -> Any:
-    import importlib.util
+    """scripts/eval_answers.py's I/O: the lab module whose ``main`` it calls."""
+    import importlib
 
-    spec = importlib.util.spec_from_file_location("eval_answers", ROOT / "scripts/eval_answers.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return importlib.import_module("lab.eval_answers")
 
 
 def test_script_collects_a_streamed_answer_and_rescores_offline(tmp_path: Path) -> None:

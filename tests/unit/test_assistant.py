@@ -13,7 +13,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rufus.assistant.admission import AdmissionSettings, SloAdmission
 from rufus.assistant.pipeline import Assistant, fallback_plan, search_queries, validate_request
 from rufus.assistant.prompt import (
     LinkRenderer,
@@ -27,6 +26,7 @@ from rufus.client import RequestFailed
 from rufus.errors import InvalidInput
 from rufus.retrieval.catalog import generate_catalog
 from rufus.retrieval.sqlite_fts import SqliteFtsRetriever
+from rufus.serving.admission import AdmissionSettings, SloAdmission
 
 CATALOG = generate_catalog(3000)
 
@@ -156,10 +156,13 @@ class FakeStreams:
         self.calls: list[tuple[str, dict]] = []
         self.keys: list[tuple[str, str | None]] = []
         self.closed: list[str] = []
+        self.parameters: list[tuple[str, dict[str, Any] | None]] = []
 
-    async def stream(self, model: str, tensors: dict[str, Any], conversation: str | None = None):
+    async def stream(self, model: str, tensors: dict[str, Any], conversation: str | None = None,
+                     parameters: dict[str, Any] | None = None):
         self.calls.append((model, tensors))
         self.keys.append((model, conversation))
+        self.parameters.append((model, parameters))
         try:
             if model == "rufus_qp_medusa":
                 if self.plan_error:
@@ -525,6 +528,15 @@ def test_conversation_key_goes_with_every_call_of_the_turn(retriever):
     assert {k for _, k in fake.keys} == {None}
 
 
+def test_the_plan_request_accepts_the_turns_plan_time_limit(retriever):
+    """The planner's own SLO admission (300 ms) gives way to the turn's: the plan request
+    states the assistant's plan time limit as ``slo_ms``; the answer requests state none."""
+    fake = FakeStreams(plan_of("product_search", ["running shoes"]), ["Try ", "these."])
+    run(Assistant("x", retriever, plan_timeout_s=2.5), fake, "running shoes")
+    assert ("rufus_qp_medusa", {"slo_ms": 2500}) in fake.parameters
+    assert all(p is None for m, p in fake.parameters if m == "rufus_llm")
+
+
 def test_product_lines_carry_what_the_answer_needs():
     """Title, exact price and rating stay; the review count goes (its digits were a sixth of
     a product line's tokens; retrieval ranks by it and the card shows it)."""
@@ -566,9 +578,9 @@ def test_adapter_admits_on_the_execute_thread(monkeypatch, retriever):
     """AssistantModel.submit (Triton's execute thread) admits or refuses before the request
     reaches the pipeline's loop, so a refusal does not wait behind streaming answers; the
     ticket of an admitted request is returned however its task ends."""
-    from rufus.assistant.admission import AdmissionSettings, SloAdmission
     from rufus.assistant.triton_model import AssistantRequest
     from rufus.errors import Unavailable
+    from rufus.serving.admission import AdmissionSettings, SloAdmission
 
     fake = FakeStreams(plan_of("product_search", ["tv"]), [], hang=True)
     m = _adapter(monkeypatch, retriever, fake)

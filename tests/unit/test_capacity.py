@@ -275,7 +275,7 @@ def test_agent_refuses_a_bad_reference_naming_it():
 
 
 def test_capacity_bench_summary_and_bar():
-    from rufus.harness.capacity_bench import summarize
+    from lab.capacity_bench import summarize
 
     def phase(policy: str, tok_s: float, p99: float, streams: dict[str, int]) -> dict:
         return {"policy": policy, "wall_s": 10.0, "requests": 20, "output_tok_s": tok_s,

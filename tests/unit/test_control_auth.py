@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from rufus.harness.server import free_port
+from rufus.launch.server import free_port
 from rufus.multinode import control as unit
 from rufus.multinode.topology import Topology
 
@@ -201,7 +201,7 @@ def test_secret_is_required_and_bind_is_configurable(monkeypatch):
 # ----------------------------------------------------------------- launcher: restricted APIs
 def test_launcher_restricts_admin_apis_and_never_shows_the_key(monkeypatch):
     from rufus.env import EnvError
-    from rufus.harness import server
+    from rufus.launch import server
 
     monkeypatch.setattr(server, "triton_env", lambda: {"tritonserver": "/bin/true",
                                                        "backend_directory": "/b"})

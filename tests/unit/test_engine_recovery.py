@@ -191,7 +191,7 @@ rufus_engine_ready{model="rufus_qp_medusa",version="1"} 1
 
 def test_health_checks_read_the_engine_gauge():
     from proxy.agent import judge_engines
-    from rufus.harness.server import engine_ready_from_metrics
+    from rufus.launch.server import engine_ready_from_metrics
 
     assert engine_ready_from_metrics(METRICS, "rufus_llm") is False
     assert engine_ready_from_metrics(METRICS, "rufus_qp_medusa") is True

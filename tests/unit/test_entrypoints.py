@@ -2,7 +2,8 @@
 every environment variable its own source reads, and a wrong setting names the variable.
 
 Entrypoints are found, not listed: every script in scripts/, every package with a
-``__main__.py`` and every module with a ``__main__`` guard under rufus/, proxy/, follower/.
+``__main__.py`` and every module with a ``__main__`` guard under rufus/, proxy/, follower/
+and lab/. A script is a thin wrapper: the module whose ``main`` it calls is its source too.
 """
 
 from __future__ import annotations
@@ -16,20 +17,23 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("rufus", "proxy", "follower")
+PACKAGES = ("rufus", "proxy", "follower", "lab")
 # Read directly in the entrypoint's own file: os.environ.get("X"), os.environ["X"],
 # os.getenv("X"), env_int/env_float/env_port("X").
 READ = re.compile(r"(?:environ\.get\(|environ\[|getenv\(|env_(?:int|float|port)\()"
                   r"""\s*["']([A-Z][A-Z0-9_]+)["']""")
 # Read by the tooling, never by an operator: not part of --help.
 INTERNAL = {"PYTHONPATH", "LD_LIBRARY_PATH", "PATH", "HOME"}
+# a thin script's call: ``from lab.qp.bench import main``
+MAIN_FROM = re.compile(r"^from ([\w.]+) import main\b", re.M)
 
 
 def _entrypoints() -> dict[str, tuple[list[str], list[Path]]]:
     """name -> (argv after the interpreter, the source files whose env reads it must list)."""
     out: dict[str, tuple[list[str], list[Path]]] = {}
     for f in sorted((ROOT / "scripts").glob("*.py")):
-        out[f"scripts/{f.name}"] = ([str(f)], [f])
+        called = [ROOT / (m.replace(".", "/") + ".py") for m in MAIN_FROM.findall(f.read_text())]
+        out[f"scripts/{f.name}"] = ([str(f)], [f, *called])
     for pkg in PACKAGES:
         for f in sorted((ROOT / pkg).rglob("*.py")):
             rel = f.relative_to(ROOT)
@@ -55,8 +59,8 @@ def _run(argv: list[str], **env: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_the_documented_entrypoints_are_found():
-    for name in ("follower", "rufus.harness.server", "rufus.client", "rufus.qp.client",
-                 "proxy.agent", "proxy.haproxy", "rufus.harness.fleet", "scripts/rig.py",
+    for name in ("follower", "rufus.launch.server", "rufus.client", "rufus.qp.client",
+                 "proxy.agent", "proxy.haproxy", "rufus.launch.fleet", "scripts/rig.py",
                  "scripts/bench.py", "scripts/fleet.py", "scripts/client.py"):
         assert name in ENTRYPOINTS, name
 
@@ -79,10 +83,10 @@ def test_help_lists_options_and_environment(name):
 @pytest.mark.parametrize("argv,env,variable", [
     (["-m", "follower"], {"RUFUS_HEARTBEAT_S": "fast"}, "RUFUS_HEARTBEAT_S"),
     (["-m", "follower"], {"RUFUS_NNODES": "2", "RUFUS_NODE_RANK": "one"}, "RUFUS_NODE_RANK"),
-    (["-m", "rufus.harness.server"], {"GRPC_PORT": "80o1"}, "GRPC_PORT"),
+    (["-m", "rufus.launch.server"], {"GRPC_PORT": "80o1"}, "GRPC_PORT"),
     (["-m", "rufus.client", "hi"], {"GRPC_PORT": "x"}, "GRPC_PORT"),
     (["-m", "proxy.agent"], {"RUFUS_AGENT_PORT": "8o90"}, "RUFUS_AGENT_PORT"),
-    (["-m", "rufus.harness.fleet"], {"RUFUS_FLEET_NNODES": "0"}, "RUFUS_FLEET_NNODES"),
+    (["-m", "rufus.launch.fleet"], {"RUFUS_FLEET_NNODES": "0"}, "RUFUS_FLEET_NNODES"),
     (["scripts/rig.py"], {"HTTP_PORT": "99999"}, "HTTP_PORT"),
 ])
 def test_a_wrong_setting_names_the_variable(argv, env, variable):
@@ -98,7 +102,7 @@ def test_a_load_tritonserver_gave_up_on_is_detected_and_restarted(tmp_path, monk
     stops with EXIT_LOAD_STALLED; a slow load without a marker is never a stall."""
     import time as _time
 
-    from rufus.harness import server as srv_mod
+    from rufus.launch import server as srv_mod
     from rufus.serving.triton_backend import mark_initialized
 
     srv = srv_mod.TritonServer(models=["rufus_llm", "rufus_qp_medusa"])
@@ -149,7 +153,7 @@ def test_freeze_heap_takes_what_exists_out_of_the_collectors_scans():
 
 
 def test_free_port_never_hands_out_a_port_twice():
-    from rufus.harness.server import free_port
+    from rufus.launch.server import free_port
 
     ports = [free_port() for _ in range(64)]
     assert len(set(ports)) == len(ports)

@@ -1,4 +1,4 @@
-"""The local fleet's start-up (rufus/harness/fleet.py) without engines: ports that never
+"""The local fleet's start-up (rufus/launch/fleet.py) without engines: ports that never
 collide, and a unit that cannot start ends the wait with a diagnosis instead of a hang."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from rufus.harness import fleet
-from rufus.harness.fleet import Fleet, FleetPorts, FleetUnit
-from rufus.harness.rig import LocalUnit, Supervisor
+from rufus.launch import fleet
+from rufus.launch.fleet import Fleet, FleetPorts, FleetUnit
+from rufus.launch.rig import LocalUnit, Supervisor
 
 
 def _two_free_ports() -> list[int]:

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-import rufus.harness.fleet_bench as fb
+import lab.fleet_bench as fb
 from rufus.client import Chunk
 
 
@@ -68,7 +68,7 @@ def test_summarize_one_policy_has_no_ratio():
 
 
 def test_affinity_difference_interval_brackets_a_real_shift_and_zero_without_one():
-    from rufus.harness.affinity_bench import Arm, TurnResult, compare_arms, difference_ci
+    from lab.affinity_bench import Arm, TurnResult, compare_arms, difference_ci
 
     base = [1.0 + 0.01 * i for i in range(60)]
     shifted = difference_ci([v - 0.5 for v in base], base, 0.5)
@@ -92,13 +92,13 @@ def test_single_node_units_each_get_one_core_and_their_children_inherit_it(tmp_p
     """A local fleet's single-node units are pinned one core each (the planner too), as
     hosts of their own; multi-node units keep their per-node vLLM binding; a started child
     (what tritonserver's stubs and engine cores are) runs on the pinned core only."""
-    from rufus.harness.fleet import Fleet
-    from rufus.harness.server import child_setup
+    from rufus.launch.fleet import Fleet
+    from rufus.launch.server import child_setup
 
     cpus = sorted(os.sched_getaffinity(0))
     one = Fleet(n_units=2, nnodes=1, log_dir=tmp_path)
     assert [one._unit_cpus(i) for i in range(3)] == [(cpus[0],), (cpus[1],), (cpus[2 % len(cpus)],)]
-    # one-unit fleets side by side (rufus.harness.regions: a region each) take turns
+    # one-unit fleets side by side (lab.regions: a region each) take turns
     assert Fleet(n_units=1, nnodes=1, log_dir=tmp_path, first_core=1)._unit_cpus(0) == (cpus[1],)
     assert Fleet(n_units=2, nnodes=2, log_dir=tmp_path)._unit_cpus(0) is None
     assert Fleet(n_units=2, nnodes=1, log_dir=tmp_path, pin_units=False)._unit_cpus(1) is None

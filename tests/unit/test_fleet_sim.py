@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from rufus.harness.fleet_sim import (
+from lab.fleet_sim import (
     POLICIES,
     ServiceModel,
     Session,
@@ -88,7 +88,7 @@ def test_calibration_fit():
 
 
 def test_offered_rate_scales_with_units_and_utilization():
-    from rufus.harness.fleet_sim import offered_rate
+    from lab.fleet_sim import offered_rate
 
     spec = WorkloadSpec(chat_frac=0.0, long_frac=0.0, short_tokens=10)
     full = offered_rate(MODEL, spec, 1, 1.0)

@@ -1,4 +1,4 @@
-"""Open-loop goodput harness (rufus/harness/goodput.py) against fake targets, no server.
+"""Open-loop goodput benchmark (lab/goodput.py) against fake targets, no server.
 
 Everything runs on a virtual-time event loop: a sleep advances the clock instead of waiting,
 so a 60 s sweep takes milliseconds and every latency below is exact."""
@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from rufus.harness import goodput as gp
-from rufus.harness.goodput import Outcome, RequestResult
+from lab import goodput as gp
+from lab.goodput import Outcome, RequestResult
 
 
 class _VirtualSelector(selectors.BaseSelector):

@@ -1,4 +1,4 @@
-"""The headline figures of docs/benchmarks.md and README.md are what rufus/harness/headline.py
+"""The headline figures of docs/benchmarks.md and README.md are what lab/headline.py
 renders from docs/results/: a value cannot be edited in one place and not the other, and the
 table stays one screen (one row per figure and class, each with its class, command and date)."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rufus.harness import headline
+from lab import headline
 
 ROOT = Path(__file__).resolve().parents[2]
 

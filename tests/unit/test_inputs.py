@@ -11,7 +11,7 @@ from rufus.assistant.triton_model import (
     ASSISTANT_OUTPUT_SPECS,
     AssistantModel,
 )
-from rufus.harness.server import ROOT
+from rufus.launch.server import ROOT
 from rufus.qp.model import QP_INPUT_SPECS, QP_OUTPUT_SPECS, QueryPlannerModel
 from rufus.serving.llm import LLM_INPUT_SPECS, LLM_OUTPUT_SPECS, LLMModel
 

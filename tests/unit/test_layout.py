@@ -1,6 +1,7 @@
 """docs/architecture.md's layout table matches the tree: every path it names exists, every
-module under rufus/, follower/ and proxy/ is named in it, and rufus/ itself stays small.
-Its layer table orders the packages: every import points down it, and none closes a cycle."""
+module under rufus/, follower/, proxy/ and lab/ is named in it, and rufus/ itself stays small.
+Its layer table orders the packages: every import points down it, and none closes a cycle.
+The product never imports the lab, and scripts/ stay thin wrappers."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "architecture.md"
-PACKAGES = ("rufus", "follower", "proxy")
+PACKAGES = ("rufus", "follower", "proxy", "lab")
 MAX_TOP_LEVEL = 4  # rufus/*.py: the package marker, the client, the env reader, one spare
 
 
@@ -58,7 +59,7 @@ def test_rufus_keeps_a_handful_of_top_level_modules():
 
 
 def test_no_script_imports_another_script():
-    """scripts/ are argparse wrappers over package functions (docs/architecture.md)."""
+    """scripts/ are thin wrappers over package functions (docs/architecture.md)."""
     scripts = sorted((ROOT / "scripts").glob("*.py"))
     names = {f.stem for f in scripts}
     for f in scripts:
@@ -89,13 +90,13 @@ def test_names_in_the_layout_table_exist_in_their_module():
 
 
 def test_every_module_path_in_the_docs_exists():
-    """Any ``rufus/…``, ``proxy/…``, ``follower/…`` or ``scripts/…`` file the README or a
-    document under docs/ names exists (not docs/benchmarks-history.md, whose dated rounds name
-    the files of their day)."""
+    """Any ``rufus/…``, ``proxy/…``, ``follower/…``, ``lab/…`` or ``scripts/…`` file the README
+    or a document under docs/ names exists (not docs/benchmarks-history.md, whose dated rounds
+    name the files of their day)."""
     missing = []
     docs = sorted(p for p in (ROOT / "docs").glob("*.md") if p.name != "benchmarks-history.md")
     for doc in dict.fromkeys((DOC, ROOT / "README.md", *docs)):
-        for path in set(re.findall(r"\b((?:rufus|proxy|follower|scripts)/[\w/]+\.(?:py|json))",
+        for path in set(re.findall(r"\b((?:rufus|proxy|follower|lab|scripts)/[\w/]+\.(?:py|json))",
                                    doc.read_text())):
             if not (ROOT / path).exists():
                 missing.append(f"{doc.name}: {path}")
@@ -104,14 +105,15 @@ def test_every_module_path_in_the_docs_exists():
 
 # --- layers: imports point one way -------------------------------------------------------
 
-SOURCES = ("rufus", "proxy", "follower", "scripts", "tests", "model_repository", "deploy",
+SOURCES = ("rufus", "proxy", "follower", "lab", "scripts", "tests", "model_repository", "deploy",
            "docker")
 # Cycles that stay until the code they join is split; each entry says what removes it.
-KNOWN_CYCLES = {
-    frozenset({"rufus/harness/fleet.py", "rufus/harness/fleet_bench.py"}):
-        "fleet's `bench` subcommand runs the benchmark that drives a Fleet: it goes when the "
-        "benchmarks leave rufus/harness/ for the lab package",
-}
+KNOWN_CYCLES: dict[frozenset[str], str] = {}
+# Who may import the lab (lab/): the lab itself, the scripts that run it, the tests.
+LAB_IMPORTERS = ("lab/", "scripts/", "tests/")
+# A script's usage text (its docstring, what --help prints) and the call of a package's
+# main(): the longest today is 27 such lines.
+MAX_SCRIPT_LINES = 40
 
 
 @dataclass(frozen=True)
@@ -295,7 +297,7 @@ def test_the_checker_flags_an_uphill_import():
         "    def load(self):\n"
         "        from .triton_backend import TritonModel\n"
         "if __name__ == '__main__':\n"
-        "    import rufus.qp.tooling.measure\n"
+        "    import rufus.qp.measure\n"
     )
     found = uphill("rufus/serving/precision.py", source, layers, modules)
     assert [f.split(" (")[0] for f in found] == [
@@ -304,7 +306,7 @@ def test_the_checker_flags_an_uphill_import():
     assert "imports rufus.qp.decoder.torch_llama (models)" in found[1]
     assert "imports rufus.serving.triton_backend (Triton stub)" in found[2]
     # downhill, from the top row and through a parent-relative import: fine
-    assert not uphill("scripts/x.py", "from rufus.harness.server import ROOT\n", layers, modules)
+    assert not uphill("scripts/x.py", "from rufus.launch.server import ROOT\n", layers, modules)
     assert not uphill("rufus/qp/decoder/x.py", "from ..plan import SEED_FILE\n", layers, modules)
     # a table in which the same import points up
     flipped = Layers((("low", ("rufus/serving/machine.py",)), ("high", ("rufus/serving/",))))
@@ -317,3 +319,55 @@ def test_the_cycle_finder_finds_a_hidden_cycle():
     graph = {"a.py": frozenset({"b.py"}), "b.py": frozenset({"c.py"}),
              "c.py": frozenset({"a.py"}), "d.py": frozenset({"a.py"})}
     assert cycles(graph) == [frozenset({"a.py", "b.py", "c.py"})]
+
+
+# --- product apart from lab --------------------------------------------------------------
+
+def lab_imports(source: str) -> list[tuple[str, int]]:
+    """(name, line) of each import of the lab in ``source``, at any depth, those under
+    ``if __name__ == "__main__":`` included; relative imports are never the lab's."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        else:
+            continue
+        found += [(n, node.lineno) for n in names if n == "lab" or n.startswith("lab.")]
+    return found
+
+
+def test_nothing_but_scripts_and_tests_imports_the_lab():
+    """The product never depends on the lab: no module outside lab/, scripts/ and tests/
+    imports it."""
+    found = [f"{rel}:{line} imports {name}" for rel in project_modules().values()
+             if not rel.startswith(LAB_IMPORTERS)
+             for name, line in lab_imports((ROOT / rel).read_text())]
+    assert not found, "the product imports the lab:\n" + "\n".join(found)
+
+
+def test_the_lab_checker_sees_every_kind_of_import():
+    source = ("import lab.loadgen\nfrom lab import goodput\n"
+              "def f():\n    from lab.qp.bench import run\n"
+              "if __name__ == '__main__':\n    import lab\n")
+    assert lab_imports(source) == [("lab.loadgen", 1), ("lab", 2), ("lab.qp.bench", 4), ("lab", 6)]
+    assert lab_imports("import labels\nfrom rufus.lab import x\nfrom . import lab\n") == []
+
+
+def test_scripts_are_thin_wrappers():
+    """Every script is its usage text and the call of a package's ``main``: it defines no
+    class and no function, and has at most MAX_SCRIPT_LINES lines that are neither blank nor
+    comments. Logic goes to lab/ (or to the product, where it is product)."""
+    fat = []
+    for f in sorted((ROOT / "scripts").glob("*.py")):
+        text = f.read_text()
+        tree = ast.parse(text)
+        defined = [n.name for n in ast.walk(tree)
+                   if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))]
+        lines = [x for x in text.splitlines() if x.strip() and not x.strip().startswith("#")]
+        calls = re.findall(r"^from [\w.]+ import main\b", text, re.M)
+        if defined or len(lines) > MAX_SCRIPT_LINES or len(calls) != 1:
+            fat.append(f"{f.name}: defines {defined}, {len(lines)} lines, "
+                       f"{len(calls)} `from <package> import main`")
+    assert not fat, "scripts/ must stay thin wrappers:\n" + "\n".join(fat)

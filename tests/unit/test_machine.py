@@ -57,3 +57,19 @@ def test_describe_names_the_class_and_bf16():
     assert machine.native_bf16(machine.cpu_flags(AVX512_BF16))
     assert not machine.native_bf16(machine.cpu_flags(AVX2))
     assert int(d["cores"]) >= 1
+
+
+def test_the_answer_engine_takes_every_core_only_without_native_bf16():
+    from rufus.serving.engine import every_core_binding
+
+    avx2, amx = {"avx2", "fma"}, {"avx2", "avx512f", "avx512_bf16", "amx_bf16"}
+    assert every_core_binding(avx2, [0, 1], env={}) == "0,1"
+    assert every_core_binding(avx2, [2, 3, 1], env={"VLLM_CPU_OMP_THREADS_BIND": "auto"}) == "1,2,3"
+    assert every_core_binding(amx, [0, 1], env={}) is None           # vLLM's: one for the planner
+    assert every_core_binding(avx2, [0], env={}) is None              # one core: nothing to add
+    assert every_core_binding(avx2, [0, 1], env={"VLLM_CPU_OMP_THREADS_BIND": "1"}) is None
+    # emulated AVX2 on an AMX machine is AVX2 for this choice (ATEN_CPU_CAPABILITY caps flags)
+    from rufus.serving.machine import effective_flags
+
+    capped = effective_flags(amx, {"ATEN_CPU_CAPABILITY": "avx2"})
+    assert every_core_binding(capped, [0, 1], env={}) == "0,1"

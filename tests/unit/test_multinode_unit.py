@@ -12,8 +12,8 @@ import urllib.request
 import pytest
 
 from follower.health import HealthState, serve_health
-from rufus.harness.rig import core_binding
-from rufus.harness.server import free_port
+from rufus.launch.rig import core_binding
+from rufus.launch.server import free_port
 from rufus.multinode import control as unit
 from rufus.multinode.topology import Topology, TopologyError, apply_topology, topology_from_env
 
@@ -257,7 +257,7 @@ class FakeUnit:
 
 
 def test_supervisor_recreates_the_whole_unit_and_detach_stops_acting():
-    from rufus.harness.rig import Supervisor
+    from rufus.launch.rig import Supervisor
 
     fake = FakeUnit()
     sup = Supervisor(fake, drain_s=0.2).start()

@@ -528,8 +528,8 @@ def test_rendered_global_config_is_accepted_by_haproxy(tmp_path):
 
 # ----------------------------------------------------------------------- the simulation
 def test_simulation_is_deterministic_and_the_orchestrator_beats_fixed_shares():
-    from rufus.harness.fleet_sim import ServiceModel
-    from rufus.harness.region_sim import Scenario, markdown, simulate
+    from lab.fleet_sim import ServiceModel
+    from lab.region_sim import Scenario, markdown, simulate
 
     sc = Scenario(scale=0.03, day_s=900.0, interval_s=10.0)
     model = ServiceModel.load()

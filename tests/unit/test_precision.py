@@ -8,10 +8,10 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
-from rufus.qp.tooling import measure  # registers the models' measurements and pass timer
+from rufus.qp import measure  # registers the models' measurements and pass timer
 from rufus.serving import machine, precision
+from tests.tiny_models import random_llama
 
 AVX2 = {"avx2", "fma"}
 AVX512_BF16 = {"avx2", "fma", "avx512f", "avx512_bf16"}
@@ -19,13 +19,11 @@ AVX512_BF16 = {"avx2", "fma", "avx512f", "avx512_bf16"}
 
 @pytest.fixture()
 def tiny(tmp_path: Path) -> Path:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
-                      tie_word_embeddings=True)
-    LlamaForCausalLM(cfg).save_pretrained(tmp_path / "m")
+    """This module's own tiny model, not conftest.py's: one layer, no heads, a fresh folder
+    per test (tests write into it)."""
+    random_llama(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                 num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
+                 tie_word_embeddings=True).save_pretrained(tmp_path / "m")
     return tmp_path / "m"
 
 
@@ -92,7 +90,7 @@ ACC = [[0.88, 0.05, 0.02, 0.01], [0.8, 0.06, 0.03, 0.01], [0.74, 0.07, 0.03, 0.0
 
 
 def test_tree_is_wider_where_passes_are_cheap():
-    from rufus.qp.tooling.tree import grow_tree, interpolate_cost
+    from rufus.qp.tree import grow_tree, interpolate_cost
 
     flat = interpolate_cost({1: 1.0, 8: 1.05, 16: 1.1, 32: 1.3})  # width nearly free
     steep = interpolate_cost({1: 1.0, 2: 1.6, 4: 2.4, 8: 4.0, 16: 7.0, 32: 13.0})
@@ -103,7 +101,7 @@ def test_tree_is_wider_where_passes_are_cheap():
 
 def test_machine_trees_and_the_served_tree(tmp_path, tiny, monkeypatch):
     from rufus.qp.backends import load_tree, measured_tree, served_tree
-    from rufus.qp.tooling.tree import machine_trees
+    from rufus.qp.tree import machine_trees
 
     monkeypatch.setenv("RUFUS_CACHE_DIR", str(tmp_path / "cache"))
     calib = tmp_path / "medusa_tree.json"

@@ -28,7 +28,7 @@ from proxy.agent import (
     timed_out,
     weight_percent,
 )
-from rufus.harness.server import free_port
+from rufus.launch.server import free_port
 
 LEADER = "http://leader:8000"
 METRICS_TEXT = """# HELP rufus_requests_outstanding x

@@ -8,8 +8,9 @@ import json
 import numpy as np
 import pytest
 
+from lab.qp.prompts import FEW_SHOT
 from rufus.errors import InvalidInput
-from rufus.harness.server import ROOT
+from rufus.launch.server import ROOT
 from rufus.qp.backends import (
     AutoregressiveBackend,
     VllmMedusaBackend,
@@ -25,7 +26,6 @@ from rufus.qp.plan import (
     render_plan,
     validate_plan,
 )
-from rufus.qp.tooling.prompts import FEW_SHOT
 from rufus.serving.config import ConfigError
 
 
@@ -188,3 +188,32 @@ def test_plan_sink_grounds_filters_but_keeps_the_raw_text() -> None:
     assert create_backend({"qp_backend": "torch_autoregressive"}).ground_filters
     assert not create_backend({"qp_backend": "autoregressive",
                                "ground_filters": False}).ground_filters
+
+
+def test_slo_ms_parameter_is_read_apart_from_sampling() -> None:
+    req = parse_plan_request({"question": s("red shoes")}, '{"slo_ms": 1500, "max_tokens": 64}', 96)
+    assert req.slo_s == 1.5 and req.generate.sampling["max_tokens"] == 64
+    assert "slo_ms" not in req.generate.sampling
+    assert parse_plan_request({"question": s("red shoes")}, None, 96).slo_s is None
+    for bad in ('{"slo_ms": 0}', '{"slo_ms": "fast"}', '{"slo_ms": true}', '{"slo_ms": 1e9}'):
+        with pytest.raises(InvalidInput) as exc:
+            parse_plan_request({"question": s("red shoes")}, bad, 96)
+        assert exc.value.field == "parameters.slo_ms"
+
+
+def test_plan_sink_tells_the_ticket_when_the_plan_is_done() -> None:
+    from rufus.serving.admission import AdmissionSettings, SloAdmission
+
+    class Inner:
+        def send(self, outputs, error, final):
+            pass
+
+    adm = SloAdmission(AdmissionSettings(slo_s=0.3))
+    ticket = adm.admit()
+    sink = PlanSink(Inner(), "usb c cable", ticket=ticket)
+    sink.send({"text_output": s('{"intent": "product_search"')}, None, False)
+    assert adm.waiting == 1                       # not done yet
+    sink.send({"text_output": s('{"intent": "product_search"}')}, None, True)
+    assert (adm.waiting, adm.decoding) == (0, 1)  # the plan is done: measured
+    ticket.done()
+    assert (adm.waiting, adm.decoding) == (0, 0)

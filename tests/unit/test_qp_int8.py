@@ -19,7 +19,6 @@ from rufus.qp.decoder import torch_llama
 from rufus.qp.decoder.medusa_decode import Decoder, Tree
 from rufus.qp.decoder.torch_llama import MedusaHeads, TorchLlama, _int8_linear, quantize_int8
 from rufus.serving.config import ConfigError
-from tests.tiny_models import llama_with_heads
 
 
 @pytest.fixture(autouse=True)
@@ -30,11 +29,6 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    return llama_with_heads(tmp_path_factory.mktemp("tiny8"))
 
 
 def test_quantize_round_trip_per_channel() -> None:
@@ -124,7 +118,7 @@ def test_int8_dtype_through_the_backends(tiny: tuple[Path, Path], tmp_path: Path
 
 
 def _planner_or_skip() -> tuple[Path, Path]:
-    from rufus.qp.tooling.build import medusa_dir, qp_model_dir
+    from rufus.qp.build import medusa_dir, qp_model_dir
 
     model, heads = qp_model_dir(), medusa_dir()
     if not (model / "config.json").exists() or not (heads / "model.safetensors").exists():
@@ -137,10 +131,10 @@ def test_int8_served_decoding_is_lossless_on_eval_questions() -> None:
     forced rows' allowed-token logits, copied brand) with int8 weights against plain greedy
     decoding of the same int8 model: identical tokens (each row of an int8 pass is computed
     independently of the pass's other rows, by our kernel and by PyTorch's op)."""
-    from rufus.harness.server import ROOT
+    from lab.qp.evaluate import TorchPlanner
+    from lab.qp.lossless import compare
+    from rufus.launch.server import ROOT
     from rufus.qp.plan import load_eval
-    from rufus.qp.tooling.evaluate import TorchPlanner
-    from rufus.qp.tooling.lossless import compare
 
     model, heads = _planner_or_skip()
     mj = json.loads((ROOT / "model_repository/rufus_qp_medusa/1/model.json").read_text())

@@ -9,7 +9,12 @@ from collections import Counter
 
 import pytest
 
-from rufus.harness.server import ROOT
+from lab.qp.evaluate import Prediction, grounded, score
+from lab.qp.lora import lr_lambda
+from lab.qp.medusa_train import head_targets
+from lab.qp.prompts import FEW_SHOT, baseline_messages
+from lab.qp.questions import build, named_brand, render_sets
+from rufus.launch.server import ROOT
 from rufus.qp.grounding import (
     brand_grounded,
     context_text,
@@ -18,12 +23,7 @@ from rufus.qp.grounding import (
     price_mentions,
 )
 from rufus.qp.plan import build_messages, intents, load_eval, validate_plan
-from rufus.qp.tooling.evaluate import Prediction, grounded, score
-from rufus.qp.tooling.lora import lr_lambda
-from rufus.qp.tooling.medusa_train import head_targets
-from rufus.qp.tooling.prompts import FEW_SHOT, baseline_messages
-from rufus.qp.tooling.questions import build, named_brand, render_sets
-from rufus.qp.tooling.tree import chain_speeds, grow_tree, interpolate_cost
+from rufus.qp.tree import chain_speeds, grow_tree, interpolate_cost
 
 DATA = ROOT / "data" / "qp"
 

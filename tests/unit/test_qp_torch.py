@@ -12,14 +12,9 @@ import torch
 from rufus.qp.backends import TorchBackend, create_backend
 from rufus.qp.decoder.medusa_decode import Decoder, Tree, prompt_lookup
 from rufus.qp.decoder.torch_llama import MedusaHeads, TorchLlama
-from tests.tiny_models import llama_with_heads
+from tests.tiny_models import TINY_VOCAB
 
-VOCAB = 96
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    return llama_with_heads(tmp_path_factory.mktemp("tiny"), vocab=VOCAB)
+VOCAB = TINY_VOCAB  # of the tiny model (conftest.py's ``tiny``)
 
 
 def causal(start: int, n: int) -> torch.Tensor | None:

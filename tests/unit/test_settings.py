@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from rufus.assistant.admission import AdmissionSettings
 from rufus.assistant.settings import AssistantSettings, PipelineSettings
 from rufus.qp.settings import MAX_DRAFT_NODES, QP_KEYS, DecoderKnobs, PlannerSettings
+from rufus.serving.admission import AdmissionSettings
 from rufus.serving.config import ConfigError
 from rufus.serving.engine import RestartPolicy, restart_policy_from_env
 from rufus.serving.model_settings import EngineModelSettings, LLMSettings
@@ -271,7 +271,7 @@ def test_configuration_doc_is_generated_from_the_declarations():
         "docs/configuration.md is stale: run python -m deploy.configuration"
 
 
-SCANNED = ("rufus", "follower", "proxy", "scripts", "docker", "deploy", "model_repository",
+SCANNED = ("rufus", "follower", "proxy", "lab", "scripts", "docker", "deploy", "model_repository",
            "tests/integration", "tests/containers", "Makefile")
 # a RUFUS_ name, not a template such as RUFUS_UNIT<i>_GRPC or f"RUFUS_ASSISTANT_{name}"
 VARIABLE = re.compile(r"\bRUFUS_[A-Z0-9_]*[A-Z0-9]\b(?![<{])")

@@ -1,4 +1,4 @@
-"""W8A8 checkpoint writer (rufus/harness/w8a8.py) on a tiny random Llama: compressed-tensors
+"""W8A8 checkpoint writer (lab/w8a8.py) on a tiny random Llama: compressed-tensors
 tensor names, dtypes, shapes and scales; dequantized weights within half a step of the
 originals; lm_head, embeddings and norms untouched; config format; idempotence; SmoothQuant
 leaves the fp32 function unchanged."""
@@ -12,8 +12,9 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from rufus.harness import w8a8
-from rufus.harness.default_model import STAMP
+from lab import w8a8
+from rufus.launch.default_model import STAMP
+from tests.tiny_models import random_llama
 
 LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
            "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
@@ -21,13 +22,12 @@ LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_att
 
 @pytest.fixture()
 def tiny(tmp_path: Path) -> Path:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                      tie_word_embeddings=False)
-    model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+    """This module's own tiny model, not conftest.py's: bf16 with an untied LM head (what
+    the W8A8 writer quantizes), a fresh folder per test (tests edit its config)."""
+    model = random_llama(vocab_size=64, hidden_size=32, intermediate_size=48,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=128, tie_word_embeddings=False
+                         ).to(torch.bfloat16)
     with torch.no_grad():  # one all-zero row: its scale must stay finite, its values 0
         model.model.layers[0].mlp.down_proj.weight[3].zero_()
     src = tmp_path / "tiny-llama"

@@ -7,7 +7,7 @@ the model's own greedy choice at each node (masked by the JSON-schema grammar wh
 given) is emitted; while that choice is a child of the node, the walk continues. So every
 emitted token is exactly the token plain greedy decoding would pick from the same logits:
 the output is the autoregressive output (lossless), up to kernels rounding differently for a
-different number of query rows (see rufus/qp/tooling/lossless.py).
+different number of query rows (see lab/qp/lossless.py).
 The accepted nodes' KV entries are then compacted into consecutive cache slots.
 
 Batch size 1 is what the planner's latency SLA is about; :meth:`Decoder.step` also verifies
@@ -17,7 +17,7 @@ prompt is identical for every plan), like vLLM's prefix cache.
 
 What may be emitted (the plan grammar, the copied brand) is decided in
 :mod:`rufus.qp.decoder.constraints`; the timing of a verification pass used to size the tree
-is offline tooling (:func:`rufus.qp.tooling.tree.time_forward`).
+is setup and lab code (:func:`rufus.qp.tree.time_forward`).
 """
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ class PlanHistory:
                 after[tokens[i]] = after.get(tokens[i], 0) + 1
 
     def seed(self, tokenizer: Any, path: str | Path) -> int:
-        """Count the plans of a seed file (rufus/qp/tooling/build.py ``write_plan_seed``)
+        """Count the plans of a seed file (rufus/qp/build.py ``write_plan_seed``)
         before any is served; returns how many (0: no file)."""
         plans = plan_seed(tokenizer, path)
         for prompt, plan, context in plans:

@@ -1,0 +1,216 @@
+"""Admission that knows the SLO: refuse at once what cannot be served in time.
+
+Past capacity an open queue makes every request late (measured: at twice capacity the
+assistant's first answer token waited 12-50 s and goodput fell to half). A request that
+cannot meet its SLO is better refused within milliseconds with a retryable error, so the
+ingress sends it to a unit that can, or the client retries, and the requests this unit
+accepts stay in time. Each model that admits this way (the assistant: its first answer
+text; the planner: the whole plan) keeps one :class:`SloAdmission` with its own defaults
+and ``RUFUS_<PREFIX>_<FIELD>`` variables (its settings module says which).
+
+The estimate comes from the model's live queue. A new request waits for the requests ahead
+of it that have not reached the measured point yet, and shares the cores with those past it
+(the assistant's turns still decoding their answers), so
+
+    estimate = base + per_waiting * waiting + per_decoding * decoding
+
+with the three coefficients fitted online (recursive least squares with forgetting) to the
+latencies this model measures, starting from priors in :class:`AdmissionSettings`. Both the
+estimate and its error (estimate minus measured) are reported, so an operator sees whether
+refusals rest on a good prediction. An idle model never refuses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+import time
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from rufus.errors import Unavailable
+from rufus.serving.settings import ENVIRONMENT, Row
+
+
+@dataclass(frozen=True)
+class AdmissionSettings:
+    """One model's admission; each field has a ``<prefix><FIELD>`` environment override
+    (the assistant's prefix is ``RUFUS_ASSISTANT_``, the planner's ``RUFUS_QP_``). These
+    defaults are the assistant's; the planner's are in rufus/qp/settings.py."""
+
+    slo_s: float = 1.0          # the SLO (the assistant: first answer text); 0: admission off
+    margin: float = 1.0         # refuse above margin * slo
+    base_s: float = 0.45        # prior: latency of a lone request
+    per_waiting_s: float = 0.25  # prior: added per request ahead still waiting
+    per_decoding_s: float = 0.02  # prior: added per request past the measured point
+    # recursive least squares: weight of the past per observation, and how many observations
+    # the priors count as. Slow on purpose: a just-started unit's first turns are slow (cold
+    # prefix cache) and a fast fit then refused what the unit could serve (emulated AVX2,
+    # 2/s: 0.98 and 20 gave 46% within the SLO, 0.995 and 50 gave 66%; docs/benchmarks.md)
+    forgetting: float = 0.995
+    prior_weight: float = 50.0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, prefix: str = "RUFUS_ASSISTANT_",
+                 defaults: AdmissionSettings | None = None) -> AdmissionSettings:
+        """``defaults`` (else the class defaults) with the ``<prefix><FIELD>`` overrides."""
+        env = dict(os.environ if env is None else env)
+        kw: dict[str, float] = {}
+        for name in cls.__dataclass_fields__:
+            var = f"{prefix}{name.upper()}"
+            raw = env.get(var)
+            if raw is None or raw == "":
+                continue
+            try:
+                value = float(raw)
+            except ValueError:
+                raise ValueError(f"{var}={raw[:40]!r}: not a number") from None
+            if value < 0 or (name == "forgetting" and not 0 < value <= 1):
+                raise ValueError(f"{var}={value}: out of range")
+            kw[name] = value
+        return dataclasses.replace(defaults or cls(), **kw)
+
+
+def admission_rows(prefix: str, defaults: AdmissionSettings,
+                   help_text: Mapping[str, str]) -> list[Row]:
+    """One configuration-table row per field (docs/configuration.md); each model's settings
+    module passes its prefix, defaults and words."""
+    hints = typing.get_type_hints(AdmissionSettings)
+    out = []
+    for f in dataclasses.fields(AdmissionSettings):
+        tp = hints[f.name]
+        var = f"{prefix}{f.name.upper()}"
+        out.append(Row(ENVIRONMENT, var, var, getattr(tp, "__name__", str(tp)),
+                       "> 0, <= 1" if f.name == "forgetting" else ">= 0",
+                       f"{getattr(defaults, f.name)}",
+                       help_text.get(f.name, "see rufus/serving/admission.py")))
+    return out
+
+
+@dataclass
+class _Fit:
+    """Recursive least squares over features (1, waiting, decoding)."""
+
+    theta: list[float]
+    p: list[list[float]]
+    forgetting: float
+
+    @classmethod
+    def with_prior(cls, s: AdmissionSettings) -> _Fit:
+        w = 1.0 / max(s.prior_weight, 1e-6)
+        return cls([s.base_s, s.per_waiting_s, s.per_decoding_s],
+                   [[w if i == j else 0.0 for j in range(3)] for i in range(3)], s.forgetting)
+
+    def predict(self, x: tuple[float, float, float]) -> float:
+        return sum(t * v for t, v in zip(self.theta, x, strict=True))
+
+    def update(self, x: tuple[float, float, float], y: float) -> None:
+        px = [sum(self.p[i][j] * x[j] for j in range(3)) for i in range(3)]
+        denom = self.forgetting + sum(x[i] * px[i] for i in range(3))
+        k = [v / denom for v in px]
+        err = y - self.predict(x)
+        self.theta = [self.theta[i] + k[i] * err for i in range(3)]
+        self.p = [[(self.p[i][j] - k[i] * px[j]) / self.forgetting for j in range(3)]
+                  for i in range(3)]
+        # keep the fit physical: a turn never makes another one faster
+        self.theta = [max(self.theta[0], 0.0), max(self.theta[1], 0.0), max(self.theta[2], 0.0)]
+
+
+@dataclass
+class Ticket:
+    """One admitted request: tell the admission when it reached the measured point (the
+    assistant: its first answer text went out; the planner: the plan is done), and when it
+    ended (always, from a ``finally``)."""
+
+    owner: SloAdmission
+    x: tuple[float, float, float]
+    estimate_s: float
+    started: float
+    first: bool = False
+    ended: bool = False
+
+    def first_token(self) -> None:
+        if not self.first and not self.ended:
+            self.first = True
+            self.owner._first(self)
+
+    def done(self) -> None:
+        if not self.ended:
+            self.ended = True
+            self.owner._done(self)
+
+
+@dataclass
+class SloAdmission:
+    """One model's admission for new requests. Thread-safe (the OpenAI frontend, the Triton
+    stub's execute thread and its event loops call it)."""
+
+    settings: AdmissionSettings = field(default_factory=AdmissionSettings)
+    clock: Callable[[], float] = time.monotonic
+    on_estimate: Callable[[float], None] = lambda s: None      # each new request's estimate
+    on_error: Callable[[float], None] = lambda s: None         # estimate - measured, seconds
+    # the refusal's words: what is estimated, and the queue (``{waiting}``, ``{decoding}``)
+    what: str = "first answer text"
+    queue: str = "{waiting} turns waiting, {decoding} answering"
+
+    def __post_init__(self) -> None:
+        self.fit = _Fit.with_prior(self.settings)
+        self.waiting = 0
+        self.decoding = 0
+        self.lock = threading.Lock()
+
+    @property
+    def enabled(self) -> bool:
+        return self.settings.slo_s > 0
+
+    def _predict_now(self) -> float:
+        """What a new request would get with the queue as it is (caller holds the lock)."""
+        return self.fit.predict((1.0, float(self.waiting), float(self.decoding)))
+
+    def estimate(self) -> float:
+        with self.lock:
+            return self._predict_now()
+
+    def admit(self, slo_s: float | None = None) -> Ticket:
+        """A ticket for a new request, or :class:`~rufus.errors.Unavailable` (retryable) when
+        the estimate says it would be served after the SLO: the model's, or ``slo_s``, the
+        latency this request says it accepts (the planner's ``slo_ms`` parameter)."""
+        slo = self.settings.slo_s if slo_s is None else slo_s
+        with self.lock:
+            x = (1.0, float(self.waiting), float(self.decoding))
+            est = self.fit.predict(x)
+            limit = self.settings.margin * slo
+            if self.enabled and self.waiting > 0 and est > limit + 1e-9:  # 0.2 + 0.1 is 0.3
+                refused = True
+            else:
+                refused = False
+                self.waiting += 1
+        self.on_estimate(est)
+        if refused:
+            queue = self.queue.format(waiting=int(x[1]), decoding=int(x[2]))
+            raise Unavailable(f"overloaded: {self.what} estimated in {est:.2f} s ({queue}), "
+                              f"over the {slo:g} s SLO; retry on another unit")
+        return Ticket(self, x, est, self.clock())
+
+    def _first(self, t: Ticket) -> None:
+        measured = self.clock() - t.started
+        with self.lock:
+            self.waiting -= 1
+            self.decoding += 1
+            self.fit.update(t.x, measured)
+            now = self._predict_now()
+        self.on_error(t.estimate_s - measured)
+        self.on_estimate(now)
+
+    def _done(self, t: Ticket) -> None:
+        with self.lock:
+            if t.first:
+                self.decoding -= 1
+            else:
+                self.waiting -= 1
+            now = self._predict_now()
+        # the gauge always says what a new request would get now (the unit agent routes on it),
+        # not only what the last arrival was told
+        self.on_estimate(now)
