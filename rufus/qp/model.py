@@ -207,6 +207,7 @@ class QueryPlannerModel(EngineModel):
     OUTPUT_SPECS = QP_OUTPUT_SPECS
     SETTINGS = PlannerModelSettings
     settings: PlannerModelSettings
+    _admission_metrics: MetricBuffer | None = None  # set by setup when metrics are on
     backend: PlannerBackend
     precision_workload = "planner"  # tree verification passes decide "dtype": "measured"
 
@@ -230,7 +231,6 @@ class QueryPlannerModel(EngineModel):
         (through a buffer: each update is IPC, and admission runs on Triton's thread)."""
         s = self.settings.admission
         adm = SloAdmission(s, what="plan", queue="{waiting} plans in flight")
-        self._admission_metrics: MetricBuffer | None = None
         if pb_utils is not None and self.settings.report_custom_metrics:
             buf = MetricBuffer(AdmissionMetrics(
                 pb_utils, "rufus_qp_plan", "plan latency",

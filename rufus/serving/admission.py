@@ -47,8 +47,8 @@ class AdmissionSettings:
     per_decoding_s: float = 0.02  # prior: added per request past the measured point
     # recursive least squares: weight of the past per observation, and how many observations
     # the priors count as. Slow on purpose: a just-started unit's first turns are slow (cold
-    # prefix cache) and a fast fit then refused what the unit could serve (emulated AVX2,
-    # 2/s: 0.98 and 20 gave 46% within the SLO, 0.995 and 50 gave 66%; docs/benchmarks.md)
+    # prefix cache) and a fast fit then refused what the unit could serve (measured with
+    # AVX2 emulated: docs/benchmarks-history.md, "Answers that say only what the cards say")
     forgetting: float = 0.995
     prior_weight: float = 50.0
 
