@@ -19,13 +19,17 @@ serve: setup      ## serve model_repository on GRPC_PORT/HTTP_PORT/METRICS_PORT 
 	$(PY) -m rufus.launch.stack --models "$${RUFUS_MODELS:-rufus_llm,rufus_qp_medusa,rufus_assistant}"
 
 # Unit tests are independent of each other: one pytest-xdist worker per core (at most 4).
-# The container and integration tests share servers and cores, so they run in one process.
 XDIST := -n auto --maxprocesses 4 --dist loadfile
+# The container and integration suites run side by side on two workers: each spends much of
+# its time waiting (for engines to start, cells to come back, streams to end). Work units are
+# a module, or every module on the session's shared servers (tests/conftest.py), so no server
+# starts twice. SUITES_XDIST= runs them one after the other in one process.
+SUITES_XDIST ?= -n 2 --dist loadgroup
 
 test: setup check-deploy  ## lint + deploy checks + unit + integration tests
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) --durations=20 tests/unit
-	$(PY) -m pytest -q -p no:cacheprovider --durations=60 tests/containers tests/integration
+	$(PY) -m pytest -q -p no:cacheprovider $(SUITES_XDIST) --durations=60 tests/containers tests/integration
 
 check-deploy: setup  ## static checks of docker/ and deploy/ (no Docker engine needed)
 	$(VENV)/bin/hadolint docker/Dockerfile

@@ -125,10 +125,16 @@ def load_results(directory: Path = RESULTS_DIR) -> dict[str, Result]:
     return results
 
 
-def load_spec(directory: Path = RESULTS_DIR) -> list[str]:
-    """The names of the results the headline shows, in order (docs/results/headline.json)."""
+def load_spec(directory: Path = RESULTS_DIR, key: str = "rows") -> list[str]:
+    """The names of the results a headline shows, in order (docs/results/headline.json):
+    ``rows`` for docs/benchmarks.md, ``readme`` for the README's shorter table (a subset)."""
     spec = json.loads((directory / SPEC_NAME).read_text())
-    return list(spec["rows"])
+    names = list(spec[key])
+    if key != "rows":
+        extra = [n for n in names if n not in spec["rows"]]
+        if extra:
+            raise ValueError(f"{SPEC_NAME}: {key!r} names results that are not in 'rows': {extra}")
+    return names
 
 
 def headline_rows(results: Mapping[str, Result], spec: Sequence[str]) -> list[Result]:
@@ -182,14 +188,15 @@ class Page:
     path: Path
     compact: bool
     footer: str = ""
+    spec: str = "rows"  # which list of headline.json the page shows
 
 
 def pages(root: Path = ROOT) -> list[Page]:
-    """docs/benchmarks.md (the full table) and README.md (compact: it links to the full one
-    below its block)."""
+    """docs/benchmarks.md (the full table) and README.md (compact, the rows a newcomer asks
+    about first: it links to the full one below its block)."""
     return [
         Page(root / "docs" / "benchmarks.md", compact=False),
-        Page(root / "README.md", compact=True),
+        Page(root / "README.md", compact=True, spec="readme"),
     ]
 
 
@@ -222,9 +229,10 @@ def regenerate(root: Path = ROOT, results_dir: Path | None = None, *,
     """Render the headline into every page; the pages whose block changed (or, with
     ``write=False``, would change: a check that the committed tables are current)."""
     directory = results_dir or root / "docs" / "results"
-    rows = headline_rows(load_results(directory), load_spec(directory))
+    results = load_results(directory)
     changed = []
     for page in pages(root):
+        rows = headline_rows(results, load_spec(directory, page.spec))
         text = page.path.read_text()
         new = replace_block(text, render_block(page, rows), str(page.path))
         if new != text:
@@ -398,7 +406,7 @@ def main(argv: list[str] | None = None, doc: str = __doc__) -> int:
         write_result(path, data)
         print(f"wrote {path.relative_to(ROOT)}")
         if args.name not in load_spec():
-            print(f"not in the headline yet: add {args.name!r} to docs/results/json")
+            print(f"not in the headline yet: add {args.name!r} to docs/results/headline.json")
         return 0
 
     changed = regenerate(write=not args.check)

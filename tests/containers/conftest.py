@@ -56,10 +56,15 @@ def _image_id(ref: str) -> str:
     return r.stdout.strip() if r.returncode == 0 else ""
 
 
+# KV cache per node, GiB: 1 (the compose default is 2) leaves the integration suite, which
+# `make test` runs beside this one on a second pytest-xdist worker, room on a 23 GiB machine
+RIG_KVCACHE_GB = "1"
+
+
 @pytest.fixture(scope="module")
 def compose_rig() -> Iterator[None]:
-    """Module scope: the rig (about 17 GB of memory, four engines) is down again before the
-    integration tests start their own servers."""
+    """Module scope: the rig (four engines, about 13 GiB of memory with RIG_KVCACHE_GB) is
+    down again at the end of this module."""
     why = _engine_possible()
     if why:
         pytest.skip(why)
@@ -73,6 +78,10 @@ def compose_rig() -> Iterator[None]:
         if busy:
             pytest.fail(f"ports {busy} are in use: the rig publishes them (stop what holds them)")
     before = {ref: _image_id(ref) for ref in IMAGES}
+    # in this process's environment, so every compose command of the module sees it (the
+    # rolling update recreates the cells)
+    kv_was = os.environ.get("RUFUS_RIG_KVCACHE_GB")
+    os.environ.setdefault("RUFUS_RIG_KVCACHE_GB", RIG_KVCACHE_GB)
     try:
         if not reuse:
             subprocess.run(["bash", str(ROOT / "scripts/compose.sh"), "up"], check=True,
@@ -94,3 +103,5 @@ def compose_rig() -> Iterator[None]:
                     subprocess.run(["docker", "rmi", "-f", ref], capture_output=True, check=False)
         if started_engine:
             subprocess.run(["bash", str(ROOT / "docker/engine.sh"), "stop"], check=False)
+        if kv_was is None:
+            os.environ.pop("RUFUS_RIG_KVCACHE_GB", None)
