@@ -1,28 +1,52 @@
-"""Work units for pytest-xdist's ``--dist loadgroup`` (``make test`` runs the container and
-integration suites side by side on two workers).
+"""Work units for ``make test``'s two pytest-xdist workers, which run the container and the
+integration suites side by side.
 
-Every test gets an ``xdist_group``: its module's, or ``shared-servers`` for every module
-where any test uses the session's servers (tests/integration/conftest.py), so a module's own
-servers start on one worker only and the session's servers start once. Without xdist the
-marks do nothing.
+A work unit is a test module, except that every module using the session's shared servers
+(tests/integration/conftest.py) is one unit, :data:`SHARED_MODULES`: a module's own servers
+then start on one worker only, and the session's servers start once. The scheduler
+(``pytest_xdist_make_scheduler``, used with ``--dist loadgroup``) cannot see fixtures, so the
+list is written here; collection fails if a module uses the shared servers and is not in it.
+(xdist's own ``xdist_group`` marks do not group under pytest 9: they rewrite a node id
+attribute pytest no longer reads.)
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
+from typing import Any
 
 import pytest
 
 # session-scoped fixtures of tests/integration/conftest.py that start servers
-SHARED = frozenset({"session_servers", "llm_server", "stack", "assistant_frontend", "url"})
+SHARED_FIXTURES = frozenset({"session_servers", "llm_server", "stack", "assistant_frontend",
+                             "url"})
+SHARED_MODULES = frozenset(f"tests/integration/{m}.py" for m in (
+    "test_adversarial", "test_adversarial_assistant", "test_adversarial_openai",
+    "test_assistant", "test_conformance", "test_llm", "test_openai", "test_security"))
+SHARED_UNIT = "shared-servers"
+
+
+def work_unit(nodeid: str) -> str:
+    """The scheduling unit of a test: its module, or :data:`SHARED_UNIT`."""
+    module = nodeid.split("::", 1)[0]
+    return SHARED_UNIT if module in SHARED_MODULES else module
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    by_module: dict[str, list[pytest.Item]] = defaultdict(list)
-    for item in items:
-        by_module[item.nodeid.split("::", 1)[0]].append(item)
-    for module, module_items in by_module.items():
-        shared = any(SHARED & set(getattr(i, "fixturenames", ())) for i in module_items)
-        group = "shared-servers" if shared else module
-        for item in module_items:
-            item.add_marker(pytest.mark.xdist_group(name=group))
+    missing = sorted({i.nodeid.split("::", 1)[0] for i in items
+                      if SHARED_FIXTURES & set(getattr(i, "fixturenames", ()))}
+                     - SHARED_MODULES)
+    if missing:
+        raise pytest.UsageError(f"{missing} use the session's shared servers: add them to "
+                                "SHARED_MODULES in tests/conftest.py")
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByWorkUnit(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return ByWorkUnit(config, log)
