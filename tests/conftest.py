@@ -33,7 +33,8 @@ def work_unit(nodeid: str) -> str:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     missing = sorted({i.nodeid.split("::", 1)[0] for i in items
-                      if SHARED_FIXTURES & set(getattr(i, "fixturenames", ()))}
+                      if i.nodeid.startswith("tests/integration/")
+                      and SHARED_FIXTURES & set(getattr(i, "fixturenames", ()))}
                      - SHARED_MODULES)
     if missing:
         raise pytest.UsageError(f"{missing} use the session's shared servers: add them to "
