@@ -56,6 +56,18 @@ def _image_id(ref: str) -> str:
     return r.stdout.strip() if r.returncode == 0 else ""
 
 
+def _clear_leftovers() -> None:
+    """Containers and networks of an interrupted run (a killed session leaves them, and
+    two compose runs started at once leave two networks of one name, which every later
+    `up` refuses as ambiguous). Only called when no rig is in rotation."""
+    subprocess.run(["bash", str(ROOT / "scripts/compose.sh"), "down", "--remove-orphans"],
+                   capture_output=True, check=False, timeout=300)
+    ids = subprocess.run(["docker", "network", "ls", "-q", "--filter", "name=^rufus_default$"],
+                         capture_output=True, text=True, check=False).stdout.split()
+    for net in ids:
+        subprocess.run(["docker", "network", "rm", net], capture_output=True, check=False)
+
+
 # KV cache per node, GiB: 1 (the compose default is 2) leaves the integration suite, which
 # `make test` runs beside this one on a second pytest-xdist worker, room on a 23 GiB machine
 RIG_KVCACHE_GB = "1"
@@ -84,6 +96,7 @@ def compose_rig() -> Iterator[None]:
     os.environ.setdefault("RUFUS_RIG_KVCACHE_GB", RIG_KVCACHE_GB)
     try:
         if not reuse:
+            _clear_leftovers()
             subprocess.run(["bash", str(ROOT / "scripts/compose.sh"), "up"], check=True,
                            timeout=3000)
         yield
