@@ -20,11 +20,11 @@ serve: setup      ## serve model_repository on GRPC_PORT/HTTP_PORT/METRICS_PORT 
 
 # Unit tests are independent of each other: one pytest-xdist worker per core (at most 4).
 XDIST := -n auto --maxprocesses 4 --dist loadfile
-# The container and integration suites run side by side on two workers: each spends much of
-# its time waiting (for engines to start, cells to come back, streams to end). Work units are
-# a module, or every module on the session's shared servers (tests/conftest.py), so no server
-# starts twice. SUITES_XDIST= runs them one after the other in one process.
-SUITES_XDIST ?= -n 2 --dist loadgroup
+# The container and integration suites run one after the other in one process (they share
+# two cores and the memory). SUITES_XDIST="-n 2 --dist loadgroup" runs them side by side on two
+# workers (work units: tests/conftest.py); measured on 2 cores it did not pay: a rolled cell
+# took twice as long to come back (docs/benchmarks-history.md).
+SUITES_XDIST ?=
 
 test: setup check-deploy  ## lint + deploy checks + unit + integration tests
 	$(PY) -m ruff check .

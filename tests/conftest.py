@@ -1,5 +1,5 @@
-"""Work units for ``make test``'s two pytest-xdist workers, which run the container and the
-integration suites side by side.
+"""Work units for running the container and integration suites side by side on two
+pytest-xdist workers (``make test SUITES_XDIST="-n 2 --dist loadgroup"``).
 
 A work unit is a test module, except that every module using the session's shared servers
 (tests/integration/conftest.py) is one unit, :data:`SHARED_MODULES`: a module's own servers

@@ -68,8 +68,8 @@ def _clear_leftovers() -> None:
         subprocess.run(["docker", "network", "rm", net], capture_output=True, check=False)
 
 
-# KV cache per node, GiB: 1 (the compose default is 2) leaves the integration suite, which
-# `make test` runs beside this one on a second pytest-xdist worker, room on a 23 GiB machine
+# KV cache per node, GiB: 1 (the compose default is 2) leaves the integration suite room on a
+# 23 GiB machine where both suites run side by side (SUITES_XDIST, docs/operations.md)
 RIG_KVCACHE_GB = "1"
 
 
