@@ -40,7 +40,7 @@ RIG_ENV: dict[str, tuple[str, str]] = {
                            "compose rig: the local Docker engine's state (build/docker)"),
     "RUFUS_SKIP_IMAGE": ("scripts/compose.sh", "compose rig: 1 uses the images as they are"),
     "RUFUS_RIG_KVCACHE_GB": ("docker/compose.yaml, tests/containers/conftest.py",
-                             "compose rig: vLLM's KV cache per node, GiB (2; the tests: 1)"),
+                             "compose rig: vLLM's KV cache per node, GiB (2; 1 in the tests side by side)"),
     "RUFUS_TARGET": ("docker/compose.yaml", "compose rig: the image target (cpu)"),
     "RUFUS_OPENAI_IMAGE": ("docker/compose.yaml",
                            "compose rig: the frontend's image (rufus-inference:cpu)"),

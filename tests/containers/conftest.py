@@ -68,15 +68,16 @@ def _clear_leftovers() -> None:
         subprocess.run(["docker", "network", "rm", net], capture_output=True, check=False)
 
 
-# KV cache per node, GiB: 1 (the compose default is 2) leaves the integration suite room on a
-# 23 GiB machine where both suites run side by side (SUITES_XDIST, docs/operations.md)
-RIG_KVCACHE_GB = "1"
+# KV cache per node, GiB, when this suite runs beside the integration suite on a second
+# pytest-xdist worker (SUITES_XDIST, docs/operations.md): 1 leaves the integration servers room
+# on a 23 GiB machine. In one process the rig keeps the compose default (2).
+SIDE_BY_SIDE_KVCACHE_GB = "1"
 
 
 @pytest.fixture(scope="module")
 def compose_rig() -> Iterator[None]:
-    """Module scope: the rig (four engines, about 13 GiB of memory with RIG_KVCACHE_GB) is
-    down again at the end of this module."""
+    """Module scope: the rig (four engines, about 17 GiB of memory; about 13 GiB side by
+    side) is down again at the end of this module."""
     why = _engine_possible()
     if why:
         pytest.skip(why)
@@ -93,7 +94,8 @@ def compose_rig() -> Iterator[None]:
     # in this process's environment, so every compose command of the module sees it (the
     # rolling update recreates the cells)
     kv_was = os.environ.get("RUFUS_RIG_KVCACHE_GB")
-    os.environ.setdefault("RUFUS_RIG_KVCACHE_GB", RIG_KVCACHE_GB)
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ.setdefault("RUFUS_RIG_KVCACHE_GB", SIDE_BY_SIDE_KVCACHE_GB)
     try:
         if not reuse:
             _clear_leftovers()
