@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from lab.loadgen import SHOPPING_PROMPTS, pct
@@ -129,6 +130,8 @@ def cmd_roll(a: argparse.Namespace) -> int:
               "fewest_cells_in_rotation": fewest,
               "rotation": [(round(t), c) for t, c in rotation], "images": images}
     print(json.dumps(report, indent=1))
+    if a.report:
+        Path(a.report).write_text(json.dumps(report, indent=1))
     # Pass: the script finished (it never drains a cell while another is out of rotation),
     # no request failed, every node runs the new image. The rotation timeline is reported,
     # not judged: HAProxy's own health checks can flap a cell for a second on an
@@ -152,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=24)
     ap.add_argument("--baseline-s", type=float, default=60.0, help="load before the roll")
     ap.add_argument("--after-s", type=float, default=10.0, help="load after the roll")
+    ap.add_argument("--report", type=Path, help="also write the report (JSON) to this file")
     ap.add_argument("--ready-timeout", type=float, default=900.0,
                     help="wait this long for every cell to be in rotation first")
     return cmd_roll(ap.parse_args(argv))

@@ -8,7 +8,10 @@ a dockerd the session started is stopped by its pid. The images (with their buil
 and the nodes' compile-cache volumes are kept: the next run builds the image from cached
 layers (only what changed since) and its cells start from the kernels compiled here
 instead of compiling them again. RUFUS_KEEP_IMAGES=0 removes them too (and the image a
-build replaced is removed either way, so kept images do not pile up).
+build replaced is removed either way, so kept images do not pile up). Before `down`, the
+containers' logs (with timestamps) and the roll's report are kept in `rig_logs`
+(RUFUS_TEST_LOGS, else pytest's temporary folder), so a slow start or roll can be read
+afterwards.
 """
 
 from __future__ import annotations
@@ -75,7 +78,22 @@ SIDE_BY_SIDE_KVCACHE_GB = "1"
 
 
 @pytest.fixture(scope="module")
-def compose_rig() -> Iterator[None]:
+def rig_logs(tmp_path_factory) -> Path:
+    d = Path(os.environ.get("RUFUS_TEST_LOGS") or tmp_path_factory.mktemp("rig-logs"))
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def _save_logs(d: Path) -> None:
+    """Every container's log, timestamped (the ones the roll recreated: since their start)."""
+    with open(d / "compose-rig.log", "wb") as f:
+        subprocess.run(["bash", str(ROOT / "scripts/compose.sh"), "logs", "--timestamps",
+                        "--no-color"], stdout=f, stderr=subprocess.STDOUT, check=False,
+                       timeout=300)
+
+
+@pytest.fixture(scope="module")
+def compose_rig(rig_logs: Path) -> Iterator[None]:
     """Module scope: the rig (four engines, about 17 GiB of memory; about 13 GiB side by
     side) is down again at the end of this module."""
     why = _engine_possible()
@@ -104,6 +122,7 @@ def compose_rig() -> Iterator[None]:
         yield
     finally:
         if not reuse:
+            _save_logs(rig_logs)
             keep = os.environ.get("RUFUS_KEEP_IMAGES", "1") != "0"
             subprocess.run(["bash", str(ROOT / "scripts/compose.sh"), "down",
                             *([] if keep else ["--volumes"])], check=False, timeout=300)
