@@ -129,9 +129,10 @@ def cmd_roll(a: argparse.Namespace) -> int:
               "before": before, "during": during, "after": after,
               "fewest_cells_in_rotation": fewest,
               "rotation": [(round(t), c) for t, c in rotation], "images": images}
-    print(json.dumps(report, indent=1))
+    text = json.dumps(report, indent=1)
+    print(text)
     if a.report:
-        Path(a.report).write_text(json.dumps(report, indent=1))
+        Path(a.report).write_text(text)
     # Pass: the script finished (it never drains a cell while another is out of rotation),
     # no request failed, every node runs the new image. The rotation timeline is reported,
     # not judged: HAProxy's own health checks can flap a cell for a second on an

@@ -12,9 +12,21 @@ attribute pytest no longer reads.)
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 import pytest
+
+
+@pytest.fixture(scope="session")
+def log_dir(tmp_path_factory) -> Path:
+    """Where the integration servers' and the container rig's logs go: RUFUS_TEST_LOGS, else
+    pytest's temporary folder (kept after a green run too)."""
+    d = Path(os.environ.get("RUFUS_TEST_LOGS", tmp_path_factory.mktemp("logs")))
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
 
 # session-scoped fixtures of tests/integration/conftest.py that start servers
 SHARED_FIXTURES = frozenset({"session_servers", "llm_server", "stack", "assistant_frontend",

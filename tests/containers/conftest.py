@@ -9,8 +9,8 @@ and the nodes' compile-cache volumes are kept: the next run builds the image fro
 layers (only what changed since) and its cells start from the kernels compiled here
 instead of compiling them again. RUFUS_KEEP_IMAGES=0 removes them too (and the image a
 build replaced is removed either way, so kept images do not pile up). Before `down`, the
-containers' logs (with timestamps) and the roll's report are kept in `rig_logs`
-(RUFUS_TEST_LOGS, else pytest's temporary folder), so a slow start or roll can be read
+containers' logs (with timestamps) and the roll's report are kept in `log_dir`
+(tests/conftest.py), so a slow start or roll can be read
 afterwards.
 """
 
@@ -77,13 +77,6 @@ def _clear_leftovers() -> None:
 SIDE_BY_SIDE_KVCACHE_GB = "1"
 
 
-@pytest.fixture(scope="module")
-def rig_logs(tmp_path_factory) -> Path:
-    d = Path(os.environ.get("RUFUS_TEST_LOGS") or tmp_path_factory.mktemp("rig-logs"))
-    d.mkdir(parents=True, exist_ok=True)
-    return d
-
-
 def _save_logs(d: Path) -> None:
     """Every container's log, timestamped (the ones the roll recreated: since their start)."""
     with open(d / "compose-rig.log", "wb") as f:
@@ -93,7 +86,7 @@ def _save_logs(d: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def compose_rig(rig_logs: Path) -> Iterator[None]:
+def compose_rig(log_dir: Path) -> Iterator[None]:
     """Module scope: the rig (four engines, about 17 GiB of memory; about 13 GiB side by
     side) is down again at the end of this module."""
     why = _engine_possible()
@@ -122,7 +115,7 @@ def compose_rig(rig_logs: Path) -> Iterator[None]:
         yield
     finally:
         if not reuse:
-            _save_logs(rig_logs)
+            _save_logs(log_dir)
             keep = os.environ.get("RUFUS_KEEP_IMAGES", "1") != "0"
             subprocess.run(["bash", str(ROOT / "scripts/compose.sh"), "down",
                             *([] if keep else ["--volumes"])], check=False, timeout=300)

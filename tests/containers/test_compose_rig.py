@@ -117,11 +117,11 @@ def test_leader_crash_mid_stream():
     _crash_mid_stream(role=0)
 
 
-def test_rolling_update_under_load_has_zero_failed_requests(rig_logs):
+def test_rolling_update_under_load_has_zero_failed_requests(log_dir):
     # the baseline and the tail only need some requests served (before: the load works;
     # after: the new cells serve): the roll itself, under the same load, is what takes time
     rc = roll_bench.cmd_roll(argparse.Namespace(tag="cpu-roll", image=None, concurrency=3,
                                          max_tokens=16, baseline_s=10.0, after_s=3.0,
                                          ready_timeout=BACK_TIMEOUT,
-                                         report=rig_logs / "roll-report.json"))
+                                         report=log_dir / "roll-report.json"))
     assert rc == 0

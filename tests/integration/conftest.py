@@ -33,13 +33,6 @@ STOP_S = 6.0
 
 
 @pytest.fixture(scope="session")
-def log_dir(tmp_path_factory) -> Path:
-    d = Path(os.environ.get("RUFUS_TEST_LOGS", tmp_path_factory.mktemp("logs")))
-    d.mkdir(parents=True, exist_ok=True)
-    return d
-
-
-@pytest.fixture(scope="session")
 def session_servers() -> Iterator[list[TritonServer]]:
     """The servers shared by the whole session, stopped together at its end (their exits
     overlap: :func:`stop_servers`)."""
