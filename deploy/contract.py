@@ -239,6 +239,10 @@ ENV: dict[str, Var] = {
                                   "image build: keep the lock's wheelhouse once per lock under "
                                   "RUFUS_CACHE_DIR/wheelhouse and link build/wheels to it (1; 0: "
                                   "pip download into build/wheels every build)"),
+    "RUFUS_VENV_CACHE": Var(("scripts/setup.sh",),
+                            "setup: keep the installed venv once per lock and Python under "
+                            "RUFUS_CACHE_DIR/venvs; a new clone's .venv is hard links to it "
+                            "(1; 0: pip install every time)"),
     "RUFUS_CATALOG_INDEX": Var(("rufus/retrieval/__init__.py",),
                                "assistant: search index file (build/retrieval/catalog.sqlite)"),
 }

@@ -1,10 +1,11 @@
 """The rolling update of the compose rig under load, measured (``make roll``).
 
-    python -m lab.roll_bench [--tag cpu-new] [--concurrency 4]
+    python -m lab.roll_bench [--tag cpu-new] [--concurrency 4] [--cells a b]
 
 Retags the current image (or uses ``--image``), streams a closed-loop load through the
-ingress, runs scripts/rolling_update.sh under it and reports requests served and failed and
-the first-token times before, during and after the roll (docs/benchmarks.md). The rig seen
+ingress, runs scripts/rolling_update.sh under it for the given cells (default: every cell)
+and reports requests served and failed and the first-token times before, during and after
+the roll (docs/benchmarks.md). The rig seen
 from outside (HAProxy's view, the images, the clients) is rufus/launch/containers.py.
 """
 
@@ -97,18 +98,24 @@ def window(reqs: list[Request], t0: float, t1: float) -> dict[str, Any]:
 
 def cmd_roll(a: argparse.Namespace) -> int:
     image = a.image or f"rufus-inference:{a.tag}"
+    cells = list(getattr(a, "cells", None) or CELLS)
+    if set(cells) - set(CELLS):
+        say(f"unknown cell(s) {sorted(set(cells) - set(CELLS))}: the rig has {sorted(CELLS)}")
+        return 1
     if not a.image:  # the same software under a new tag: what a release changes is the tag
         subprocess.run(["docker", "tag", "rufus-inference:cpu", image], check=True)
     if wait_until(lambda: in_rotation() == set(CELLS), a.ready_timeout, 2) is None:
         say(f"not every cell is in rotation ({sorted(in_rotation())}): run `make compose-up` first")
         return 1
+    nodes = [svc for cell in CELLS.values() for svc in cell[:3]]
+    images_before = {svc: inspect(svc, "{{.Config.Image}}") for svc in nodes}
     load = Load(concurrency=a.concurrency, max_tokens=a.max_tokens).start()
     say(f"load: {a.concurrency} closed-loop streams through {GRPC}; baseline {a.baseline_s} s")
     time.sleep(a.baseline_s)
     t_roll = time.monotonic()
     rotation: list[tuple[float, list[str]]] = []
     env = {**os.environ, "RUFUS_IMAGE": image}
-    proc = subprocess.Popen(["bash", str(ROOT / "scripts/rolling_update.sh")], env=env)
+    proc = subprocess.Popen(["bash", str(ROOT / "scripts/rolling_update.sh"), *cells], env=env)
     while proc.poll() is None:
         try:
             now = sorted(in_rotation(strict=True))
@@ -124,8 +131,10 @@ def cmd_roll(a: argparse.Namespace) -> int:
     before, during = window(reqs, 0, t_roll), window(reqs, t_roll, t_done)
     after = window(reqs, t_done, float("inf"))
     fewest = min((len(cells) for _, cells in rotation), default=len(CELLS))
-    images = {svc: inspect(svc, "{{.Config.Image}}") for cell in CELLS.values() for svc in cell[:3]}
-    report = {"image": image, "roll_s": round(t_done - t_roll), "exit": proc.returncode,
+    images = {svc: inspect(svc, "{{.Config.Image}}") for svc in nodes}
+    rolled = {svc for cell in cells for svc in CELLS[cell][:3]}
+    report = {"image": image, "cells": cells, "roll_s": round(t_done - t_roll),
+              "exit": proc.returncode,
               "before": before, "during": during, "after": after,
               "fewest_cells_in_rotation": fewest,
               "rotation": [(round(t), c) for t, c in rotation], "images": images}
@@ -134,11 +143,13 @@ def cmd_roll(a: argparse.Namespace) -> int:
     if a.report:
         Path(a.report).write_text(text)
     # Pass: the script finished (it never drains a cell while another is out of rotation),
-    # no request failed, every node runs the new image. The rotation timeline is reported,
+    # no request failed, every node of a rolled cell runs the new image and every other node
+    # the image it ran before. The rotation timeline is reported,
     # not judged: HAProxy's own health checks can flap a cell for a second on an
     # oversubscribed host (docs/benchmarks-history.md, "Containers").
     ok = (proc.returncode == 0 and before["failed"] == during["failed"] == after["failed"] == 0
-          and set(images.values()) == {image})
+          and all(images[svc] == image for svc in rolled)
+          and all(images[svc] == images_before[svc] for svc in nodes if svc not in rolled))
     if fewest < len(CELLS) - 1:
         say(f"note: at one sample HAProxy had {fewest} cell(s) UP (a health-check flap, or "
             "the drained cell's recreated containers shown UP before their first check)")
@@ -152,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
                                  epilog="environment: RUFUS_UNIT_SECRET (scripts/compose.sh)")
     ap.add_argument("--tag", default="cpu-roll", help="tag the current image gets (default %(default)s)")
     ap.add_argument("--image", help="roll to this image instead of retagging the current one")
+    ap.add_argument("--cells", nargs="+", choices=sorted(CELLS),
+                    help="roll these cells, one at a time (default: every cell)")
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=24)
     ap.add_argument("--baseline-s", type=float, default=60.0, help="load before the roll")

@@ -34,17 +34,55 @@ setup_venv() {
     step "venv up to date ($VENV)"
     return
   fi
-  step "creating $VENV and installing requirements.lock (about 2-4 minutes)"
-  [[ -x "$VENV/bin/python" ]] || "$PY" -m venv "$VENV"
-  quiet_pip "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --progress-bar off \
-    --no-deps -r "$ROOT/requirements.lock"
+  # A venv installed once per lock (and Python) is kept in the cache, as the models and the
+  # image's wheelhouse are: a new clone's venv is made of hard links to it (copies across
+  # filesystems) in seconds instead of minutes of pip. RUFUS_VENV_CACHE=0: pip every time.
+  local pyver cache=""
+  pyver="$("$PY" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')"
+  if [[ "${RUFUS_VENV_CACHE:-1}" != 0 ]]; then
+    cache="${RUFUS_CACHE_DIR:-$HOME/.cache/rufus}/venvs/py$pyver-$want"
+  fi
+  if [[ -n "$cache" && -f "$cache/.complete" && ! -e "$VENV" ]]; then
+    step "venv from the cache: $cache (hard links)"
+    cp -al "$cache" "$VENV" 2>/dev/null || { rm -rf "$VENV"; cp -a "$cache" "$VENV"; }
+    relocate_venv "$VENV" "$cache" "$VENV"
+  else
+    step "creating $VENV and installing requirements.lock (about 2-4 minutes)"
+    [[ -x "$VENV/bin/python" ]] || "$PY" -m venv "$VENV"
+    quiet_pip "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --progress-bar off \
+      --no-deps -r "$ROOT/requirements.lock"
+    # The three torch add-ons must stay absent (see requirements.lock).
+    "$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+    rm -f "$(venv_site "$VENV")/rufus-project.pth" "$VENV/.rufus-lock" "$VENV/.complete"
+    if [[ -n "$cache" && ! -f "$cache/.complete" ]]; then
+      rm -rf "$cache.tmp" && mkdir -p "$(dirname "$cache")"
+      if cp -al "$VENV" "$cache.tmp" 2>/dev/null || { rm -rf "$cache.tmp"; cp -a "$VENV" "$cache.tmp"; }; then
+        relocate_venv "$cache.tmp" "$VENV" "$cache"
+        rm -rf "$cache" && mv "$cache.tmp" "$cache" && touch "$cache/.complete"
+        step "venv kept in the cache for the next clone: $cache"
+      fi
+    fi
+  fi
   # The project itself (rufus/, follower/, proxy/) is put on the venv's path with a .pth
   # file: an editable install without build tools. The Triton stub gets it via PYTHONPATH.
-  "$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' \
-    | xargs -I{} sh -c "echo '$ROOT' > {}/rufus-project.pth"
-  # The three torch add-ons must stay absent (see requirements.lock).
-  "$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+  echo "$ROOT" > "$(venv_site "$VENV")/rufus-project.pth"
   echo "$want" > "$VENV/.rufus-lock"
+}
+
+venv_site() { "$1/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'; }
+
+# relocate_venv DIR FROM TO: the venv copied into DIR names its home FROM in its scripts'
+# first lines and activate scripts: point them at TO. sed -i writes new files, so the hard
+# links of those few files are broken and the other copy is left as it was.
+relocate_venv() {
+  local dir="$1" from="$2" to="$3" f
+  for f in "$dir"/bin/*; do
+    [[ -f "$f" && ! -L "$f" ]] || continue
+    if head -c 2 "$f" | grep -q '#!' || [[ "$f" == */activate* ]]; then
+      grep -q -F "$from" "$f" && sed -i "s|$from|$to|g" "$f"
+    fi
+  done
+  return 0
 }
 
 setup_triton() {
