@@ -28,7 +28,8 @@ fi
 
 setup_venv() {
   local want have
-  want="$(sha256sum "$ROOT/requirements.lock" "$ROOT/pyproject.toml" | sha256sum | cut -c1-16)"
+  # the files' contents only (sha256sum's output would name the clone's path)
+  want="$(cat "$ROOT/requirements.lock" "$ROOT/pyproject.toml" | sha256sum | cut -c1-16)"
   have="$(cat "$VENV/.rufus-lock" 2>/dev/null || true)"
   if [[ "$want" == "$have" && -x "$VENV/bin/python" ]]; then
     step "venv up to date ($VENV)"
