@@ -98,7 +98,7 @@ def window(reqs: list[Request], t0: float, t1: float) -> dict[str, Any]:
 
 def cmd_roll(a: argparse.Namespace) -> int:
     image = a.image or f"rufus-inference:{a.tag}"
-    cells = list(getattr(a, "cells", None) or CELLS)
+    cells = list(a.cells or CELLS)
     if set(cells) - set(CELLS):
         say(f"unknown cell(s) {sorted(set(cells) - set(CELLS))}: the rig has {sorted(CELLS)}")
         return 1
@@ -130,7 +130,7 @@ def cmd_roll(a: argparse.Namespace) -> int:
     reqs = load.stop()
     before, during = window(reqs, 0, t_roll), window(reqs, t_roll, t_done)
     after = window(reqs, t_done, float("inf"))
-    fewest = min((len(cells) for _, cells in rotation), default=len(CELLS))
+    fewest = min((len(up) for _, up in rotation), default=len(CELLS))
     images = {svc: inspect(svc, "{{.Config.Image}}") for svc in nodes}
     rolled = {svc for cell in cells for svc in CELLS[cell][:3]}
     report = {"image": image, "cells": cells, "roll_s": round(t_done - t_roll),
