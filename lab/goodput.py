@@ -49,6 +49,9 @@ from lab.loadgen import pct_nearest
 NAN = float("nan")
 PRODUCT_INTENTS = ("product_search", "product_comparison", "product_question", "recommendation")
 EVAL_PATH = Path(__file__).resolve().parents[1] / "data" / "qp" / "eval.jsonl"
+# the planner's held-out questions and the hand-written ones of the answer eval (a superset:
+# the most distinct questions held out from training)
+QUESTIONS_PATH = Path(__file__).resolve().parents[1] / "data" / "assistant" / "answers_eval.jsonl"
 DRAIN_S = 60.0          # after the arrival window, how long in-flight requests may finish
 LATE = "LATE"           # error code of a request still running at the drain bound
 NO_EVENT = "NO_EVENT"   # the stream ended without the measured event
@@ -72,9 +75,9 @@ def poisson_schedule(rate: float, duration_s: float, seed: int) -> list[float]:
     return out
 
 
-def load_questions(path: str | Path = EVAL_PATH) -> list[str]:
-    """The held-out single-turn product questions (data/qp/eval.jsonl): new customers'
-    questions, each prompt cold, the workload of scripts/bench_assistant.py --questions eval."""
+def load_questions(path: str | Path = QUESTIONS_PATH) -> list[str]:
+    """The held-out single-turn product questions (default: the answer eval's, which holds
+    the planner's held-out set plus hand-written ones), in file order."""
     rows = [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines()
             if line.strip()]
     return [r["question"] for r in rows
@@ -132,6 +135,8 @@ class RequestResult:
     events: dict[str, float] = field(default_factory=dict)   # every event's latency
     info: dict[str, Any] = field(default_factory=dict)
     question: str = ""
+    # asked before in this run (warm-up included): its plan and answer prompt may be cached
+    repeat: bool = False
 
 
 def _result(scheduled: float, due: float, started: float, out: Outcome, event: str,
@@ -166,10 +171,15 @@ async def _guarded(target: Callable[[str], Awaitable[Outcome]], question: str) -
 
 async def run_rate(target: Callable[[str], Awaitable[Outcome]], questions: Iterator[str],
                    rate: float, duration_s: float, *, event: str, seed: int = 0,
-                   drain_s: float = DRAIN_S) -> list[RequestResult]:
+                   drain_s: float = DRAIN_S, seen: set[str] | None = None
+                   ) -> list[RequestResult]:
     """Open loop: each arrival of :func:`poisson_schedule` starts its own task at its time,
     whatever is in flight; after the window, in-flight requests get ``drain_s`` more
-    seconds, then are cancelled and counted as ``LATE`` (failed)."""
+    seconds, then are cancelled and counted as ``LATE`` (failed). ``seen``: the questions
+    asked before in this run; an arrival whose question is in it is marked ``repeat``, and
+    every question asked joins it."""
+    seen = set() if seen is None else seen
+    repeats: set[int] = set()
     loop = asyncio.get_running_loop()
     t0 = loop.time()
     pending: list[tuple[float, str, asyncio.Task[tuple[float, Outcome]]]] = []
@@ -183,6 +193,9 @@ async def run_rate(target: Callable[[str], Awaitable[Outcome]], questions: Itera
         if delay > 0:
             await asyncio.sleep(delay)
         q = next(questions)
+        if q in seen:
+            repeats.add(len(pending))
+        seen.add(q)
         pending.append((offset, q, asyncio.create_task(one(q))))
     end = t0 + duration_s
     if loop.time() < end:
@@ -195,15 +208,16 @@ async def run_rate(target: Callable[[str], Awaitable[Outcome]], questions: Itera
         if late:
             await asyncio.wait(late)
     results = []
-    for offset, q, task in pending:
+    for i, (offset, q, task) in enumerate(pending):
         due = t0 + offset
         if task.cancelled() or not task.done():
             results.append(RequestResult(scheduled=offset, error_code=LATE, question=q,
                                          error=f"unfinished {duration_s + drain_s - offset:.0f} s "
                                                "after its arrival"))
-            continue
-        started, out = task.result()
-        results.append(_result(offset, due, started, out, event, q))
+        else:
+            started, out = task.result()
+            results.append(_result(offset, due, started, out, event, q))
+        results[-1].repeat = i in repeats
     return results
 
 
@@ -234,6 +248,7 @@ def summarize(results: Sequence[RequestResult], rate: float, duration_s: float,
         "errors": sum(errors.values()), "error_codes": dict(errors),
         "late": errors.get(LATE, 0),
         "lag_p99_s": pct_nearest([r.lag for r in results if r.error_code != LATE], 0.99),
+        "repeats": sum(r.repeat for r in results),
         # the other events' percentiles (e.g. the OpenAI target's product list)
         **{f"{k}_p{q}_s": pct_nearest([r.events[k] for r in ok if k in r.events], q / 100)
            for k in secondary for q in (50, 99)},
@@ -261,31 +276,48 @@ async def sweep(target: Target, questions: Sequence[str], rates: Sequence[float]
                 drain_s: float = DRAIN_S, gap_s: float = 0.0, warmup: int = 0,
                 on_row: Callable[[dict[str, Any]], None] | None = None
                 ) -> tuple[list[dict[str, Any]], dict[str, list[RequestResult]]]:
-    """Every rate in turn (the same seed, so the same questions in the same order), the
-    target opened once. ``warmup`` requests one at a time first, not counted; ``gap_s``
-    idle seconds before each rate (vLLM's CPU worker busy-polls for 1 s after its last
-    request). Returns the rows and each rate's per-request results."""
+    """Every rate in turn, the target opened once, the questions one seeded cycle through
+    the warm-up and every rate: each question is asked once before any is asked again.
+    A repeated question is cheaper than a new one (the planner drafts from the plans it
+    served, vLLM's prefix cache holds its answer prompt), so each row counts its
+    ``repeats``; a figure for new customers' questions takes a window of at most the
+    number of questions left, on a stack that has not seen them. ``warmup`` requests one
+    at a time first, not counted; ``gap_s`` idle seconds before each rate (vLLM's CPU worker
+    busy-polls for 1 s after its last request). Returns the rows and each rate's
+    per-request results."""
     slo = target.default_slo_s if slo_s is None else slo_s
     rows: list[dict[str, Any]] = []
     raw: dict[str, list[RequestResult]] = {}
     await target.open()
     try:
-        warm = question_cycle(questions, seed + 1)
+        cycle = question_cycle(questions, seed)
+        seen: set[str] = set()
         for _ in range(warmup):
-            await _guarded(target, next(warm))
+            q = next(cycle)
+            seen.add(q)
+            await _guarded(target, q)
         for rate in rates:
             if gap_s > 0:
                 await asyncio.sleep(gap_s)
-            results = await run_rate(target, question_cycle(questions, seed), rate, duration_s,
-                                     event=target.event, seed=seed, drain_s=drain_s)
+            results = await run_rate(target, cycle, rate, duration_s, event=target.event,
+                                     seed=seed, drain_s=drain_s, seen=seen)
             row = summarize(results, rate, duration_s, slo, target.event)
             rows.append(row)
-            raw[f"{rate:g}"] = results
+            raw[rate_key(raw, rate)] = results
             if on_row is not None:
                 on_row(row)
     finally:
         await target.close()
     return rows, raw
+
+
+def rate_key(raw: dict[str, Any], rate: float) -> str:
+    """The JSON key of a rate's requests: ``"6"``, and ``"6#2"`` for a second run at 6."""
+    key, n = f"{rate:g}", 1
+    while key in raw:
+        n += 1
+        key = f"{rate:g}#{n}"
+    return key
 
 
 def result_dict(r: RequestResult) -> dict[str, Any]:
@@ -535,11 +567,12 @@ def format_row(row: dict[str, Any]) -> str:
             f"{row['completed']:>5d} {ms(row['p50_s']):>6} {ms(row['p90_s']):>6} "
             f"{ms(row['p99_s']):>6} {row['share_within_slo'] * 100:>6.1f} "
             f"{row['goodput']:>7.2f} {row['refused']:>4d} {ms(row['refusal_p99_s']):>6} "
-            f"{row['over_2x_slo']:>5d} {row['errors']:>4d} {ms(row['lag_p99_s']):>6}")
+            f"{row['over_2x_slo']:>5d} {row['errors']:>4d} {ms(row['lag_p99_s']):>6} "
+            f"{row.get('repeats', 0):>4d}")
 
 
 TABLE_HEADER = ("  rate  got/s  arr  done  p50ms  p90ms  p99ms  in-SLO goodput  ref ref99  "
-                ">2xSLO err lag99")
+                ">2xSLO err lag99  rep")
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -547,6 +580,48 @@ ROOT = Path(__file__).resolve().parents[1]
 
 DEFAULT_URLS = {"assistant": "localhost:8001", "planner": "localhost:8001",
                 "openai": "http://localhost:9000"}
+STACK_MODELS = ("rufus_llm", "rufus_qp_medusa", "rufus_assistant")  # make serve's
+
+
+@contextlib.contextmanager
+def fresh_stack(target: str, log_path: Path) -> Iterator[str]:
+    """A new stack for one rate (``--fresh-stack``): tritonserver with make serve's models on
+    free ports (and the OpenAI frontend for the openai target), ready; yields the target's
+    URL; stopped by pid after."""
+    from rufus.launch.server import TritonServer, free_port
+    from rufus.launch.stack import start_frontend, stop_process
+
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    srv = TritonServer(models=list(STACK_MODELS), grpc_port=free_port(),
+                       http_port=free_port(), metrics_port=free_port(), log_path=log_path,
+                       host="127.0.0.1")
+    fe = None
+    try:
+        srv.start()
+        took = srv.wait_ready()
+        print(f"fresh stack ready in {took:.0f} s (gRPC :{srv.grpc_port}, log {log_path})",
+              flush=True)
+        grpc = f"127.0.0.1:{srv.grpc_port}"
+        if target != "openai":
+            yield grpc
+            return
+        port = free_port()
+        fe = start_frontend(grpc, port, log_path=str(log_path))
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError):
+                import urllib.request
+
+                with urllib.request.urlopen(url + "/v1/models", timeout=2) as resp:
+                    if resp.status == 200:
+                        break
+            time.sleep(0.5)
+        yield url
+    finally:
+        if fe is not None:
+            stop_process(fe, 5.0)
+        srv.stop()
 
 
 def main(argv: list[str] | None = None, doc: str = __doc__) -> int:
@@ -569,7 +644,13 @@ def main(argv: list[str] | None = None, doc: str = __doc__) -> int:
     ap.add_argument("--warmup", type=int, default=2, help="requests one at a time first, not counted")
     ap.add_argument("--min-share", type=float, default=0.99,
                     help="share within the SLO that counts as meeting it (capacity)")
-    ap.add_argument("--questions", default=str(EVAL_PATH))
+    ap.add_argument("--questions", default=str(QUESTIONS_PATH),
+                    help="JSONL of questions; its single-turn product questions are asked")
+    ap.add_argument("--fresh-stack", action="store_true",
+                    help="start a new stack for each rate (tritonserver with the three "
+                         "models on free ports, and the OpenAI frontend for --target openai) "
+                         "and stop it after: each rate meets a stack that has seen none of "
+                         "its questions (--url is not used)")
     ap.add_argument("--out", default=None, help="JSON results (default build/goodput-<target>.json)")
     a = ap.parse_args(argv)
     url = a.url or DEFAULT_URLS[a.target]
@@ -598,9 +679,19 @@ def main(argv: list[str] | None = None, doc: str = __doc__) -> int:
               + (f"  ({codes})" if codes else ""), flush=True)
 
     started = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
-    rows, raw = asyncio.run(sweep(target, questions, a.rates, a.duration, slo_s=slo,
-                                     seed=a.seed, drain_s=a.drain, gap_s=a.gap,
-                                     warmup=a.warmup, on_row=on_row))
+    if a.fresh_stack:
+        rows, raw = [], {}
+        for i, rate in enumerate(a.rates):
+            with fresh_stack(a.target, out.parent / f"goodput-stack-{i}-{rate:g}.log") as fresh:
+                r, x = asyncio.run(sweep(TARGETS[a.target](fresh), questions, [rate],
+                                         a.duration, slo_s=slo, seed=a.seed, drain_s=a.drain,
+                                         gap_s=a.gap, warmup=a.warmup, on_row=on_row))
+            rows += r
+            raw.update({rate_key(raw, rate): v for v in x.values()})
+    else:
+        rows, raw = asyncio.run(sweep(target, questions, a.rates, a.duration, slo_s=slo,
+                                         seed=a.seed, drain_s=a.drain, gap_s=a.gap,
+                                         warmup=a.warmup, on_row=on_row))
     cap = capacity_at_slo(rows, a.min_share)
     print(f"capacity at SLO ({slo * 1000:.0f} ms for >= {a.min_share:.0%} of arrivals): "
           + (f"{cap:g} req/s" if cap is not None else f"below the lowest rate ({min(a.rates):g} req/s)"),
@@ -611,6 +702,7 @@ def main(argv: list[str] | None = None, doc: str = __doc__) -> int:
         "min_share": a.min_share, "capacity_at_slo": cap, "seed": a.seed,
         "duration_s": a.duration, "drain_s": a.drain, "rates": a.rates,
         "questions": a.questions, "n_questions": len(questions), "cpu": cpu,
+        "fresh_stack_per_rate": a.fresh_stack,
         "started_utc": started, "ended_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
         "rows": [{k: (None if isinstance(v, float) and v != v else v) for k, v in r.items()}
                  for r in rows],

@@ -26,6 +26,8 @@ ADMISSION_HELP: dict[str, str] = {
     "per_decoding_s": "prior: added per turn decoding its answer, seconds",
     "forgetting": "the fit's weight of the past per observation",
     "prior_weight": "observations the priors count as",
+    "warm_after": "turns measured before the estimate refuses at margin x SLO; until then "
+                  "only above 1.5 times that (the priors are a guess for this CPU)",
 }
 
 

@@ -143,6 +143,8 @@ ADMISSION_HELP: dict[str, str] = {
     "per_decoding_s": "unused by the planner (no second phase), kept 0",
     "forgetting": "the fit's weight of the past per observation",
     "prior_weight": "observations the priors count as",
+    "warm_after": "plans measured before the estimate refuses at margin x SLO; until then "
+                  "only above 1.5 times that (the priors are a guess for this CPU)",
 }
 
 

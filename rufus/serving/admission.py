@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from rufus.errors import Unavailable
 from rufus.serving.settings import ENVIRONMENT, Row
 
+COLD_FACTOR = 1.5  # the limit's factor until ``warm_after`` requests are measured
+
 
 @dataclass(frozen=True)
 class AdmissionSettings:
@@ -51,6 +53,11 @@ class AdmissionSettings:
     # AVX2 emulated: docs/benchmarks-history.md, "Answers that say only what the cards say")
     forgetting: float = 0.995
     prior_weight: float = 50.0
+    # Until the fit has measured this many requests, refuse only above 1.5 times the limit:
+    # the priors are one guess for every CPU class, and on a fast one a fresh unit refused
+    # turns at 3 waiting on them (estimated 1.2 s) before it had measured any
+    # (docs/benchmarks-history.md, "Repeated questions").
+    warm_after: float = 20.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, prefix: str = "RUFUS_ASSISTANT_",
@@ -159,6 +166,7 @@ class SloAdmission:
         self.fit = _Fit.with_prior(self.settings)
         self.waiting = 0
         self.decoding = 0
+        self.measured = 0  # requests whose measured point fed the fit
         self.lock = threading.Lock()
 
     @property
@@ -182,6 +190,8 @@ class SloAdmission:
             x = (1.0, float(self.waiting), float(self.decoding))
             est = self.fit.predict(x)
             limit = self.settings.margin * slo
+            if self.measured < self.settings.warm_after:  # the estimate is still the priors'
+                limit *= COLD_FACTOR
             if self.enabled and self.waiting > 0 and est > limit + 1e-9:  # 0.2 + 0.1 is 0.3
                 refused = True
             else:
@@ -200,6 +210,7 @@ class SloAdmission:
             self.waiting -= 1
             self.decoding += 1
             self.fit.update(t.x, measured)
+            self.measured += 1
             now = self._predict_now()
         self.on_error(t.estimate_s - measured)
         self.on_estimate(now)

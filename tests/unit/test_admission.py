@@ -21,7 +21,8 @@ class Clock:
 
 
 def test_an_idle_unit_always_admits_and_a_queue_is_refused_by_its_estimate():
-    s = AdmissionSettings(slo_s=1.0, margin=0.9, base_s=0.4, per_waiting_s=0.3, per_decoding_s=0.0)
+    s = AdmissionSettings(slo_s=1.0, margin=0.9, base_s=0.4, per_waiting_s=0.3, per_decoding_s=0.0,
+                          warm_after=0)
     estimates: list[float] = []
     adm = SloAdmission(s, clock=Clock(), on_estimate=estimates.append)
     tickets = [adm.admit()]                      # 0 waiting: 0.4 s
@@ -52,6 +53,25 @@ def test_the_gauge_follows_the_queue_as_turns_progress_not_only_arrivals():
     a.done()                                    # 1 waiting: 0.7
     b.done()                                    # idle: 0.4
     assert seen == pytest.approx([0.4, 0.7, 0.8, 0.7, 0.4], abs=1e-6)
+
+
+def test_until_the_fit_has_measured_enough_turns_it_refuses_only_at_the_cold_limit():
+    """The priors are one guess for every CPU class: a fresh unit refuses on them only what
+    is estimated past 1.5 x the SLO, until ``warm_after`` turns have been measured."""
+    clock = Clock()
+    s = AdmissionSettings(slo_s=1.0, base_s=0.4, per_waiting_s=0.35, per_decoding_s=0.0,
+                          prior_weight=1e9, warm_after=2)
+    adm = SloAdmission(s, clock=clock)
+    held = [adm.admit() for _ in range(4)]       # 0.4 ... 1.45 s: all under 1.5 x 1.0 s
+    with pytest.raises(Unavailable):             # 4 waiting: 1.8 s
+        adm.admit()
+    for t in held[:2]:                           # two turns measured: warm
+        t.first_token()
+        t.done()
+    with pytest.raises(Unavailable):             # 2 waiting: 1.1 s > 1.0 s
+        adm.admit()
+    for t in held[2:]:
+        t.done()
 
 
 def test_even_a_slow_lone_turn_is_admitted():
@@ -112,7 +132,8 @@ def test_the_pipeline_refuses_before_any_model_call():
     counted: list[tuple[str, str]] = []
     metrics = NullMetrics()
     metrics.count = lambda outcome, path: counted.append((outcome, path))  # type: ignore[method-assign]
-    adm = SloAdmission(AdmissionSettings(base_s=0.5, per_waiting_s=1.0), clock=Clock())
+    adm = SloAdmission(AdmissionSettings(base_s=0.5, per_waiting_s=1.0, warm_after=0),
+                       clock=Clock())
     a = Assistant("x", SqliteFtsRetriever.build(generate_catalog(300)), metrics=metrics,
                   admission=adm)
     streams = Streams()
@@ -139,7 +160,8 @@ def test_the_pipeline_refuses_before_any_model_call():
 def test_a_request_may_accept_a_longer_latency_than_the_slo():
     """The planner's ``slo_ms``: the assistant's plans (admitted by the turn's own admission)
     are not refused by the planner's 300 ms SLO; a stricter one is refused earlier."""
-    s = AdmissionSettings(slo_s=0.3, base_s=0.2, per_waiting_s=0.1, per_decoding_s=0.0)
+    s = AdmissionSettings(slo_s=0.3, base_s=0.2, per_waiting_s=0.1, per_decoding_s=0.0,
+                          warm_after=0)
     adm = SloAdmission(s, clock=Clock(), what="plan", queue="{waiting} plans in flight")
     held = [adm.admit(), adm.admit()]            # 0.2 s, 0.3 s: within 0.3 s
     with pytest.raises(Unavailable) as err:      # 0.4 s

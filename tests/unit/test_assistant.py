@@ -553,7 +553,8 @@ def test_adapter_refusal_is_unavailable_on_grpc(monkeypatch, retriever):
 
     fake = FakeStreams(plan_of("product_search", ["tv"]), [], hang=True)
     m = _adapter(monkeypatch, retriever, fake)
-    m.assistant.admission = SloAdmission(AdmissionSettings(base_s=0.9, per_waiting_s=1.0))
+    m.assistant.admission = SloAdmission(AdmissionSettings(base_s=0.9, per_waiting_s=1.0,
+                                                                     warm_after=0))
     busy, refused = FakeSender(), FakeSender()
 
     async def go():
@@ -584,7 +585,8 @@ def test_adapter_admits_on_the_execute_thread(monkeypatch, retriever):
 
     fake = FakeStreams(plan_of("product_search", ["tv"]), [], hang=True)
     m = _adapter(monkeypatch, retriever, fake)
-    adm = m.assistant.admission = SloAdmission(AdmissionSettings(base_s=0.9, per_waiting_s=1.0))
+    adm = m.assistant.admission = SloAdmission(AdmissionSettings(base_s=0.9, per_waiting_s=1.0,
+                                                                     warm_after=0))
 
     async def go():
         m.loop = asyncio.get_running_loop()

@@ -114,10 +114,12 @@ def test_poisson_schedule_reproducible_by_seed_and_near_the_rate() -> None:
 
 def test_questions_are_the_single_turn_product_questions_in_a_seeded_cycle() -> None:
     qs = gp.load_questions()
-    rows = [json.loads(x) for x in gp.EVAL_PATH.read_text().splitlines() if x.strip()]
+    rows = [json.loads(x) for x in gp.QUESTIONS_PATH.read_text().splitlines() if x.strip()]
     expected = [r["question"] for r in rows
                 if r["intent"] in gp.PRODUCT_INTENTS and not r.get("history")]
-    assert qs == expected and len(qs) > 100
+    assert qs == expected and len(set(qs)) == len(qs) > 100
+    # the default holds every held-out single-turn product question of the planner's set
+    assert set(gp.load_questions(gp.EVAL_PATH)) <= set(qs)
     cyc = gp.question_cycle(qs, seed=3)
     first = [next(cyc) for _ in range(len(qs))]
     assert sorted(first) == sorted(qs) and first != qs       # each once, shuffled
@@ -282,6 +284,37 @@ def test_sweep_runs_every_rate_with_the_target_opened_once() -> None:
     assert t.calls == 2 + sum(r["arrivals"] for r in rows)
     assert all(r["share_within_slo"] == 1.0 for r in rows)
     assert json.dumps([gp.result_dict(x) for x in raw["1"]])  # JSON-able (nan -> null)
+
+
+def test_a_sweep_asks_each_question_once_before_any_repeats() -> None:
+    """Warm-up and rates take one cycle: a second rate does not replay the first one's
+    questions (a replay finds them cached), and every repeat is counted."""
+    qs = [f"q{i}" for i in range(40)]
+    asked: list[str] = []
+    target = fake(0.1, event="plan")
+
+    class Fake:
+        name, event, default_slo_s = "fake", "plan", 0.3
+
+        async def open(self) -> None: ...
+
+        async def close(self) -> None: ...
+
+        async def __call__(self, q: str) -> Outcome:
+            asked.append(q)
+            return await target(q)
+
+    rows, raw = run(gp.sweep(Fake(), qs, [1.0, 1.0], 15.0, seed=4, warmup=3))
+    n = 3 + sum(r["arrivals"] for r in rows)
+    assert 15 < n - 3 < 40  # both windows fit in one cycle
+    assert len(set(asked)) == len(asked) == n  # nothing asked twice
+    assert [r["repeats"] for r in rows] == [0, 0]
+    rows, raw = run(gp.sweep(Fake(), qs[:10], [2.0], 15.0, seed=4, warmup=2))
+    res = raw["2"]
+    # 10 questions: the 2 warm-up ones and the window's first 8 are new, the rest repeats
+    assert [x.repeat for x in res[:8]] == [False] * 8 and all(x.repeat for x in res[8:])
+    assert rows[0]["repeats"] == len(res) - 8 > 0
+    assert gp.rate_key({"2": [], "2#2": []}, 2.0) == "2#3" and gp.rate_key({}, 1.5) == "1.5"
 
 
 # --- capacity ------------------------------------------------------------------------------
