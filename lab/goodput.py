@@ -605,18 +605,12 @@ def fresh_stack(target: str, log_path: Path) -> Iterator[str]:
         if target != "openai":
             yield grpc
             return
+        from lab.bench_openai import wait_http
+
         port = free_port()
         fe = start_frontend(grpc, port, log_path=str(log_path))
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            with contextlib.suppress(OSError):
-                import urllib.request
-
-                with urllib.request.urlopen(url + "/v1/models", timeout=2) as resp:
-                    if resp.status == 200:
-                        break
-            time.sleep(0.5)
+        wait_http(url + "/v1/models", fe, 120.0, "the OpenAI frontend")
         yield url
     finally:
         if fe is not None:
@@ -659,7 +653,8 @@ def main(argv: list[str] | None = None, doc: str = __doc__) -> int:
     slo = target.default_slo_s if a.slo is None else a.slo
     questions = load_questions(a.questions)
     cpu = cpu_class()
-    print(f"target {a.target} ({url}): event {target.event!r}, SLO {slo * 1000:.0f} ms, "
+    where = "a fresh stack per rate" if a.fresh_stack else url
+    print(f"target {a.target} ({where}): event {target.event!r}, SLO {slo * 1000:.0f} ms, "
           f"{len(questions)} questions, seed {a.seed}, {a.duration:g} s per rate", flush=True)
     print(f"cpu: {' '.join(cpu['flags']) or 'none of avx512f/avx512_bf16/amx_bf16'}"
           + (f", ATEN_CPU_CAPABILITY={cpu['ATEN_CPU_CAPABILITY']}"

@@ -494,3 +494,36 @@ def test_grpc_targets_read_tritons_stream() -> None:
         assert got[key].error_code == "UNAVAILABLE" and r.refused and not r.ok
     died = gp._result(0.0, 0.0, 0.0, got["assistant-dies"], "answer", "dies")
     assert "answer" in got["assistant-dies"].events and not died.refused and not died.ok
+
+
+def test_a_fresh_stack_is_started_for_a_rate_and_stopped_after_even_on_error(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """--fresh-stack: tritonserver with make serve's models on free ports, its gRPC URL
+    yielded once ready, and stopped by pid whatever the rate's run did."""
+    import rufus.launch.server as server
+
+    events: list[str] = []
+
+    class FakeServer:
+        def __init__(self, models: list[str], grpc_port: int, **kw: Any) -> None:
+            self.models, self.grpc_port = models, grpc_port
+
+        def start(self) -> None:
+            events.append("start " + ",".join(self.models))
+
+        def wait_ready(self) -> float:
+            events.append("ready")
+            return 1.0
+
+        def stop(self) -> None:
+            events.append("stop")
+
+    monkeypatch.setattr(server, "TritonServer", FakeServer)
+    with gp.fresh_stack("planner", tmp_path / "s.log") as url:
+        host, port = url.rsplit(":", 1)
+        assert host == "127.0.0.1" and int(port) > 0
+    assert events == ["start " + ",".join(gp.STACK_MODELS), "ready", "stop"]
+    events.clear()
+    with pytest.raises(RuntimeError), gp.fresh_stack("assistant", tmp_path / "s.log"):
+        raise RuntimeError("the rate failed")
+    assert events[-1] == "stop"
