@@ -40,6 +40,7 @@ MAX_ROWS = 20
 CPU_CLASSES = (
     "AVX-512 + bf16 + AMX (Intel Xeon, 2 cores)",
     "AVX-512 + bf16 (AMD EPYC, 2 cores)",
+    "AVX-512 + bf16, no AMX (Intel Xeon, 2 cores)",
     "AVX-512 without bf16 (Intel Xeon, 2 cores)",
     "emulated AVX2 (on the Intel Xeon AMX VM)",
     "emulated AVX2 (on the AMD EPYC VM)",
