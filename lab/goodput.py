@@ -693,7 +693,7 @@ def main(argv: list[str] | None = None, doc: str = __doc__) -> int:
           flush=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     result = {
-        "target": a.target, "url": url, "event": target.event, "slo_s": slo,
+        "target": a.target, "url": None if a.fresh_stack else url, "event": target.event, "slo_s": slo,
         "min_share": a.min_share, "capacity_at_slo": cap, "seed": a.seed,
         "duration_s": a.duration, "drain_s": a.drain, "rates": a.rates,
         "questions": a.questions, "n_questions": len(questions), "cpu": cpu,
