@@ -19,11 +19,13 @@ model text): what was searched and which catalog categories are nearest.
 
 from __future__ import annotations
 
+import functools
 import re
 import threading
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from rufus.retrieval.base import (
     MAX_QUERY_CHARS,
@@ -112,6 +114,21 @@ def parse_price_cap(text: str) -> Price | None:
 
 
 # ------------------------------------------------------------------ words and spelling
+
+# Common English words (lab/common_words.py writes the list): never typos, even when the
+# catalog lacks them ("firm" is not "fire").
+COMMON_WORDS_PATH = Path(__file__).with_name("common_words.txt")
+
+
+@functools.cache
+def common_words() -> frozenset[str]:
+    """The words in :data:`COMMON_WORDS_PATH` (read once; empty if the file is missing)."""
+    try:
+        text = COMMON_WORDS_PATH.read_text()
+    except FileNotFoundError:
+        return frozenset()
+    return frozenset(w for w in text.split() if not w.startswith("#") and w.isalpha())
+
 
 _WORD = re.compile(r"[a-z0-9]+")
 _QUERY_WORD = re.compile(r"[A-Za-z0-9]+(?:['\u2019][A-Za-z]+)?")
@@ -307,13 +324,15 @@ class Vocabulary:
         return self._stem_cats.get(stem1(word), 0)
 
     def correct(self, term: str, context: Sequence[str] = ()) -> str | None:
-        """The catalog word ``term`` is a typo of, or None (known, too short, a number, a
-        stopword, or nothing close). Closest first, then the most frequent. ``context``: the
-        query's other words; when some are known, a correction must share a category with
-        one of them, so "warm jacket" does not become "wars jacket" (LEGO Star Wars)."""
+        """The catalog word ``term`` is a typo of, or None (known, a common English word,
+        too short, a number, a stopword, or nothing close). Closest first, then the most
+        frequent. ``context``: the query's other words; when some are known, a correction
+        must share a category with one of them, so "warm jacket" does not become "wars
+        jacket" (LEGO Star Wars)."""
         t = term.lower().replace("'", "").replace("\u2019", "")
         limit = max_typo_distance(t)
-        if not limit or not t.isalpha() or t in STOPWORDS or self.known(t):
+        if (not limit or not t.isalpha() or t in STOPWORDS or self.known(t)
+                or t in common_words()):
             return None
         found: set[str] = set()
         for d in _deletes(t, limit):
@@ -454,6 +473,16 @@ class GroundedSearch:
         known = [t for t in terms if t not in unknown and norm_brand(t) not in vocab.brands]
         return len(known) >= len(unknown)
 
+    def lacks_what_was_asked(self, queries: Sequence[str], question: str) -> bool:
+        """Whether a word of ``queries`` that the catalog does not have is the customer's own
+        (in the question, as FTS5 stems it): then the catalog lacks what was asked for, and
+        other words of the question would only find unrelated products. A word the planner
+        made up is not the customer's, and the question's words may still find the product."""
+        asked = {stem1(w) for w in query_terms(question)}
+        vocab = self.vocabulary
+        return any(stem1(t) in asked for q in queries for t in query_terms(q)
+                   if not any(c.isdigit() for c in t) and not vocab.known(t))
+
     def search(self, queries: Sequence[str], plan_filters: dict | None, question: str,
                k: int) -> SearchOutcome:
         vocab = self.vocabulary
@@ -530,11 +559,13 @@ class GroundedSearch:
                 return outcome(found, step_qs, f, relaxed)
         dropped = [n for n, v in (("brand", brand), ("max_price", max_price))
                    if v is not None and covered]
-        # 5. the question's own content words, corrected, no filters
+        # 5. the question's own content words, corrected, no filters; not when the customer
+        # asked for what the catalog lacks ("books like the hunger games" found gaming monitors)
         q_fixed: dict[str, str] = {}
         last = self.spell(" ".join(query_terms(question)), q_fixed)
         searched = qs
-        if last and all(query_terms(q) != last.split() for q in qs) and self.covers(last):
+        if (last and all(query_terms(q) != last.split() for q in qs) and self.covers(last)
+                and (covered or not self.lacks_what_was_asked(qs, question))):
             found = self.retriever.search([last], Filters(), k)
             if found:
                 corrected.update(q_fixed)

@@ -274,3 +274,35 @@ def test_tantivy_lists_its_products(catalog):
     engine = TantivyRetriever.build(catalog[:200])
     assert sorted(p.id for p in engine.iter_products()) == [p.id for p in catalog[:200]]
     assert GroundedSearch(engine).vocabulary.brand("nike") == "Nike"
+
+
+# ------------------------------------------------------- real words and what the catalog lacks
+
+def test_common_words_are_never_typos(vocab):
+    """"is the mattress firm or soft": "firm" is one letter from "fire" (Fire tablets), but it
+    is a word; only what is no word is corrected."""
+    from rufus.retrieval.grounding import common_words
+    words_ = common_words()
+    assert {"firm", "mattress", "college", "collage", "warm"} <= words_
+    typos = {"wireles", "vaccum", "beginer", "headphons", "keybord", "speakr", "bluetooh",
+             "sneker", "pegasis", "adidsa", "headphnoes", "runing", "nkie"}
+    assert not typos & words_
+    assert vocab.correct("firm", ["mattress", "firm", "soft"]) is None
+    assert vocab.correct("collage", ["lenovo", "laptop", "collage"]) is None
+    assert vocab.correct("keybord", ["logitech", "keybord"]) == "keyboard"
+
+
+@pytest.mark.parametrize("queries,question", [
+    (["firm mattress"], "is the mattress firm or soft"),
+    (["mattress"], "is the mattress firm or soft"),
+    (["books"], "suggest some books for someone who loved the hunger games"),
+    (["hunger games books"], "suggest some books for someone who loved the hunger games"),
+])
+def test_what_the_catalog_lacks_gets_no_unrelated_cards(grounded, queries, question):
+    """The customer asked for a product the catalog does not have: the question's other words
+    ("games", "soft") must not stand in for it (gaming monitors for a book request)."""
+    out = grounded.search(queries, {}, question, 5)
+    assert out.products == [], [p.title for p in out.products]
+    assert out.corrected == {}
+    reply = grounded.no_results_reply(out, question)
+    assert reply.startswith("I couldn't find any products for ")
