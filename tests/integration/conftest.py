@@ -30,6 +30,7 @@ ADMISSION_LIMIT = 24
 # `make serve` gives it (rufus.launch.server.serve). A model whose stub never finalizes
 # would otherwise hold tritonserver for its whole 20-s exit timeout at every stop.
 STOP_S = 6.0
+ASSISTANT_MODELS = ["rufus_qp_medusa", "rufus_llm", "rufus_assistant"]
 
 
 @pytest.fixture(scope="session")
@@ -41,8 +42,41 @@ def session_servers() -> Iterator[list[TritonServer]]:
     stop_servers(servers, timeout=STOP_S)
 
 
+def _wanted(request: pytest.FixtureRequest, fixture: str) -> bool:
+    """Whether a test of this session uses ``fixture`` (directly or through another one)."""
+    return any(fixture in getattr(item, "fixturenames", ()) for item in request.session.items)
+
+
 @pytest.fixture(scope="session")
-def llm_server(log_dir, session_servers):
+def stack_server(log_dir, session_servers) -> TritonServer:
+    """The ``stack`` fixture's server, not yet started: :func:`llm_server` starts it beside
+    its own when the session needs both, so the two starts overlap (each waits on one core
+    part of the time)."""
+    srv = TritonServer(
+        models=ASSISTANT_MODELS, grpc_port=free_port(), http_port=free_port(),
+        metrics_port=free_port(), log_path=log_dir / "tritonserver-assistant.log",
+        extra_env={"RUFUS_RUFUS_LLM_ENGINE_ARGS": '{"max_num_seqs": 16, "max_model_len": 1024}',
+                   "RUFUS_ANSWER_MAX_TOKENS": "64", "VLLM_CPU_KVCACHE_SPACE": "1",
+                   # a shared CI box can make the planner slow: test its path, not the timeout
+                   "RUFUS_ASSISTANT_PLAN_TIMEOUT_S": "120",
+                   # nor its SLO admission (a slow box would refuse a second conversation;
+                   # admission is tested at its unit boundaries, tests/unit/test_admission.py)
+                   "RUFUS_ASSISTANT_SLO_S": "0",
+                   # nor the planner's, for the tests that call it directly with a good stream
+                   # alongside (its admission is tested on test_qp.py's server)
+                   "RUFUS_QP_SLO_S": "0"},
+    )
+    yield srv
+    if srv.proc is not None and srv not in session_servers:  # started, never waited for
+        srv.stop(timeout=STOP_S)
+
+
+@pytest.fixture(scope="session")
+def llm_server(request, log_dir, session_servers):
+    if _wanted(request, "stack"):
+        early = request.getfixturevalue("stack_server")
+        if early.proc is None:
+            early.start()
     srv = TritonServer(
         models=["rufus_llm"],
         grpc_port=free_port(),
@@ -59,9 +93,11 @@ def llm_server(log_dir, session_servers):
 
 def serving(srv: TritonServer, timeout: float = 900,
             stop_later: list[TritonServer] | None = None) -> Iterator[TritonServer]:
-    """Fixture body: start, wait until ready (on failure print the log's tail), yield, stop
-    (or leave it in ``stop_later``, for a fixture that stops several at once)."""
-    srv.start()
+    """Fixture body: start (unless started early), wait until ready (on failure print the
+    log's tail), yield, stop (or leave it in ``stop_later``, for a fixture that stops several
+    at once)."""
+    if srv.proc is None:
+        srv.start()
     try:
         srv.wait_ready(timeout=timeout)
     except Exception:
@@ -78,28 +114,12 @@ def serving(srv: TritonServer, timeout: float = 900,
             stop_later.append(srv)
 
 
-ASSISTANT_MODELS = ["rufus_qp_medusa", "rufus_llm", "rufus_assistant"]
-
 
 @pytest.fixture(scope="session")
-def stack(log_dir, session_servers):
+def stack(stack_server, session_servers):
     """One tritonserver with rufus_qp_medusa, rufus_llm and rufus_assistant (which calls the
     other two on the same server over gRPC), shared by every module that needs the assistant."""
-    srv = TritonServer(
-        models=ASSISTANT_MODELS, grpc_port=free_port(), http_port=free_port(),
-        metrics_port=free_port(), log_path=log_dir / "tritonserver-assistant.log",
-        extra_env={"RUFUS_RUFUS_LLM_ENGINE_ARGS": '{"max_num_seqs": 16, "max_model_len": 1024}',
-                   "RUFUS_ANSWER_MAX_TOKENS": "64", "VLLM_CPU_KVCACHE_SPACE": "1",
-                   # a shared CI box can make the planner slow: test its path, not the timeout
-                   "RUFUS_ASSISTANT_PLAN_TIMEOUT_S": "120",
-                   # nor its SLO admission (a slow box would refuse a second conversation;
-                   # admission is tested at its unit boundaries, tests/unit/test_admission.py)
-                   "RUFUS_ASSISTANT_SLO_S": "0",
-                   # nor the planner's, for the tests that call it directly with a good stream
-                   # alongside (its admission is tested on test_qp.py's server)
-                   "RUFUS_QP_SLO_S": "0"},
-    )
-    yield from serving(srv, stop_later=session_servers)
+    yield from serving(stack_server, stop_later=session_servers)
 
 
 def _offers(base: str, model_id: str) -> bool:

@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 
 import psutil
 import pytest
@@ -51,7 +52,25 @@ def complete(url: str, prompt: str, stream: bool = False) -> tuple[str, int]:
 
 
 @pytest.fixture(scope="module")
-def single_node_reference(log_dir) -> list[str]:
+def unit_started(log_dir) -> Iterator[Supervisor]:
+    """The two-node unit under its supervisor, started but not waited for: it starts beside
+    the single-node reference server (the two starts overlap; each waits on one core part of
+    the time). At the end, every process of the unit is gone."""
+    unit = LocalUnit(engine_args=UNIT_ARGS, log_dir=log_dir / "multinode")
+    s = Supervisor(unit, start_timeout=900, drain_s=10).start()
+    try:
+        yield s
+    finally:
+        groups = {f.pid for f in unit.followers.values()}
+        if unit.leader is not None and unit.leader.proc is not None:
+            groups.add(unit.leader.proc.pid)
+        s.stop()
+        left = _alive_in(groups)
+        assert not left, f"processes left after stop: {left}"
+
+
+@pytest.fixture(scope="module")
+def single_node_reference(log_dir, unit_started) -> list[str]:
     """Greedy completions from a single-node tritonserver with the same engine args."""
     srv = TritonServer(models=[MODEL], grpc_port=free_port(), http_port=free_port(),
                        metrics_port=free_port(), log_path=log_dir / "multinode-single.log",
@@ -66,20 +85,11 @@ def single_node_reference(log_dir) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def sup(single_node_reference, log_dir):
-    unit = LocalUnit(engine_args=UNIT_ARGS, log_dir=log_dir / "multinode")
-    s = Supervisor(unit, start_timeout=900, drain_s=10).start()
-    try:
-        if not s.wait_ready(960):
-            raise RuntimeError(f"unit not ready: {s.events} (logs in {unit.log_dir})")
-        yield s
-    finally:
-        groups = {f.pid for f in unit.followers.values()}
-        if unit.leader is not None and unit.leader.proc is not None:
-            groups.add(unit.leader.proc.pid)
-        s.stop()
-        left = _alive_in(groups)
-        assert not left, f"processes left after stop: {left}"
+def sup(unit_started, single_node_reference) -> Supervisor:
+    if not unit_started.wait_ready(960):
+        raise RuntimeError(f"unit not ready: {unit_started.events} "
+                           f"(logs in {unit_started.unit.log_dir})")
+    return unit_started
 
 
 def test_follower_health_reports_running(sup):
