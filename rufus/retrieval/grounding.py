@@ -13,6 +13,9 @@ fixes each with the catalog's own data and says, in system-written notes, what i
 4. relaxation: if nothing matches, the brand filter, the price cap, then both are dropped;
 5. last try: the question's own content words, no filters.
 
+At every step a result must be what the query asks for (:meth:`Vocabulary.fits`): search
+matches any one word, and "kids bike 16 inch" found iPhone 16.
+
 When even that finds nothing, :meth:`GroundedSearch.no_results_reply` is the reply (never
 model text): what was searched and which catalog categories are nearest.
 """
@@ -231,6 +234,68 @@ def category_display(key: str) -> str:
     return name + ("es" if name.endswith(("ch", "sh", "x")) else "s")
 
 
+# ------------------------------------------------------------------ what a query asks for
+
+# Where a query's product phrase ends: "dog harness | for a 70 lb dog", "baby monitor | with
+# camera". Its last word is the product ("harness", "monitor").
+_PHRASE_END = frozenset("""
+for with without under below over above in on to of by from near like vs versus than that
+which who thats at into between compatible fits fit up sleeps holds keeps works rated
+""".split())
+# Words that follow a number as its unit ("16 inch", "20000mah", "3 piece"): never the product.
+_UNITS = frozenset("""
+inch inches in ft feet foot lb lbs pound pounds oz ounce ounces qt quart quarts mah gb tb mb
+mm cm w watt watts v volt volts hz piece pieces pc pcs pack count ct sq x year years yr old
+month months degree degrees person people player players
+""".split())
+# Heads that name no product ("fishing gifts", "puppy essentials"): the word before them does.
+_GENERIC = frozenset("""
+gift gifts idea ideas essential essentials stuff thing things accessory accessories gear product
+products item items option options suggestion suggestions recommendation recommendations deal
+deals set sets kit kits
+""".split())
+_N_IN_N = re.compile(r"\b\d+\s*(?:-\s*)?in\s*(?:-\s*)?\d+\b")  # "3 in 1", "2-in-1"
+
+
+@dataclass(frozen=True)
+class Ask:
+    """What one query asks for: its product word (``head``, None when it names none) and a
+    brand named in its product phrase (display name, or None)."""
+
+    head: str | None
+    brand: str | None
+
+
+def product_phrase(query: str) -> list[str]:
+    """The words of ``query``'s product phrase: up to the first word that ends it ("for",
+    "with", ...), numbers and the units after them left out."""
+    ws = words(_N_IN_N.sub(" ", query.lower()))
+    out: list[str] = []
+    after_number = skip = False
+    for w in ws:
+        if w in _PHRASE_END and out and not (after_number and w in _UNITS):
+            break
+        number = any(c.isdigit() for c in w)
+        if w == "non":  # "pan non stick": "non stick" describes the pan
+            skip = True
+        elif skip:
+            skip = False
+        elif not number and not (after_number and w in _UNITS) and w not in STOPWORDS:
+            out.append(w)
+        after_number = number
+    return out
+
+
+def without_generic(query: str, ask: Ask) -> str:
+    """``query`` without the generic words of its product phrase when it names a product
+    ("camping essentials" -> "camping": "essentials" found Amazon Essentials T-shirts)."""
+    if ask.head is None:
+        return query
+    phrase = set(product_phrase(query))
+    kept = [w for w in query.split() if not (w.lower() in _GENERIC and w.lower() in phrase)]
+    return " ".join(kept) if kept else query
+
+
 class Vocabulary:
     """The catalog's own words (titles, brands, categories and descriptions, since FTS5
     indexes all four), built once per index: what counts as a known word, what a typo's
@@ -242,6 +307,7 @@ class Vocabulary:
         self.brand_count: Counter[str] = Counter()  # norm_brand(brand) -> products
         self._cats: dict[str, int] = {}  # word -> bit mask of the categories it occurs in
         self._stems: set[str] = set()
+        self._title_stems: set[str] = set()
         self._stem_cats: dict[str, int] = {}  # Porter step-1 stem -> category mask
         # correction -> (frequency, category mask, derived singular)
         self._targets: dict[str, tuple[int, int, bool]] = {}
@@ -283,6 +349,9 @@ class Vocabulary:
                 c[stem1(w)] += n
             stemmed.append(c)
         self._category_words = stemmed
+        # stems of titles and categories: a product word only descriptions have ("frying
+        # pan" in a cookware set's) is looked for in descriptions too (Vocabulary.fits)
+        self._title_stems = {w for c in stemmed for w in c}
         self._stem_cats = {}
         for w, m in self._cats.items():
             s = stem1(w)
@@ -366,6 +435,47 @@ class Vocabulary:
                     if len(b) >= 4 and abs(len(b) - len(n)) <= limit
                     and (d := edit_distance(n, b)) <= limit), default=None)
         return self.brands[best[2]] if best else None
+
+    def ask(self, query: str) -> Ask:
+        """What ``query`` asks for (:class:`Ask`): the last word of its product phrase that
+        is no brand, no generic word ("gifts") and not a single letter; a catalog brand
+        named in the phrase (one word or two: "new balance")."""
+        phrase = product_phrase(query)
+        brand = None
+        for i, w in enumerate(phrase):
+            for key in (w + phrase[i + 1] if i + 1 < len(phrase) else None, w):
+                if key and key in self.brands:
+                    brand = brand or self.brands[key]
+        brand_words = {w for w in phrase if w in self.brands}
+        heads = [w for w in phrase if len(w) > 1 and w not in brand_words]
+        while heads and heads[-1] in _GENERIC:
+            heads.pop()
+        return Ask(head=heads[-1] if heads else None, brand=brand)
+
+    def fits(self, product: Product, asks: Sequence[Ask], brand: str | None = None) -> bool:
+        """Whether ``product`` is what one of ``asks`` asks for. Search matches any one word,
+        so "kids bike 16 inch" found iPhone 16 and "dog harness for a 70 lb dog" SPF 70
+        sunscreen: a card must have the product word in its title or category (as FTS5
+        stems it). A product word the catalog lacks (a product line: "brooks adrenaline
+        gts") is met by the brand named with it (or ``brand``, the plan's), else by nothing.
+        A query that names no product word ("gifts for teachers") takes every result."""
+        if not asks:
+            return True
+        have: set[str] | None = None
+        for a in asks:
+            if a.head is None:
+                return True
+            if self.known(a.head):
+                if have is None:
+                    text = f"{product.title} {product.category.replace('_', ' ')}"
+                    have = {stem1(w) for w in words(text)}
+                head = stem1(a.head)
+                if head in have or (head not in self._title_stems
+                                    and head in {stem1(w) for w in words(product.description)}):
+                    return True
+            elif (a.brand or brand) and norm_brand(product.brand) == norm_brand(a.brand or brand or ""):
+                return True
+        return False
 
     def categories_near(self, terms: Sequence[str], n: int = 3) -> list[str]:
         """Display names of the ``n`` categories nearest to ``terms``: the share of each
@@ -480,8 +590,27 @@ class GroundedSearch:
         made up is not the customer's, and the question's words may still find the product."""
         asked = {stem1(w) for w in query_terms(question)}
         vocab = self.vocabulary
-        return any(stem1(t) in asked for q in queries for t in query_terms(q)
+        terms = [t for q in queries for t in query_terms(q)]
+        if any(norm_brand(t) in vocab.brands for t in terms):
+            return False  # a catalog brand's product line ("gopro hero 12"): it has the brand
+        return any(stem1(t) in asked for t in terms
                    if not any(c.isdigit() for c in t) and not vocab.known(t))
+
+    # How many results a search takes before the relevance check keeps ``k`` of them.
+    OVERFETCH = 4
+
+    def _search(self, queries: Sequence[str], f: Filters, k: int, asks: Sequence[Ask]) -> list[Product]:
+        """The engine's results that are what the plan's queries ask for
+        (:meth:`Vocabulary.fits`), best first, at most ``k``."""
+        vocab = self.vocabulary
+        n = min(100, k * self.OVERFETCH)
+        kept = [p for p in self.retriever.search(queries, f, n) if vocab.fits(p, asks, f.brand)]
+        heads = list(dict.fromkeys(a.head for a in asks if a.head and vocab.known(a.head)))
+        if not kept and heads:
+            # the product words alone: in "stainless steel water bottle" the rarer words
+            # ranked a hundred coffee makers above every bottle
+            kept = [p for p in self.retriever.search(heads, f, n) if vocab.fits(p, asks, f.brand)]
+        return kept[:k]
 
     def search(self, queries: Sequence[str], plan_filters: dict | None, question: str,
                k: int) -> SearchOutcome:
@@ -525,7 +654,9 @@ class GroundedSearch:
         covered = [q for q in qs if self.covers(q)]
         if covered:
             qs = covered
-        found = self.retriever.search(qs, requested, k) if covered else []
+        asks = [vocab.ask(q) for q in qs]
+        qs = [without_generic(q, a) for q, a in zip(qs, asks, strict=True)]
+        found = self._search(qs, requested, k, asks) if covered else []
         if found:
             return outcome(found, qs, requested, [])
         # 4. relax: the brand, then the price cap, then both. The brand's words are not added
@@ -546,7 +677,7 @@ class GroundedSearch:
                 # a "typo" of a brand that has none of it was no typo ("razr" is not Razer):
                 # its words are query words, as for any name that is no brand
                 step_qs = [_with_words(q, query_terms(plan.brand or "")) for q in qs]
-            found = self.retriever.search(step_qs, f, k)
+            found = self._search(step_qs, f, k, asks)
             if found:
                 if brand_typo and "brand" in relaxed:
                     corrected.pop(brand_typo, None)
@@ -566,7 +697,11 @@ class GroundedSearch:
         searched = qs
         if (last and all(query_terms(q) != last.split() for q in qs) and self.covers(last)
                 and (covered or not self.lacks_what_was_asked(qs, question))):
-            found = self.retriever.search([last], Filters(), k)
+            # judged by what the plan asks for when those are the customer's words, else
+            # by the question's own product phrase (the plan's words were made up)
+            asked = {stem1(w) for w in query_terms(question)}
+            mine = [a for a in asks if a.head and stem1(a.head) in asked]
+            found = self._search([last], Filters(), k, mine or [vocab.ask(question)])
             if found:
                 corrected.update(q_fixed)
                 shown = ", ".join(f'"{_safe(q)}"' for q in qs)

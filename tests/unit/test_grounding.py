@@ -306,3 +306,62 @@ def test_what_the_catalog_lacks_gets_no_unrelated_cards(grounded, queries, quest
     assert out.corrected == {}
     reply = grounded.no_results_reply(out, question)
     assert reply.startswith("I couldn't find any products for ")
+
+
+# ------------------------------------------------------- cards are what the query asks for
+
+@pytest.mark.parametrize("query,phrase", [
+    ("kids bike 16 inch", ["kids", "bike"]),
+    ("dog harness for a 70 lb dog", ["dog", "harness"]),
+    ("3 in 1 wireless charging station", ["wireless", "charging", "station"]),
+    ("frying pan non stick that's oven safe", ["frying", "pan"]),
+    ("family tent sleeps 6", ["family", "tent"]),
+    ("65 in tv", ["tv"]),
+])
+def test_product_phrase(query, phrase):
+    from rufus.retrieval.grounding import product_phrase
+    assert product_phrase(query) == phrase
+
+
+def test_what_a_query_asks_for(vocab):
+    from rufus.retrieval.grounding import Ask
+    assert vocab.ask("kids bike 16 inch") == Ask(head="bike", brand=None)
+    assert vocab.ask("camping essentials") == Ask(head="camping", brand=None)
+    assert vocab.ask("gifts for teacher") == Ask(head=None, brand=None)
+    assert vocab.ask("brooks adrenaline gts 23").brand == "Brooks"
+    assert vocab.ask("brooks adrenaline gts 23").head == "gts"
+
+
+@pytest.mark.parametrize("queries,question", [
+    (["16 inch kids bike"], "kids bike 16 inch"),  # found iPhone 16
+    (["dog harness for 70 lb dog"], "dog harness for a 70 lb dog"),  # found SPF 70 sunscreen
+    (["air purifier for 500 sq ft room"], "air purifier for a 500 sq ft room"),  # 500-piece puzzles
+    (["sleeping bag"], "i need a sleeping bag rated to 20 degrees"),  # smartwatches
+])
+def test_cards_that_match_only_a_side_word_are_not_shown(grounded, queries, question):
+    """Search matches any one word; a card must have the product word the query asks for
+    (in its title or category), else the customer gets the no-results reply."""
+    out = grounded.search(queries, {}, question, 5)
+    assert out.products == [], [p.title for p in out.products]
+
+
+def test_a_brand_without_the_product_gives_way_to_the_product(grounded):
+    """"nike noise cancelling headphones": Nike has no headphones; Nike sneakers matched the
+    brand word. The brand filter is relaxed and headphones are shown, with the note."""
+    out = grounded.search(["nike noise cancelling headphones"], {"brand": "Nike"},
+                          "nike noise cancelling headphones", 5)
+    assert out.products and all("headphone" in p.title.lower() for p in out.products)
+    assert out.relaxed == ["brand"]
+    assert "No Nike products match your search" in " ".join(out.notes)
+
+
+@pytest.mark.parametrize("queries,question,word", [
+    (["camping essentials"], "what do I need for a first camping trip", "camp"),
+    (["stainless steel water bottle"], "looking for a stainless steel water bottle", "water bottle"),
+    (["gopro hero 12"], "how deep can the gopro hero 12 go underwater without a case", "gopro"),
+])
+def test_the_product_is_still_found(grounded, queries, question, word):
+    out = grounded.search(queries, {}, question, 5)
+    assert out.products, queries
+    assert all(word in f"{p.title} {p.brand} {p.category.replace('_', ' ')}".lower()
+               for p in out.products), [p.title for p in out.products]
