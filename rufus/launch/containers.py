@@ -163,7 +163,7 @@ def cmd_smoke(_: argparse.Namespace) -> int:
     r = chat_stream("Suggest a tent for two people.")
     say(f"rufus_llm stream: {r['chunks']} chunks, first token {r['ttft_s']:.2f} s: {r['text'][:60]!r}")
     say(f"plan: {json.dumps(plan('nike running shoes under $100'))[:160]}")
-    a = assistant("waterproof hiking boots under $120")
+    a = assistant("waterproof bluetooth speaker under $120")
     links = [p["url"] for p in a["products"]]
     say(f"assistant: {len(a['products'])} products, {len(a['text'])} chars, links {links[:2]}")
     say(f"openai chat stream: {openai_chat('Name a good office chair.')[:60]!r}")

@@ -43,7 +43,7 @@ def test_every_kind_of_request_through_the_ingress():
     assert r["chunks"] > 1 and r["text"].strip()
     p = rig.plan("nike running shoes under $100")
     assert p and p.get("filters", {}).get("max_price") == 100, p
-    a = rig.assistant("waterproof hiking boots under $120")
+    a = rig.assistant("waterproof bluetooth speaker under $120")
     assert a["products"] and a["text"].strip()
     links = {c["url"] for c in a["products"]}
     assert all(u.startswith("https://") for u in links), links

@@ -445,7 +445,7 @@ def _stream_body(model: str, route: str) -> dict[str, Any]:
     left behind would still hold its engine slot when the check below gives up (15 s)."""
     if model == ASSISTANT:
         return {"model": ASSISTANT, "stream": True,
-                "messages": user("tell me everything about hiking boots for winter")}
+                "messages": user("tell me everything about winter jackets")}
     body: dict[str, Any] = {"model": LLM, "stream": True, "max_tokens": 900, "temperature": 0,
                             "ignore_eos": True}
     if route == "completions":

@@ -348,7 +348,7 @@ def test_openai_disconnect_frees_the_answer_slot(stack, openai_client):
     assert wait_for(lambda: _llm_engine_requests(stack) == 0, timeout=30)
     stream = openai_client.chat.completions.create(
         model="rufus-assistant", stream=True, max_tokens=400,
-        messages=[{"role": "user", "content": "tell me everything about hiking boots"}])
+        messages=[{"role": "user", "content": "tell me everything about running shoes"}])
     texts = 0
     for chunk in stream:
         texts += bool(chunk.choices and chunk.choices[0].delta.content)
