@@ -29,8 +29,8 @@ def log_dir(tmp_path_factory) -> Path:
 
 
 # session-scoped fixtures of tests/integration/conftest.py that start servers
-SHARED_FIXTURES = frozenset({"session_servers", "llm_server", "stack", "assistant_frontend",
-                             "url"})
+SHARED_FIXTURES = frozenset({"session_servers", "llm_server", "stack", "stack_server",
+                             "assistant_frontend", "url"})
 SHARED_MODULES = frozenset(f"tests/integration/{m}.py" for m in (
     "test_adversarial", "test_adversarial_assistant", "test_adversarial_openai",
     "test_assistant", "test_conformance", "test_llm", "test_openai", "test_security"))

@@ -130,7 +130,8 @@ def common_words() -> frozenset[str]:
         text = COMMON_WORDS_PATH.read_text()
     except FileNotFoundError:
         return frozenset()
-    return frozenset(w for w in text.split() if not w.startswith("#") and w.isalpha())
+    return frozenset(line.strip() for line in text.splitlines()
+                     if line.strip().isalpha())  # the "# ..." header line is no word
 
 
 _WORD = re.compile(r"[a-z0-9]+")
@@ -284,6 +285,11 @@ def product_phrase(query: str) -> list[str]:
             out.append(w)
         after_number = number
     return out
+
+
+def _stems_of(text: str) -> set[str]:
+    """The search terms of ``text`` as FTS5 stems them: the customer's own words."""
+    return {stem1(w) for w in query_terms(text)}
 
 
 def without_generic(query: str, ask: Ask) -> str:
@@ -461,7 +467,8 @@ class Vocabulary:
         A query that names no product word ("gifts for teachers") takes every result."""
         if not asks:
             return True
-        have: set[str] | None = None
+        have: set[str] | None = None  # the title's and category's stems, once
+        described: set[str] | None = None  # the description's, once, only if needed
         for a in asks:
             if a.head is None:
                 return True
@@ -470,9 +477,13 @@ class Vocabulary:
                     text = f"{product.title} {product.category.replace('_', ' ')}"
                     have = {stem1(w) for w in words(text)}
                 head = stem1(a.head)
-                if head in have or (head not in self._title_stems
-                                    and head in {stem1(w) for w in words(product.description)}):
+                if head in have:
                     return True
+                if head not in self._title_stems:
+                    if described is None:
+                        described = {stem1(w) for w in words(product.description)}
+                    if head in described:
+                        return True
             elif (a.brand or brand) and norm_brand(product.brand) == norm_brand(a.brand or brand or ""):
                 return True
         return False
@@ -588,7 +599,7 @@ class GroundedSearch:
         (in the question, as FTS5 stems it): then the catalog lacks what was asked for, and
         other words of the question would only find unrelated products. A word the planner
         made up is not the customer's, and the question's words may still find the product."""
-        asked = {stem1(w) for w in query_terms(question)}
+        asked = _stems_of(question)
         vocab = self.vocabulary
         terms = [t for q in queries for t in query_terms(q)]
         if any(norm_brand(t) in vocab.brands for t in terms):
@@ -699,7 +710,7 @@ class GroundedSearch:
                 and (covered or not self.lacks_what_was_asked(qs, question))):
             # judged by what the plan asks for when those are the customer's words, else
             # by the question's own product phrase (the plan's words were made up)
-            asked = {stem1(w) for w in query_terms(question)}
+            asked = _stems_of(question)
             mine = [a for a in asks if a.head and stem1(a.head) in asked]
             found = self._search([last], Filters(), k, mine or [vocab.ask(question)])
             if found:
