@@ -62,9 +62,28 @@ def _clean(text: str) -> str:
     return re.sub(r"\s+", " ", re.sub(r"[^A-Za-z0-9 ,'-]", " ", text)).strip()[:MAX_REASON_CHARS]
 
 
+# What the model writes for a reason (the key, in the prompt's menu and the grammar) and
+# what the customer reads (:func:`reason_text`): the short key is fewer prompt and decode
+# tokens, the words around it are the system's.
+LOWEST, BEST, MOST = "lowest price", "best rating", "most reviews"
+_SAID = {LOWEST: "the lowest price of these", BEST: "the best rating of these",
+         MOST: "the most reviewed of these"}
+_AS_ASKED = re.compile(r"(?:in|from) .+")
+
+
+def reason_text(key: str) -> str:
+    """A menu key as the customer reads it: "lowest price" -> "the lowest price of these",
+    "in red" -> "in red, as you asked"; "built for long runs" as it is."""
+    if key in _SAID:
+        return _SAID[key]
+    if _AS_ASKED.fullmatch(key):
+        return f"{key}, as you asked"
+    return key
+
+
 def reason_options(products: Sequence[Product], question: str) -> list[list[str]]:
-    """Per shown product, the reasons the model may give: each a fact of its card, worded
-    by the system. Every product has at least one."""
+    """Per shown product, the reasons the model may give (menu keys, :func:`reason_text`
+    words them): each a fact of its card. Every product has at least one."""
     q = " " + " ".join(re.findall(r"[a-z0-9]+", question.lower())) + " "
     out: list[list[str]] = []
     lowest = min(p.price for p in products) if products else 0.0
@@ -74,19 +93,19 @@ def reason_options(products: Sequence[Product], question: str) -> list[list[str]
         opts: list[str] = []
         colour = p.attributes.get("color", "")
         if colour and f" {colour.lower()} " in q:
-            opts.append(_clean(f"in {colour.lower()}, as you asked"))
+            opts.append(_clean(f"in {colour.lower()}"))
         if p.brand and f" {p.brand.lower()} " in q:
-            opts.append(_clean(f"from {p.brand}, as you asked"))
+            opts.append(_clean(f"from {p.brand}"))
         use = built_for(p)
         if use:
             opts.append(_clean(f"built for {use}"))
         if len(products) > 1:
             if p.price == lowest:
-                opts.append("the lowest price of these")
+                opts.append(LOWEST)
             if p.rating == best:
-                opts.append("the best rating of these")
+                opts.append(BEST)
             if p.review_count == most:
-                opts.append("the most reviewed of these")
+                opts.append(MOST)
         if not opts:
             opts.append(_clean(f"a {p.category.replace('_', ' ')} that matches your search"))
         out.append(list(dict.fromkeys(o for o in opts if o)))
@@ -268,7 +287,7 @@ class PickRenderer:
         if verdict.reason is None:
             self._drop(verdict.dropped)
             return ".\n"
-        return f": {verdict.reason}.\n"
+        return f": {reason_text(verdict.reason)}.\n"
 
     def feed(self, delta: str) -> str:
         self.buf += delta

@@ -13,7 +13,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from rufus.assistant.answer import built_for
+from rufus.assistant.answer import reason_options
 from rufus.retrieval.catalog import Product
 from rufus.retrieval.grounding import parse_price_cap
 
@@ -32,7 +32,7 @@ ANSWER_PRODUCTS = 4
 SYSTEM_PRODUCTS = (
     "You are a helpful shopping assistant. Recommend the two or three numbered products below "
     "that best fit the question, best first: one line each, the product's number in brackets "
-    "and why it fits, for example:\n[2] built for long runs\n[1] the lowest price of these")
+    "and why it fits, for example:\n[2] built for long runs\n[1] lowest price")
 SYSTEM_GENERAL = (
     "You are a shopping assistant. This question is not about shopping: answer it in one or "
     "two sentences, then offer to help find products. Do not write links.")
@@ -54,20 +54,18 @@ def clip(text: str, n: int) -> str:
     return text if len(text) <= n else text[: n - 3] + "..."
 
 
-def product_lines(products: Sequence[Product]) -> str:
-    """One line per product: number, title, exact price, rating. Every digit is a token for
-    this tokenizer and a cold answer prompt's prefill is on the critical path (arithmetic-bound
-    on CPUs: docs/benchmarks-history.md, "Count the work"), so the review count is left out (about a
-    sixth of a line's tokens); retrieval already ranks by it and the card shows it."""
-    return "\n".join(f"[{i}] {p.title} - ${p.price:.2f}, {p.rating:.1f} stars{use(p)}"
-                     for i, p in enumerate(products, start=1))
-
-
-def use(p: Product) -> str:
-    """What the card says a product is built for (", built for long runs"), or nothing:
-    the words of its reason menu (rufus.assistant.answer.built_for)."""
-    what = built_for(p)
-    return f", built for {what}" if what else ""
+def product_lines(products: Sequence[Product], question: str) -> str:
+    """One line per product: its number, its name (:func:`family`: brand, line and kind) and
+    its reason menu (rufus.assistant.answer.reason_options), ``[1] Hoka Bondi 8 Women's
+    Running Shoes: built for long runs; best rating``. The menu is what the
+    grammar lets the model say of that product, so the model reads exactly the facts it
+    chooses among. No price, rating or colour digits: every digit is a token for this
+    tokenizer and a new prompt's prefill is most of the answer engine's work under load (the
+    exact figures are on the card and in the system-rendered pick line; the menu says which
+    product is the cheapest or best rated). docs/benchmarks-history.md, "Menu lines"."""
+    menus = reason_options(products, question)
+    return "\n".join(f"[{i}] {family(p)}: {'; '.join(menu)}"
+                      for i, (p, menu) in enumerate(zip(products, menus, strict=True), start=1))
 
 
 def previous_turns(history: Sequence[dict[str, str]] | None) -> list[dict[str, str]]:
@@ -94,7 +92,7 @@ def answer_messages(question: str, products: Sequence[Product],
         system, user = SYSTEM_GENERAL, question
     else:
         system = SYSTEM_PRODUCTS
-        user = f"{PRODUCTS_HEADER}{product_lines(products)}\n\nQuestion: {question}"
+        user = f"{PRODUCTS_HEADER}{product_lines(products, question)}\n\nQuestion: {question}"
     return [{"role": "system", "content": system}, *previous_turns(history),
             {"role": "user", "content": user}]
 

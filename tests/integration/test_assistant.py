@@ -119,7 +119,7 @@ def test_every_rendered_fact_equals_its_card(url, catalog, facts, question):
     name, link, price and rating are its card's, each card at most once, the reason one of
     its card's own facts; the independent answer checks find no loop, no invented product
     and no contradiction. Typos and a plan filter that is no catalog brand still find cards."""
-    from rufus.assistant.answer import reason_options
+    from rufus.assistant.answer import reason_options, reason_text
     from rufus.assistant.answer_checks import check_answer
 
     r = ask(url, question)
@@ -135,7 +135,8 @@ def test_every_rendered_fact_equals_its_card(url, catalog, facts, question):
         assert float(price) == round(c["price"], 2) and float(rating) == round(c["rating"], 1)
         if reason:
             menu = reason_options([catalog.get(x["id"]) for x in cards[:4]], question)
-            assert reason in menu[[x["url"] for x in cards].index(link)], (reason, menu)
+            said = [reason_text(k) for k in menu[[x["url"] for x in cards].index(link)]]
+            assert reason in said, (reason, menu)
     body = "\n".join(line for line in r["text"].splitlines() if not PICK.fullmatch(line))
     assert all(not line.strip() or line.startswith(("Showing ", "Prices are ", "No ", "Nothing "))
                for line in body.splitlines()), r["text"]

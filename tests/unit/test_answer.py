@@ -20,6 +20,7 @@ from rufus.assistant.answer import (
     answer_grammar,
     pick_line,
     reason_options,
+    reason_text,
 )
 from rufus.retrieval.catalog import Product
 
@@ -46,12 +47,19 @@ NAMES = CatalogNames.default()
 
 def test_reason_options_are_facts_of_the_card():
     opts = reason_options(PRODUCTS, "blue nike running shoes")
-    assert opts[0] == ["built for long runs", "the best rating of these"]
-    assert opts[1] == ["in blue, as you asked", "from Nike, as you asked", "built for daily training",
-                       "the most reviewed of these"]
-    assert "the lowest price of these" in opts[2] and "the best rating of these" not in opts[2]
+    assert opts[0] == ["built for long runs", "best rating"]
+    assert opts[1] == ["in blue", "from Nike", "built for daily training", "most reviews"]
+    assert "lowest price" in opts[2] and "best rating" not in opts[2]
     assert all(o for o in opts)
     assert reason_options([PRODUCTS[0]], "x") == [["built for long runs"]]
+
+
+def test_the_system_words_each_menu_key():
+    """The model writes a short key; the customer reads the system's words for it."""
+    assert [reason_text(k) for k in ("lowest price", "best rating", "most reviews", "in blue",
+                                     "from Nike", "built for long runs")] == [
+        "the lowest price of these", "the best rating of these", "the most reviewed of these",
+        "in blue, as you asked", "from Nike, as you asked", "built for long runs"]
 
 
 def test_renderer_renders_facts_from_the_card_as_soon_as_the_number_is_decoded():
@@ -61,9 +69,9 @@ def test_renderer_renders_facts_from_the_card_as_soon_as_the_number_is_decoded()
     first = r.feed("2")  # rendered at the digit: the grammar allows only "] " after it
     assert first == pick_line(1, PRODUCTS[1]) and r.feed("] ") == ""
     assert "$99.95" in first and "4.2 stars" in first and PRODUCTS[1].url in first
-    assert r.feed("the most reviewed") == ""  # a reason waits for its end
-    assert r.feed(" of these\n[3] ") == ": the most reviewed of these.\n" + pick_line(2, PRODUCTS[2])
-    assert r.feed("the lowest price of these") == ""
+    assert r.feed("most") == ""  # a reason waits for its end
+    assert r.feed(" reviews\n[3] ") == ": the most reviewed of these.\n" + pick_line(2, PRODUCTS[2])
+    assert r.feed("lowest price") == ""
     assert r.flush() == ": the lowest price of these.\n"
     assert r.picked == [PRODUCTS[1], PRODUCTS[2]] and r.dropped == []
     cut = PickRenderer(PRODUCTS, NAMES, reason_options(PRODUCTS, "x"))

@@ -13,13 +13,14 @@ from typing import Any
 import numpy as np
 import pytest
 
+from rufus.assistant.answer import reason_options
 from rufus.assistant.pipeline import Assistant, fallback_plan, search_queries, validate_request
 from rufus.assistant.prompt import (
     LinkRenderer,
     answer_messages,
+    family,
     price_cap,
     product_lines,
-    use,
 )
 from rufus.assistant.triton_model import parse_assistant_request
 from rufus.client import RequestFailed
@@ -205,7 +206,7 @@ def test_product_path_event_order_filters_and_links(retriever):
     text = "".join(e.text for e in evs if e.type == "text")
     assert f"({cards[0]['url']})" in text and f"({cards[1]['url']})" in text and "x.example" not in text
     msgs = fake.calls[1][1]["messages"]
-    assert cards[0]["title"] in msgs[-1]["content"]
+    assert cards[0]["title"].split(",")[0] in msgs[-1]["content"]  # its name (prompt.family)
     assert {"plan_s", "retrieval_s", "cards_s", "answer_ttft_s", "first_token_s", "total_s"} <= \
         set(evs[-1].timings)
     assert evs[-1].finish_reason == "stop" and fake.closed == ["rufus_qp_medusa", "rufus_llm"]
@@ -537,13 +538,17 @@ def test_the_plan_request_accepts_the_turns_plan_time_limit(retriever):
     assert all(p is None for m, p in fake.parameters if m == "rufus_llm")
 
 
-def test_product_lines_carry_what_the_answer_needs():
-    """Title, exact price and rating stay; the review count goes (its digits were a sixth of
-    a product line's tokens; retrieval ranks by it and the card shows it)."""
-    p = generate_catalog(50)[0]
-    line = product_lines([p])
-    assert line == f"[1] {p.title} - ${p.price:.2f}, {p.rating:.1f} stars{use(p)}"
-    assert use(p).startswith(", built for ")
+def test_product_lines_are_names_and_their_reason_menus():
+    """A product line is its number, its name without colour or size variants, and the
+    menu of reasons the grammar allows for it (the facts the model chooses among); no
+    digits of price or rating (prefill tokens; the card and the pick line show them)."""
+    ps = generate_catalog(50)[:3]
+    menus = reason_options(ps, "running shoes")
+    lines = product_lines(ps, "running shoes").split("\n")
+    assert len(lines) == 3
+    for i, (p, line, menu) in enumerate(zip(ps, lines, menus, strict=True), start=1):
+        assert line == f"[{i}] {family(p)}: {'; '.join(menu)}"
+        assert f"{p.price:.2f}" not in line
 
 
 def test_adapter_refusal_is_unavailable_on_grpc(monkeypatch, retriever):
