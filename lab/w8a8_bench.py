@@ -1,7 +1,7 @@
 """The W8A8 answer model measured, behind scripts/bench_w8a8.py (its docstring and --help
 say what each command does): vLLM's load, greedy agreement with the bf16 reference,
 prefill and decode speed, teacher-forced quality without vLLM, and the int8 kernels alone.
-The checkpoint itself is written by lab/w8a8.py."""
+The checkpoint itself is written by rufus/launch/w8a8.py."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@
 
 Emulate an AVX2-only CPU on an AVX-512 one by prefixing
 ``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2``. The model is written by
-``python -m lab.w8a8``.
+``python -m rufus.launch.w8a8``.
 """
 
 from lab.w8a8_bench import main

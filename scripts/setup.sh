@@ -150,10 +150,12 @@ setup_precision() {
 }
 
 setup_w8a8() {
-  # Opt-in (not in "all"): the default model as a compressed-tensors W8A8 checkpoint for vLLM's
-  # CPU int8 kernel (lab/w8a8.py; docs/precision.md).
-  step "W8A8 int8 copy of the default model (opt-in)"
-  "$VENV/bin/python" -m lab.w8a8
+  # The default model as a compressed-tensors W8A8 checkpoint for vLLM's CPU int8 kernel
+  # (rufus/launch/w8a8.py; docs/precision.md): rufus_llm serves it where the CPU has int8 dot
+  # products (VNNI, AMX). Written on every machine (an image built on one class runs on
+  # others); about 15 s, then kept (checksummed).
+  step "W8A8 int8 copy of the default model (served where the CPU has VNNI or AMX)"
+  "$VENV/bin/python" -m rufus.launch.w8a8
 }
 
 setup_proxy() {
@@ -180,6 +182,6 @@ case "${1:-all}" in
   catalog) setup_venv; setup_catalog ;;
   precision) setup_venv; setup_model; setup_qp; setup_precision ;;
   w8a8) setup_venv; setup_model; setup_w8a8 ;;
-  all) setup_venv; setup_triton; setup_model; setup_qp; setup_precision; setup_catalog; setup_proxy ;;
+  all) setup_venv; setup_triton; setup_model; setup_qp; setup_w8a8; setup_precision; setup_catalog; setup_proxy ;;
   *) echo "usage: $0 [all|venv|triton|model|qp|catalog|precision|w8a8|proxy]" >&2; exit 2 ;;
 esac

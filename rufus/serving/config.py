@@ -129,7 +129,8 @@ def load_engine_config(
     workload: str = "answer",
 ) -> EngineConfig:
     """Read ``model.json``, apply env overrides (global, then per-model), expand strings;
-    ``"dtype": "measured"`` becomes this machine's choice for ``workload``
+    ``"dtype": "measured"`` becomes this machine's choice for ``workload`` and
+    ``"quantization": "measured"`` its int8 copy where the CPU runs it well
     (:mod:`rufus.serving.precision`)."""
     env = os.environ if env is None else env
     path = Path(path)
@@ -155,5 +156,6 @@ def load_engine_config(
             f"model path {model!r} from {path} does not exist; build the default model "
             "with `make model` or set RUFUS_MODEL_DIR / the 'model' key"
         )
-    args = precision.resolve(args, workload, env)
+    args = precision.resolve(args, workload, env)  # the dtype, measured on the source weights
+    args = precision.resolve_quantization(args, workload, env)
     return EngineConfig(engine_args=args, source=str(path), overrides=overrides)

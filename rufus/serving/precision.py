@@ -32,6 +32,7 @@ import argparse
 import hashlib
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -68,6 +69,23 @@ STAMPS = ("rufus-build.json", "rufus-qp-build.json", "config.json")
 # (torch_llama._FusedStack). 4: the int8 kernel's arithmetic in integers (int16 activations,
 # vpmaddwd).
 MEASUREMENT = 4
+
+# INT8 W8A8 for the answer model (rufus/launch/w8a8.py writes ``<model>-w8a8``: int8
+# per-channel weights, dynamic per-token int8 activations, vLLM's oneDNN int8 kernel).
+# Served where the CPU has int8 dot products, VNNI (vpdpbusd) or AMX: there it is the fastest
+# precision (a 128-token prefill 1.5x faster than bf16 on AVX-512) and, now that the answer
+# model only picks under a grammar, it picks what bf16 picks (docs/benchmarks-history.md,
+# "Menu lines"). Without them (AVX2 only) oneDNN runs s8s8 through its ``gemm:jit``
+# kernel, whose u8*s8 pair sums saturate at int16 for 8-bit weights (wrong results) and
+# which is much slower than fp32 for few rows (measured with ONEDNN_MAX_CPU_ISA=AVX2).
+# AVX-VNNI (``avx_vnni``, AVX2 with VNNI) is not listed: not measured.
+W8A8_CPU_FLAGS = ("avx512_vnni", "amx_int8")
+W8A8_SUFFIX = "-w8a8"
+
+
+def cpu_runs_w8a8_well(flags: set[str] | frozenset[str]) -> bool:
+    """Whether this CPU class serves the W8A8 copy of the answer model."""
+    return any(f in flags for f in W8A8_CPU_FLAGS)
 
 Progress = Callable[[str], None]
 # (model dir, dtype, threads) -> a timer of one pass with that model loaded in that dtype,
@@ -213,6 +231,48 @@ def resolve(engine_args: dict[str, Any], workload: str,
                f"`scripts/setup.sh precision`), rule for {machine.cpu_class(flags)}")
     log.info("%s dtype %s: %s", workload, chosen, how)
     return {**engine_args, "dtype": chosen}
+
+
+def w8a8_copy(model_dir: str | Path) -> Path | None:
+    """The W8A8 copy of ``model_dir`` when it is complete and written from these weights
+    (its build stamp, written last, names the source's model.safetensors checksum, which
+    the source's own stamp records), else None."""
+    src = Path(model_dir)
+    out = src.parent / f"{src.name}{W8A8_SUFFIX}"
+    try:
+        built = json.loads((out / STAMPS[0]).read_text(encoding="utf-8"))
+        source = json.loads((src / STAMPS[0]).read_text(encoding="utf-8"))
+        want = source["files"]["model.safetensors"]
+        if isinstance(want, dict):  # a stamp that records more than the checksum
+            want = want.get("sha256")
+        return out if built["source_files"]["model.safetensors"] == want else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def resolve_quantization(engine_args: dict[str, Any], workload: str = "answer",
+                         env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """``"quantization": "measured"`` (rufus_llm's model.json): the model becomes its W8A8
+    copy where this CPU runs it well and the copy is built, else the key goes (vLLM then
+    reads the model's own config). Any other value, ``null`` included, is vLLM's."""
+    if str(engine_args.get("quantization", "")) != MEASURED:
+        return engine_args
+    out = {k: v for k, v in engine_args.items() if k != "quantization"}
+    flags = machine.this_cpu(env)
+    onednn = (os.environ if env is None else env).get("ONEDNN_MAX_CPU_ISA", "").upper()
+    capped = bool(onednn) and not onednn.startswith(("AVX512", "AVX10", "DEFAULT", "ALL"))
+    if workload != "answer" or not cpu_runs_w8a8_well(flags) or capped:
+        why = (f"ONEDNN_MAX_CPU_ISA={onednn}" if capped else
+               f"no int8 dot products on {machine.cpu_class(flags)} (needs {' or '.join(W8A8_CPU_FLAGS)})")
+        log.info("%s weights: %s (%s)", workload, Path(str(out["model"])).name, why)
+        return out
+    copy = w8a8_copy(str(out["model"]))
+    if copy is None:
+        log.warning("%s weights: %s; no W8A8 copy of it built (run `scripts/setup.sh w8a8`): "
+                    "serving it as it is", workload, Path(str(out["model"])).name)
+        return out
+    log.info("%s weights: int8 W8A8 copy %s (this CPU has int8 dot products)", workload, copy)
+    return {**out, "model": str(copy)}
 
 
 def main(argv: list[str] | None = None) -> int:

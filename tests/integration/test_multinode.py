@@ -41,7 +41,9 @@ GREEDY = {"temperature": 0.0, "max_tokens": 32, "ignore_eos": True}
 # rounding differences ~1e-7, so identical output checks the lockstep execution itself.
 # (enforce_eager would avoid the fusion difference, but vLLM 0.32's CPU runner fails with
 # pipeline parallelism in eager mode: `assert self.intermediate_tensors is not None`.)
-SINGLE_ARGS = {"max_num_seqs": 16, "max_model_len": 1024, "dtype": "float32"}
+# The source weights too ("quantization": null, not the int8 copy a VNNI CPU serves): the
+# comparison checks lockstep execution, and float32 throughout keeps it exact.
+SINGLE_ARGS = {"max_num_seqs": 16, "max_model_len": 1024, "dtype": "float32", "quantization": None}
 UNIT_ARGS = {**SINGLE_ARGS, "pipeline_parallel_size": 2}
 
 

@@ -193,3 +193,45 @@ def test_setup_measures_each_registered_model(tmp_path, monkeypatch):
     timed.clear()
     assert precision.main([str(dirs["other"])]) == 0
     assert timed == [("other", dt) for dt in precision.WORKLOAD_CANDIDATES["answer"]]
+
+
+def _w8a8_pair(tmp_path: Path, source_sum: str = "abc", built_from: str = "abc") -> Path:
+    """A source model dir and its W8A8 copy, as far as their build stamps go."""
+    src, copy = tmp_path / "m", tmp_path / f"m{precision.W8A8_SUFFIX}"
+    src.mkdir(exist_ok=True)
+    copy.mkdir(exist_ok=True)
+    (src / "rufus-build.json").write_text(json.dumps({"files": {"model.safetensors": source_sum}}))
+    (copy / "rufus-build.json").write_text(json.dumps(
+        {"source_files": {"model.safetensors": built_from}}))
+    return src
+
+
+@pytest.mark.parametrize("flags, env, served", [
+    ({"avx2", "avx512f", "avx512_bf16", "avx512_vnni"}, {}, "copy"),
+    ({"avx2", "avx512f", "amx_bf16", "amx_int8"}, {}, "copy"),
+    ({"avx2", "fma"}, {}, "source"),                              # no int8 dot products
+    ({"avx2", "avx512f", "avx512_vnni"}, {"ATEN_CPU_CAPABILITY": "avx2"}, "source"),
+    ({"avx2", "avx512f", "avx512_vnni"}, {"ONEDNN_MAX_CPU_ISA": "AVX2"}, "source"),
+])
+def test_measured_quantization_serves_the_int8_copy_where_the_cpu_has_int8_dot_products(
+        tmp_path, monkeypatch, flags, env, served):
+    monkeypatch.setattr(machine, "cpu_flags", lambda cpuinfo=None: set(flags))
+    src = _w8a8_pair(tmp_path)
+    got = precision.resolve_quantization(
+        {"model": str(src), "dtype": "bfloat16", "quantization": "measured"}, "answer", env)
+    assert "quantization" not in got and got["dtype"] == "bfloat16"
+    want = src.parent / f"m{precision.W8A8_SUFFIX}" if served == "copy" else src
+    assert got["model"] == str(want)
+
+
+def test_a_stale_or_missing_int8_copy_serves_the_source(tmp_path, monkeypatch):
+    monkeypatch.setattr(machine, "cpu_flags", lambda cpuinfo=None: {"avx512f", "avx512_vnni"})
+    src = _w8a8_pair(tmp_path, source_sum="new", built_from="old")  # source rebuilt since
+    args = {"model": str(src), "quantization": "measured"}
+    assert precision.resolve_quantization(args, "answer", {})["model"] == str(src)
+    (src.parent / f"m{precision.W8A8_SUFFIX}" / "rufus-build.json").unlink()  # half written
+    assert precision.resolve_quantization(args, "answer", {})["model"] == str(src)
+    # any other value is vLLM's own, passed through as given
+    for value in (None, "compressed-tensors"):
+        given = {"model": str(src), "quantization": value}
+        assert precision.resolve_quantization(given, "answer", {}) is given

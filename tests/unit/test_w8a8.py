@@ -1,4 +1,4 @@
-"""W8A8 checkpoint writer (lab/w8a8.py) on a tiny random Llama: compressed-tensors
+"""W8A8 checkpoint writer (rufus/launch/w8a8.py) on a tiny random Llama: compressed-tensors
 tensor names, dtypes, shapes and scales; dequantized weights within half a step of the
 originals; lm_head, embeddings and norms untouched; config format; idempotence; SmoothQuant
 leaves the fp32 function unchanged."""
@@ -12,8 +12,9 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from lab import w8a8
+from rufus.launch import w8a8
 from rufus.launch.default_model import STAMP
+from rufus.serving import precision
 from tests.tiny_models import random_llama
 
 LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
@@ -220,7 +221,7 @@ def test_smoothquant_keeps_the_function_and_moves_scales(tiny: Path, tmp_path: P
 
 
 def test_w8a8_only_on_vnni_or_amx_cpus():
-    assert w8a8.cpu_runs_w8a8_well({"avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni"})
-    assert w8a8.cpu_runs_w8a8_well({"avx2", "avx512f", "amx_tile", "amx_int8"})
-    assert not w8a8.cpu_runs_w8a8_well({"avx2", "fma"})  # oneDNN int8 saturates and is slow
-    assert not w8a8.cpu_runs_w8a8_well({"avx2", "fma", "avx512f"})
+    assert precision.cpu_runs_w8a8_well({"avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni"})
+    assert precision.cpu_runs_w8a8_well({"avx2", "avx512f", "amx_tile", "amx_int8"})
+    assert not precision.cpu_runs_w8a8_well({"avx2", "fma"})  # oneDNN int8 saturates and is slow
+    assert not precision.cpu_runs_w8a8_well({"avx2", "fma", "avx512f"})

@@ -28,6 +28,10 @@ rows of ``up_proj`` for ``down_proj`` (llm-compressor's Llama mappings). The fp3
 unchanged; only where the rounding happens moves. ``--no-smooth`` writes plain
 round-to-nearest W8A8.
 
+Served by default where the CPU has int8 dot products (rufus_llm's ``"quantization":
+"measured"``, :func:`rufus.serving.precision.resolve_quantization`); ``scripts/setup.sh``
+writes it (about 15 s) on every machine, since an image built on one class runs on others.
+
 Default output: ``$RUFUS_CACHE_DIR/models/<source name>-w8a8``. Idempotent: the build stamp
 (``rufus-build.json``, as for the default model) records the SHA-256 of every written file
 and of the source files; a directory whose stamp still verifies against the same source is
@@ -35,7 +39,7 @@ left alone.
 
 CLI::
 
-    python -m lab.w8a8 [--src DIR] [--out DIR] [--force] [--smooth ALPHA | --no-smooth]
+    python -m rufus.launch.w8a8 [--src DIR] [--out DIR] [--force] [--smooth ALPHA | --no-smooth]
 """
 
 from __future__ import annotations
@@ -49,13 +53,14 @@ from pathlib import Path
 
 from rufus.launch.default_model import STAMP, sha256, verify
 from rufus.serving.config import default_model_dir
+from rufus.serving.precision import W8A8_SUFFIX
 
 # Bump when the written format changes: a stamp with another version is rebuilt.
 FORMAT_VERSION = 2
 DEFAULT_ALPHA = 0.5
 CALIB_FILE = Path(__file__).resolve().parents[1] / "data" / "qp" / "calib.jsonl"
 CALIB_SAMPLES = 64
-SUFFIX = "-w8a8"
+SUFFIX = W8A8_SUFFIX
 # Decoder-layer Linear weights that get quantized (Llama names).
 QUANT_WEIGHT = re.compile(
     r"^model\.layers\.\d+\.(self_attn\.(q|k|v|o)_proj|mlp\.(gate|up|down)_proj)\.weight$")
@@ -64,20 +69,6 @@ IGNORE = ["lm_head"]
 AUX_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
              "chat_template.jinja", "generation_config.json", "vocab.json", "merges.txt",
              "tokenizer.model", "added_tokens.json")
-
-
-# CPU flags (as /proc/cpuinfo spells them) under which vLLM's oneDNN int8 matmul is exact and
-# fast: VNNI (vpdpbusd) or AMX. Without them (AVX2 only) oneDNN runs s8s8 through its
-# ``gemm:jit`` kernel, whose u8*s8 pair sums saturate at int16 for 8-bit weights (wrong
-# results, exact only with 7-bit weights) and which is much slower than fp32 F.linear for
-# few rows (measured with ONEDNN_MAX_CPU_ISA=AVX2: docs/benchmarks.md). AVX-VNNI
-# (``avx_vnni``, AVX2 with VNNI) is not listed: not measured.
-W8A8_CPU_FLAGS = ("avx512_vnni", "amx_int8")
-
-
-def cpu_runs_w8a8_well(flags: set[str] | frozenset[str]) -> bool:
-    """Whether this CPU class should serve the W8A8 checkpoint (see W8A8_CPU_FLAGS)."""
-    return any(f in flags for f in W8A8_CPU_FLAGS)
 
 
 def say(msg: str) -> None:
@@ -359,7 +350,7 @@ def build(src: Path | None = None, out: Path | None = None, force: bool = False,
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(
-        prog="python -m lab.w8a8", description=__doc__,
+        prog="python -m rufus.launch.w8a8", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--src", type=Path, default=None,
                     help=f"dense source model directory (default {default_model_dir()})")
