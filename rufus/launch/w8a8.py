@@ -58,7 +58,7 @@ from rufus.serving.precision import W8A8_SUFFIX
 # Bump when the written format changes: a stamp with another version is rebuilt.
 FORMAT_VERSION = 2
 DEFAULT_ALPHA = 0.5
-CALIB_FILE = Path(__file__).resolve().parents[1] / "data" / "qp" / "calib.jsonl"
+CALIB_FILE = Path(__file__).resolve().parents[2] / "data" / "qp" / "calib.jsonl"
 CALIB_SAMPLES = 64
 SUFFIX = W8A8_SUFFIX
 # Decoder-layer Linear weights that get quantized (Llama names).

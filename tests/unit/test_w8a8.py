@@ -225,3 +225,9 @@ def test_w8a8_only_on_vnni_or_amx_cpus():
     assert precision.cpu_runs_w8a8_well({"avx2", "avx512f", "amx_tile", "amx_int8"})
     assert not precision.cpu_runs_w8a8_well({"avx2", "fma"})  # oneDNN int8 saturates and is slow
     assert not precision.cpu_runs_w8a8_well({"avx2", "fma", "avx512f"})
+
+
+def test_the_calibration_questions_are_found_from_the_product_package():
+    """setup writes the W8A8 copy on every machine: the calibration file must resolve from
+    rufus/launch/ (a wrong parent made setup fail once)."""
+    assert w8a8.CALIB_FILE.is_file(), w8a8.CALIB_FILE
