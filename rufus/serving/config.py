@@ -24,6 +24,10 @@ from typing import Any
 from rufus.serving import precision
 from rufus.serving.caches import cache_dir
 
+# The official backend's LoRA file next to model.json: adapter name -> local path
+# (rufus/serving/llm.py reads it).
+MULTI_LORA_FILE = "multi_lora.json"
+
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -157,5 +161,7 @@ def load_engine_config(
             "with `make model` or set RUFUS_MODEL_DIR / the 'model' key"
         )
     args = precision.resolve(args, workload, env)  # the dtype, measured on the source weights
-    args = precision.resolve_quantization(args, workload, env)
+    lora = (path.parent / MULTI_LORA_FILE).exists() or \
+        str(args.get("enable_lora", "")).lower() == "true"
+    args = precision.resolve_quantization(args, workload, env, lora=lora)
     return EngineConfig(engine_args=args, source=str(path), overrides=overrides)

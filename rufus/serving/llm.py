@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from rufus.errors import InvalidInput
+from rufus.serving.config import MULTI_LORA_FILE
 from rufus.serving.generation import run_generate
 from rufus.serving.model_settings import LLMSettings
 from rufus.serving.request import GenerateRequest, finish_logprobs
@@ -35,8 +36,6 @@ from rufus.serving.validation import (
     parse_messages,
     quote,
 )
-
-MULTI_LORA_FILE = "multi_lora.json"
 
 RETURN_FLAGS = (
     "return_finish_reason",

@@ -251,13 +251,20 @@ def w8a8_copy(model_dir: str | Path) -> Path | None:
 
 
 def resolve_quantization(engine_args: dict[str, Any], workload: str = "answer",
-                         env: Mapping[str, str] | None = None) -> dict[str, Any]:
+                         env: Mapping[str, str] | None = None, lora: bool = False
+                         ) -> dict[str, Any]:
     """``"quantization": "measured"`` (rufus_llm's model.json): the model becomes its W8A8
     copy where this CPU runs it well and the copy is built, else the key goes (vLLM then
-    reads the model's own config). Any other value, ``null`` included, is vLLM's."""
+    reads the model's own config). Any other value, ``null`` included, is vLLM's. With LoRA
+    adapters (``lora``: a multi_lora.json) the source weights: vLLM's CPU int8 layers hand
+    their weights to oneDNN and its LoRA layers then fail to start (vLLM 0.32)."""
     if str(engine_args.get("quantization", "")) != MEASURED:
         return engine_args
     out = {k: v for k, v in engine_args.items() if k != "quantization"}
+    if lora:
+        log.info("%s weights: %s (LoRA adapters: vLLM's CPU int8 layers cannot take them)",
+                 workload, Path(str(out["model"])).name)
+        return out
     flags = machine.this_cpu(env)
     onednn = (os.environ if env is None else env).get("ONEDNN_MAX_CPU_ISA", "").upper()
     capped = bool(onednn) and not onednn.startswith(("AVX512", "AVX10", "DEFAULT", "ALL"))

@@ -235,3 +235,21 @@ def test_a_stale_or_missing_int8_copy_serves_the_source(tmp_path, monkeypatch):
     for value in (None, "compressed-tensors"):
         given = {"model": str(src), "quantization": value}
         assert precision.resolve_quantization(given, "answer", {}) is given
+
+
+def test_lora_adapters_keep_the_source_weights(tmp_path, monkeypatch):
+    """vLLM's CPU int8 layers hand their weights to oneDNN and its LoRA layers then fail to
+    start: a model with a multi_lora.json (or enable_lora) serves the source weights."""
+    from rufus.serving.config import MULTI_LORA_FILE, load_engine_config
+
+    monkeypatch.setattr(machine, "cpu_flags", lambda cpuinfo=None: {"avx512f", "avx512_vnni"})
+    src = _w8a8_pair(tmp_path)
+    args = {"model": str(src), "dtype": "bfloat16", "quantization": "measured"}
+    assert precision.resolve_quantization(args, "answer", {}, lora=True)["model"] == str(src)
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "model.json").write_text(json.dumps(args))
+    assert load_engine_config(repo / "model.json", env={}).engine_args["model"] == \
+        str(src.parent / f"m{precision.W8A8_SUFFIX}")
+    (repo / MULTI_LORA_FILE).write_text('{"a": "a"}')
+    assert load_engine_config(repo / "model.json", env={}).engine_args["model"] == str(src)
