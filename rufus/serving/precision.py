@@ -74,7 +74,8 @@ MEASUREMENT = 4
 # per-channel weights, dynamic per-token int8 activations, vLLM's oneDNN int8 kernel).
 # Served where the CPU has int8 dot products, VNNI (vpdpbusd) or AMX: there its prefill is
 # faster than bf16's and, now that the answer model only picks under a grammar, it picks what
-# bf16 picks (figures: docs/benchmarks-history.md, "Menu lines" and "INT8 W8A8"). Without them (AVX2 only) oneDNN runs s8s8 through its ``gemm:jit``
+# bf16 picks (figures: docs/benchmarks-history.md, "Menu lines" and "INT8 W8A8"). Without
+# them (AVX2 only) oneDNN runs s8s8 through its ``gemm:jit``
 # kernel, whose u8*s8 pair sums saturate at int16 for 8-bit weights (wrong results) and
 # which is much slower than fp32 for few rows (measured with ONEDNN_MAX_CPU_ISA=AVX2).
 # AVX-VNNI (``avx_vnni``, AVX2 with VNNI) is not listed: not measured.
