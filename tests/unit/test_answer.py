@@ -47,8 +47,11 @@ NAMES = CatalogNames.default()
 
 def test_reason_options_are_facts_of_the_card():
     opts = reason_options(PRODUCTS, "blue nike running shoes")
-    assert opts[0] == ["built for long runs", "best rating"]
+    # only what sets a product apart: PRODUCTS[3] is built for long runs too, and that is
+    # all it has, so it keeps it
+    assert opts[0] == ["best rating"]
     assert opts[1] == ["in blue", "from Nike", "built for daily training", "most reviews"]
+    assert opts[3] == ["built for long runs"]
     assert "lowest price" in opts[2] and "best rating" not in opts[2]
     assert all(o for o in opts)
     assert reason_options([PRODUCTS[0]], "x") == [["built for long runs"]]
@@ -84,7 +87,7 @@ def test_renderer_renders_facts_from_the_card_as_soon_as_the_number_is_decoded()
     ("[1 built for long runs", ["format"]),          # no "]" after the number
     ("[1] cheap and great, 5 stars", ["format"]),    # not on the menu
     ("Sure! Here are some: [1] x", ["format"]),       # no header where one is due
-    ("[1] built for long runs\n[1] built for long runs", ["format"]),  # the same card twice
+    ("[1] best rating\n[1] best rating", ["format"]),  # the same card twice
     ("[9] built for long runs", ["format"]),          # no such card
 ])
 def test_renderer_drops_what_the_grammar_forbids(raw, dropped):
