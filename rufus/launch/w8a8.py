@@ -53,7 +53,7 @@ from pathlib import Path
 
 from rufus.launch.default_model import STAMP, sha256, verify
 from rufus.serving.config import default_model_dir
-from rufus.serving.precision import W8A8_SUFFIX
+from rufus.serving.precision import W8A8_SUFFIX, w8a8_dir
 
 # Bump when the written format changes: a stamp with another version is rebuilt.
 FORMAT_VERSION = 2
@@ -76,7 +76,7 @@ def say(msg: str) -> None:
 
 
 def default_out(src: Path) -> Path:
-    return src.parent / f"{src.name}{SUFFIX}"
+    return w8a8_dir(src)
 
 
 def quantization_config() -> dict:

@@ -233,12 +233,17 @@ def resolve(engine_args: dict[str, Any], workload: str,
     return {**engine_args, "dtype": chosen}
 
 
+def w8a8_dir(model_dir: str | Path) -> Path:
+    """Where the W8A8 copy of ``model_dir`` lives: beside it, ``<name>-w8a8``."""
+    src = Path(model_dir)
+    return src.parent / f"{src.name}{W8A8_SUFFIX}"
+
+
 def w8a8_copy(model_dir: str | Path) -> Path | None:
     """The W8A8 copy of ``model_dir`` when it is complete and written from these weights
     (its build stamp, written last, names the source's model.safetensors checksum, which
     the source's own stamp records), else None."""
-    src = Path(model_dir)
-    out = src.parent / f"{src.name}{W8A8_SUFFIX}"
+    src, out = Path(model_dir), w8a8_dir(model_dir)
     try:
         built = json.loads((out / STAMPS[0]).read_text(encoding="utf-8"))
         source = json.loads((src / STAMPS[0]).read_text(encoding="utf-8"))
