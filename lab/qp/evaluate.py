@@ -141,7 +141,7 @@ class TorchPlanner:
                  medusa_dir: str | Path | None = None, tree: list[list[int]] | None = None,
                  num_heads: int = 0, grammar: bool = True, threads: int = 0,
                  grammar_drafts: int = 0, lookup_drafts: int = 0, history_drafts: int = 0,
-                 copy_fields: tuple[str, ...] = ()) -> None:
+                 copy_fields: tuple[str, ...] = (), a8: bool = False) -> None:
         import torch
         from transformers import AutoTokenizer
 
@@ -152,7 +152,7 @@ class TorchPlanner:
         if threads:
             torch.set_num_threads(threads)
         self.tok = AutoTokenizer.from_pretrained(str(model_dir))
-        model = TorchLlama(str(model_dir), dtype, 1024)
+        model = TorchLlama(str(model_dir), dtype, 1024, a8=a8)
         heads = t = None
         if medusa_dir and tree:
             heads = MedusaHeads(str(medusa_dir), model.weights,
@@ -214,7 +214,7 @@ def run(planner: TorchPlanner, rows: list[dict[str, Any]], say: Any = None) -> l
 def speed_planners(model_dir: str | Path, dtype: str, medusa: str | Path,
                    tree: list[list[int]], num_heads: int, threads: int,
                    copy_fields: tuple[str, ...], drafts: dict[str, int],
-                   kinds: tuple[str, ...] = ("plain", "medusa", "served"),
+                   kinds: tuple[str, ...] = ("plain", "medusa", "served"), a8: bool = False,
                    ) -> dict[str, TorchPlanner]:
     """The decoders a speed comparison sets side by side, same model and precision: plain
     greedy decoding, the Medusa heads alone, and the served decoder (the heads plus
@@ -222,11 +222,12 @@ def speed_planners(model_dir: str | Path, dtype: str, medusa: str | Path,
     scripts/profile_qp.py build them here, so the profile explains the ratio measured."""
     make = {
         "plain": lambda: TorchPlanner(model_dir, dtype, threads=threads,
-                                      copy_fields=copy_fields),
+                                      copy_fields=copy_fields, a8=a8),
         "medusa": lambda: TorchPlanner(model_dir, dtype, medusa, tree, num_heads,
-                                       threads=threads, copy_fields=copy_fields),
+                                       threads=threads, copy_fields=copy_fields, a8=a8),
         "served": lambda: TorchPlanner(model_dir, dtype, medusa, tree, num_heads,
-                                       threads=threads, copy_fields=copy_fields, **drafts),
+                                       threads=threads, copy_fields=copy_fields, a8=a8,
+                                       **drafts),
     }
     return {k: make[k]() for k in kinds}
 
@@ -286,6 +287,12 @@ def drafts(a: argparse.Namespace, mj: dict[str, Any]) -> dict[str, int]:
     return {k: int(mj.get(k, 0)) for k in ("grammar_drafts", "lookup_drafts", "history_drafts")}
 
 
+def int8_activations(a: argparse.Namespace, mj: dict[str, Any]) -> bool:
+    """model.json's ``int8_activations`` (W8A8 layers with int8 weights), unless
+    --int16-activations."""
+    return bool(mj.get("int8_activations")) and not a.int16_activations
+
+
 def torch_eval(a: argparse.Namespace, rows: list[dict[str, Any]]) -> dict[str, Any]:
     tree = None
     heads = 0
@@ -297,7 +304,7 @@ def torch_eval(a: argparse.Namespace, rows: list[dict[str, Any]]) -> dict[str, A
     planner = TorchPlanner(a.model or qp_model_dir(), a.dtype, None if a.no_medusa else
                            medusa_dir(), tree, heads, grammar=not a.no_grammar,
                            threads=a.threads, copy_fields=copy_fields(a, mj),
-                           **drafts(a, mj))
+                           a8=int8_activations(a, mj), **drafts(a, mj))
     planner.plan("warm up")
     t0 = time.monotonic()
     preds = run(planner, rows, say)
@@ -329,7 +336,7 @@ def speed_eval(a: argparse.Namespace, rows: list[dict[str, Any]]) -> dict[str, A
     heads = int(mj["num_medusa_heads"])
     cf = copy_fields(a, mj)
     planners = speed_planners(model, a.dtype, medusa_dir(), tree, heads, a.threads, cf,
-                              drafts(a, mj))
+                              drafts(a, mj), a8=int8_activations(a, mj))
     for p in planners.values():
         p.plan("warm up")
     res = speed_compare(planners, rows, say)
@@ -395,6 +402,9 @@ def main(argv: list[str] | None = None, doc: str = __doc__) -> None:
     ap.add_argument("--no-copy", action="store_true",
                     help="torch: brand not restricted to the customer's words (copy_fields)")
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--int16-activations", action="store_true",
+                    help="torch, int8: int16 activations even where model.json says "
+                         "int8_activations (the comparison)")
     ap.add_argument("--no-drafts", action="store_true",
                     help="torch: no grammar-forced / prompt-lookup drafts (Medusa heads only)")
     ap.add_argument("--speed", type=int, default=0, metavar="N",

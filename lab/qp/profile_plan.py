@@ -51,6 +51,8 @@ def main(argv: list[str] | None = None, doc: str = __doc__) -> None:
     ap.add_argument("--questions", type=int, default=20, help="first N of data/qp/eval.jsonl")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--dtype", default="int8")
+    ap.add_argument("--int16-activations", action="store_true",
+                    help="int16 activations even where model.json says int8_activations")
     ap.add_argument("--json")
     a = ap.parse_args(argv)
 
@@ -68,7 +70,8 @@ def main(argv: list[str] | None = None, doc: str = __doc__) -> None:
         tuple(mj.get("copy_fields") or ()),
         {k: int(mj.get(k, 0))
          for k in ("grammar_drafts", "lookup_drafts", "history_drafts")},
-        kinds=("plain", "served"))
+        kinds=("plain", "served"),
+        a8=bool(mj.get("int8_activations")) and not a.int16_activations)
     logs: dict[str, dict[str, list[tuple[int, float]]]] = {}
     for name, p in planners.items():
         p.plan("warm up")

@@ -31,7 +31,9 @@ def time_passes(model_dir: Path, dtype: str, threads: int
     if dtype not in DTYPES:
         return None
     torch.set_num_threads(threads)
-    model = TorchLlama(model_dir, dtype, max_len=256)
+    # int8 as served by default: int8 activations where the kernel has them
+    # (``int8_activations``, rufus/qp/settings.py)
+    model = TorchLlama(model_dir, dtype, max_len=256, a8=dtype == "int8")
     # one untimed pass first (allocation): a multi-row pass in emulated bf16 takes seconds,
     # so the tree search's three would slow setup for nothing
     return lambda n, context, reps: time_forward(model, n, context, reps, warmup=1)

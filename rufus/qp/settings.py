@@ -85,6 +85,10 @@ class DecoderKnobs:
         "torch_threads", 0, "torch decoder threads: a count, 0 for every core this process "
         "may use, or \"auto\": one per core other processes leave idle", parse=_threads,
         kind='int or "auto"')
+    int8_activations: bool = model_json(
+        "int8_activations", False, "with int8 weights, the decoder layers multiply int8 "
+        "activations (W8A8, vpdpbusd) where the CPU has AVX-512 VNNI: twice the arithmetic "
+        "of int16 for passes of many rows (batched plans); elsewhere int16 activations")
     torch_max_batch: int = model_json("torch_max_batch", 1, "plans decoded together in one "
                                       "pass when they queue", minimum=1, maximum=64)
     copy_fields: tuple[str, ...] = model_json(

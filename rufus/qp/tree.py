@@ -165,7 +165,7 @@ def machine_trees(model_dir: str | Path, costs: dict[str, dict[str, float]], thr
     torch.set_num_threads(threads)
     trees: dict[str, Any] = {}
     for dtype in costs:
-        model = TorchLlama(model_dir, dtype, max_len=256)
+        model = TorchLlama(model_dir, dtype, max_len=256, a8=dtype == "int8")  # as served
         cost = {n: min(time_forward(model, n, 100, 3) for _ in range(2))
                 for n in TREE_SIZES if n <= max_nodes + 1}
         del model

@@ -67,8 +67,9 @@ STAMPS = ("rufus-build.json", "rufus-qp-build.json", "config.json")
 # again instead of serving a choice made without it. 2: int8 through our own kernel
 # (rufus/qp/decoder/int8_kernel.py). 3: int8 passes of few rows through the fused stack
 # (torch_llama._FusedStack). 4: the int8 kernel's arithmetic in integers (int16 activations,
-# vpmaddwd).
-MEASUREMENT = 4
+# vpmaddwd). 5: int8 passes with int8 activations where the kernel has them (AVX-512 VNNI;
+# the planner's shipped ``int8_activations``).
+MEASUREMENT = 5
 
 # INT8 W8A8 for the answer model (rufus/launch/w8a8.py writes ``<model>-w8a8``: int8
 # per-channel weights, dynamic per-token int8 activations, vLLM's oneDNN int8 kernel).

@@ -2,7 +2,8 @@
 decoder layer in one call. Against the op-by-op pass of the same int8 weights; bit-identical
 rows whatever the pass's other rows or the thread count (what keeps Medusa verification
 lossless); Medusa decoding through it equal to plain greedy decoding; where it does not
-apply, the op-by-op pass."""
+apply, the op-by-op pass. Each with int16 activations and, where the CPU has AVX-512 VNNI,
+int8 ones (W8A8, ``a8``)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,14 @@ def threads() -> Iterator[None]:
     torch.set_num_threads(n)
 
 
+@pytest.fixture(params=[False, True], ids=["a16", "a8"])
+def a8(request: pytest.FixtureRequest) -> bool:
+    """int16 activations, and int8 ones where this CPU's kernel has them."""
+    if request.param and not int8_kernel.a8_supported():
+        pytest.skip("no AVX-512 VNNI: no int8-activation kernel")
+    return bool(request.param)
+
+
 @pytest.fixture(scope="module")
 def tiny64(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A random Llama whose widths the kernel takes on AVX2 and AVX-512 (head size 64,
@@ -36,13 +45,14 @@ def tiny64(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
                             kv_heads=1, intermediate=256)
 
 
-def _pair(model_dir: Path, monkeypatch: pytest.MonkeyPatch, slots: int = 1
+def _pair(model_dir: Path, monkeypatch: pytest.MonkeyPatch, slots: int = 1, a8: bool = False
           ) -> tuple[TorchLlama, TorchLlama]:
     monkeypatch.setenv("RUFUS_QP_FUSED", "0")
-    ref = TorchLlama(model_dir, "int8", 256, slots=slots)
+    ref = TorchLlama(model_dir, "int8", 256, slots=slots, a8=a8)
     monkeypatch.setenv("RUFUS_QP_FUSED", "1")
-    fused = TorchLlama(model_dir, "int8", 256, slots=slots)
+    fused = TorchLlama(model_dir, "int8", 256, slots=slots, a8=a8)
     assert fused.fused and not ref.fused
+    assert fused.a8 == ref.a8 == a8
     return ref, fused
 
 
@@ -50,8 +60,8 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool((a - b).abs().max() <= 1e-4 * b.abs().max())
 
 
-def test_fused_pass_matches_the_op_by_op_pass(tiny64, monkeypatch) -> None:
-    ref, fused = _pair(tiny64[0], monkeypatch)
+def test_fused_pass_matches_the_op_by_op_pass(tiny64, monkeypatch, a8) -> None:
+    ref, fused = _pair(tiny64[0], monkeypatch, a8=a8)
     torch.manual_seed(3)
     ids = torch.randint(0, 96, (20,))
     mask = torch.ones(20, 20, dtype=torch.bool).tril()
@@ -67,10 +77,10 @@ def test_fused_pass_matches_the_op_by_op_pass(tiny64, monkeypatch) -> None:
         assert _close(fused.cache, ref.cache)  # the K/V written for later passes too
 
 
-def test_a_row_does_not_depend_on_the_pass_or_the_threads(tiny64, monkeypatch) -> None:
+def test_a_row_does_not_depend_on_the_pass_or_the_threads(tiny64, monkeypatch, a8) -> None:
     """Bit for bit, as tree verification needs: a token decoded alone (one thread) and the
     same token as a tree node among siblings, at other cache slots (two threads)."""
-    _ref, m = _pair(tiny64[0], monkeypatch)
+    _ref, m = _pair(tiny64[0], monkeypatch, a8=a8)
     torch.manual_seed(4)
     m.forward(torch.randint(0, 96, (12,)), torch.arange(12), 0,
               torch.ones(12, 12, dtype=torch.bool).tril())
@@ -86,12 +96,12 @@ def test_a_row_does_not_depend_on_the_pass_or_the_threads(tiny64, monkeypatch) -
     assert torch.equal(tree[3], deeper)
 
 
-def test_wide_trees_reproduce_one_row_passes(tiny64, monkeypatch) -> None:
+def test_wide_trees_reproduce_one_row_passes(tiny64, monkeypatch, a8) -> None:
     """Bit for bit at every width up to a prefill's (the kernel blocks the rows 6 or 12 at a
     time, each linear's input quantized per row): siblings at one position, each row equal to
     its token decoded alone on one thread."""
     monkeypatch.setattr(torch_llama, "FUSED_MAX_ROWS", 64)
-    _ref, m = _pair(tiny64[0], monkeypatch)
+    _ref, m = _pair(tiny64[0], monkeypatch, a8=a8)
     torch.manual_seed(6)
     m.forward(torch.randint(0, 96, (12,)), torch.arange(12), 0,
               torch.ones(12, 12, dtype=torch.bool).tril())
@@ -108,11 +118,11 @@ def test_wide_trees_reproduce_one_row_passes(tiny64, monkeypatch) -> None:
             assert torch.equal(tree[i], alone[t]), (threads, rows, i)
 
 
-def test_fused_medusa_decoding_equals_greedy(tiny64, monkeypatch) -> None:
+def test_fused_medusa_decoding_equals_greedy(tiny64, monkeypatch, a8) -> None:
     model_dir, heads_dir = tiny64
-    _ref, m = _pair(model_dir, monkeypatch)
+    _ref, m = _pair(model_dir, monkeypatch, a8=a8)
     ar = Decoder(m, None, None, eos_ids={1})
-    md = Decoder(TorchLlama(model_dir, "int8", 256), MedusaHeads(heads_dir, "int8", 3),
+    md = Decoder(TorchLlama(model_dir, "int8", 256, a8=a8), MedusaHeads(heads_dir, "int8", 3),
                  Tree.from_paths([[0], [1], [0, 0], [0, 1], [0, 0, 0]]), eos_ids={1})
     assert md.model.fused
     for prompt in ([5, 6, 7, 8, 9], [50, 51], [5, 6, 7, 8, 9]):  # the last reuses the cache
@@ -120,8 +130,8 @@ def test_fused_medusa_decoding_equals_greedy(tiny64, monkeypatch) -> None:
         assert [t for s in md.generate(prompt, 40) for t in s.tokens] == want
 
 
-def test_two_sequences_in_one_fused_pass(tiny64, monkeypatch) -> None:
-    ref, fused = _pair(tiny64[0], monkeypatch, slots=2)
+def test_two_sequences_in_one_fused_pass(tiny64, monkeypatch, a8) -> None:
+    ref, fused = _pair(tiny64[0], monkeypatch, slots=2, a8=a8)
     mask = torch.ones(3, 3, dtype=torch.bool).tril()
     segs = [Segment(torch.tensor([3, 4, 5]), torch.arange(3), 0, mask, 0),
             Segment(torch.tensor([6]), torch.tensor([0]), 0, None, 1)]

@@ -28,6 +28,7 @@ def fresh(monkeypatch: pytest.MonkeyPatch, tmp_path):
     monkeypatch.setattr(int8_kernel, "_why_not", {})
     monkeypatch.setattr(int8_kernel, "_forward", {})
     monkeypatch.setattr(int8_kernel, "_some", {})
+    monkeypatch.setattr(int8_kernel, "_a8", {})
     monkeypatch.setenv("RUFUS_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("RUFUS_COMPILE_CACHE_DIR", raising=False)
     return tmp_path
@@ -192,3 +193,107 @@ def test_a_width_the_kernel_cannot_take_uses_the_dequantized_weight(fresh, monke
     x = torch.randn(3, 36)
     got = torch_llama._int8_linear(w, torch.float32)(x)
     assert torch.allclose(got, F.linear(x, q.float() * scale[:, None]), atol=1e-5)
+
+
+# --------------------------------------------------------------- int8 activations (W8A8)
+
+
+def test_pack_a8_is_an_offset_permutation_with_zero_weight_padding() -> None:
+    q = torch.randint(-127, 128, (20, 32), dtype=torch.int8)
+    p = int8_kernel.pack_a8(q, 8)  # tiles of 16 weight rows, by quads of k, offset by 128
+    assert p.shape == (2, 8, 16, 4) and p.dtype == torch.uint8 and p.is_contiguous()
+    w = p.to(torch.int16) - 128
+    assert torch.equal(w[0, 3], q[:16, 12:16].to(torch.int16))  # k 12..15 of the first tile
+    back = w.permute(0, 2, 1, 3).reshape(32, 32)
+    assert torch.equal(back[:20], q.to(torch.int16)) and not back[20:].any()
+
+
+def test_only_the_vnni_variant_has_int8_activations(fresh, monkeypatch) -> None:
+    for v in VARIANTS:
+        monkeypatch.setattr(int8_kernel, "_loaded", {})
+        _load(v, monkeypatch)
+        assert int8_kernel.a8_supported() == (v == "avx512vnni"), v
+        assert (int8_kernel.forward_fn(64, a8=True) is not None) == (v == "avx512vnni")
+
+
+A8 = "avx512vnni" in VARIANTS
+needs_a8 = pytest.mark.skipif(not A8, reason="no AVX-512 VNNI: no int8-activation kernel")
+
+
+def _a8_reference(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """What the kernel computes, in float64: each row rounded to int8 on max|x| / 127, the
+    exact integer products, then the two scales."""
+    x = x.double().reshape(-1, x.shape[-1])
+    s = x.abs().amax(1, keepdim=True) / 127
+    xq = torch.round(x / torch.where(s > 0, s, torch.ones_like(s)))
+    return (xq @ q.double().T) * s * scale.double()
+
+
+@needs_a8
+def test_a8_equals_the_int8_rounded_rows(fresh, monkeypatch) -> None:
+    """Exact integer sums: equal to the float64 reference within float32 rounding."""
+    kernel = _load("avx512vnni", monkeypatch)
+    torch.manual_seed(7)
+    for n, k in ((10, 64), (96, 576), (7, 1536), (40, 1040)):
+        q, scale = quantize_int8(torch.randn(n, k))
+        mm = int8_kernel.linear_a8(q, scale, kernel)
+        for m in (1, 5, 12, 13, 30, 50):
+            x = torch.randn(m, k)
+            x[:, 3] *= 40
+            got, want = mm(x), _a8_reference(x, q, scale)
+            assert got.shape == (m, n) and got.dtype == torch.float32
+            assert ((got.double() - want).abs() <= 1e-6 * want.abs().max() + 1e-30).all()
+
+
+@needs_a8
+def test_a8_zero_and_non_finite_rows(fresh, monkeypatch) -> None:
+    kernel = _load("avx512vnni", monkeypatch)
+    q, scale = quantize_int8(torch.randn(20, 64))
+    mm = int8_kernel.linear_a8(q, scale, kernel)
+    x = torch.randn(5, 64)
+    x[1] = 0
+    x[2, 5] = float("nan")
+    x[3, 7] = float("inf")
+    x[4] = 1e-39
+    y = mm(x)
+    assert torch.equal(y[1], torch.zeros(20)) and torch.equal(y[4], torch.zeros(20))
+    assert y[2].isnan().all() and y[3].isnan().all()
+    assert torch.equal(y[0], mm(x[:1])[0])
+
+
+@needs_a8
+def test_a8_row_does_not_depend_on_the_other_rows_or_threads(fresh, monkeypatch) -> None:
+    """Bit for bit, as for int16 activations: what keeps tree verification lossless."""
+    kernel = _load("avx512vnni", monkeypatch)
+    torch.manual_seed(8)
+    n = torch.get_num_threads()
+    try:
+        for k in (576, 1536):
+            q, scale = quantize_int8(torch.randn(52, k))
+            mm = int8_kernel.linear_a8(q, scale, kernel)
+            x = torch.randn(60, k)
+            x[:, 9] *= 30
+            torch.set_num_threads(1)
+            alone = torch.cat([mm(x[i:i + 1]) for i in range(60)])
+            for threads in (1, 2):
+                torch.set_num_threads(threads)
+                for m in range(1, 61):
+                    assert torch.equal(mm(x[:m]), alone[:m]), (k, threads, m)
+                perm = torch.randperm(60)
+                assert torch.equal(mm(x[perm]), alone[perm])
+    finally:
+        torch.set_num_threads(n)
+
+
+def test_a8_asked_for_where_the_kernel_lacks_it_keeps_int16(fresh, monkeypatch, tmp_path) -> None:
+    """``a8`` is a request: on a CPU without VNNI (or bf16/fp32 weights) the model says so
+    (``a8`` False) and runs int16 activations."""
+    from tests.tiny_models import llama_with_heads
+
+    model_dir, _heads = llama_with_heads(tmp_path / "m", hidden=128, heads=2, kv_heads=1,
+                                         intermediate=256)
+    if VARIANTS:
+        _load(VARIANTS[-1], monkeypatch)  # avx2 or avx512 without VNNI where it exists
+    m = torch_llama.TorchLlama(model_dir, "int8", 64, a8=True)
+    assert m.a8 == (int8_kernel.a8_supported())
+    assert not torch_llama.TorchLlama(model_dir, "float32", 64, a8=True).a8

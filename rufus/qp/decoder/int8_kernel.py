@@ -18,7 +18,10 @@ other compiled caches, and loaded with ctypes (no torch headers, so a build is q
 The instruction set follows :func:`rufus.serving.machine.this_cpu`, so
 ``ATEN_CPU_CAPABILITY=avx2`` builds the AVX2 variant on a bigger CPU; AVX-512 CPUs with
 ``avx512_vnni`` get a variant whose multiply and add are one ``vpdpwssd`` (the same integer
-sums: every variant gives the same bits). Where it cannot be
+sums: every variant gives the same bits), and that variant alone also multiplies int8
+activations (:func:`linear_a8`, W8A8: ``vpdpbusd``, twice the multiply-adds per instruction;
+the planner's ``int8_activations`` uses it for the decoder layers, whose passes of many rows
+are bound by this arithmetic). Where it cannot be
 built (no compiler, no AVX2, not x86) :func:`load` returns None with the reason logged, and
 the planner's ``int8`` keeps PyTorch's op.
 """
@@ -53,6 +56,8 @@ _forward: dict[str, tuple[Callable[..., None], Callable[[int], int]]] = {}  # w8
 # w8_head_supported per variant
 _why_not: dict[str, str] = {}
 _some: dict[int, Callable[..., None]] = {}  # id(w8_linear) -> its library's w8_linear_some
+# id(w8_linear) -> its library's (w8a8_linear, w8a8_forward) where it has them (VNNI)
+_a8: dict[int, tuple[Callable[..., None], Callable[..., None]]] = {}
 
 
 def isa(flags: set[str]) -> str | None:
@@ -129,6 +134,15 @@ def load(env: Mapping[str, str] | None = None) -> tuple[Callable[..., None], int
         head_ok = lib.w8_head_supported
         head_ok.restype = ctypes.c_int
         head_ok.argtypes = [ctypes.c_int64]
+        a8_ok = lib.w8a8_supported
+        a8_ok.restype = ctypes.c_int
+        a8 = None
+        if a8_ok():
+            a8_lin, a8_fwd = lib.w8a8_linear, lib.w8a8_forward
+            a8_lin.restype = a8_fwd.restype = None
+            a8_lin.argtypes = fn.argtypes
+            a8_fwd.argtypes = fwd.argtypes
+            a8 = (a8_lin, a8_fwd)
     except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as exc:
         _why_not[key] = f"{type(exc).__name__}: {exc}"
         log.warning("int8 kernel unavailable (%s): the planner's int8 uses PyTorch's op",
@@ -137,19 +151,35 @@ def load(env: Mapping[str, str] | None = None) -> tuple[Callable[..., None], int
     _loaded[key] = (fn, width)
     _forward[key] = (fwd, head_ok)
     _some[id(fn)] = some
+    if a8 is not None:
+        _a8[id(fn)] = a8
     log.info("int8 weight-only matmul: rufus's %s kernel (%s)", variant, path)
     return _loaded[key]
 
 
-def forward_fn(head_dim: int, env: Mapping[str, str] | None = None
+def forward_fn(head_dim: int, env: Mapping[str, str] | None = None, *, a8: bool = False
                ) -> Callable[..., None] | None:
     """The loaded library's ``w8_forward`` (every decoder layer of a pass in one call; see
-    ``w8_linear.cpp``) if it takes heads of ``head_dim``, else None (also where :func:`load`
-    returns None)."""
-    if load(env) is None:
+    ``w8_linear.cpp``), or with ``a8`` its ``w8a8_forward`` (layers packed by
+    :func:`linear_a8`), if it takes heads of ``head_dim``, else None (also where
+    :func:`load` returns None, or ``a8`` where :func:`a8_supported` is False)."""
+    kernel = load(env)
+    if kernel is None:
         return None
     fwd = _forward.get(isa(machine.this_cpu(env)) or "none")
-    return fwd[0] if fwd is not None and fwd[1](head_dim) else None
+    if fwd is None or not fwd[1](head_dim):
+        return None
+    if a8:
+        pair = _a8.get(id(kernel[0]))
+        return pair[1] if pair is not None else None
+    return fwd[0]
+
+
+def a8_supported(env: Mapping[str, str] | None = None) -> bool:
+    """Whether this CPU's kernel multiplies int8 activations (W8A8: ``vpdpbusd``, AVX-512
+    VNNI), :func:`linear_a8`."""
+    kernel = load(env)
+    return kernel is not None and id(kernel[0]) in _a8
 
 
 def unavailable_reason(env: Mapping[str, str] | None = None) -> str | None:
@@ -172,11 +202,30 @@ def pack(q: torch.Tensor, width: int) -> torch.Tensor:
     return q.view(-1, nt, k // 2, 2).transpose(1, 2).contiguous()
 
 
+def pack_a8(q: torch.Tensor, width: int) -> torch.Tensor:
+    """``q [N, K]`` int8 as the int8-activation kernel reads it: offset by 128 to unsigned
+    bytes (``vpdpbusd``'s unsigned operand; the kernel subtracts 128 x the row's sum), in
+    tiles of ``2 * width`` weight rows stored by quads of k with a row's four k's adjacent
+    (``[ceil(N / 2w), K / 4, 2w, 4]``; padding rows are zero weights, 128). ``K`` is a
+    multiple of 4 (:func:`supports`)."""
+    n, k = q.shape
+    nt = 2 * width
+    pad = (-n) % nt
+    if pad:
+        q = torch.cat([q, q.new_zeros(pad, k)])
+    u = (q.to(torch.int16) + 128).to(torch.uint8)
+    return u.view(-1, nt, k // 4, 4).transpose(1, 2).contiguous()
+
+
 def supports(k: int, width: int) -> bool:
     """Whether the kernel takes input width ``k``: a multiple of its vector width (so whole
     pairs of k, and whole vectors for the activations' quantization), the widths it is tested
     with (every planner layer's is)."""
-    return k % width == 0
+    return k % width == 0 and k <= A8_MAX_K
+
+
+# K up to which the int8-activation kernel's int32 sums are exact (K * 255 * 127 < 2^31)
+A8_MAX_K = 65536
 
 
 def linear(q: torch.Tensor, scale: torch.Tensor, kernel: tuple[Callable[..., None], int]
@@ -213,4 +262,29 @@ def linear(q: torch.Tensor, scale: torch.Tensor, kernel: tuple[Callable[..., Non
     mm.keep = (packed, s)  # type: ignore[attr-defined]  # the pointers' owners
     if some_fn is not None:
         mm.some = some  # type: ignore[attr-defined]
+    return mm
+
+
+def linear_a8(q: torch.Tensor, scale: torch.Tensor, kernel: tuple[Callable[..., None], int]
+              ) -> Callable[[torch.Tensor], torch.Tensor]:
+    """As :func:`linear`, with each row of ``x`` rounded to int8 on its own scale (W8A8,
+    ``w8a8_linear``): twice the multiply-adds per instruction, for the passes of many rows.
+    Only where :func:`a8_supported`; no ``some`` (the LM head keeps :func:`linear`)."""
+    fn, width = kernel
+    a8_fn = _a8[id(fn)][0]
+    n, k = q.shape
+    packed = pack_a8(q, width)
+    s = scale.float().contiguous()
+    qp, sp = packed.data_ptr(), s.data_ptr()
+
+    def mm(x: torch.Tensor) -> torch.Tensor:
+        if x.dtype is not torch.float32 or not x.is_contiguous():
+            x = x.float().contiguous()
+        y = torch.empty(*x.shape[:-1], n, dtype=torch.float32)
+        a8_fn(x.data_ptr(), qp, sp, y.data_ptr(), x.numel() // k, n, k,
+              torch.get_num_threads())
+        return y
+
+    mm.keep = (packed, s)  # type: ignore[attr-defined]  # the pointers' owners
+    mm.a8 = True  # type: ignore[attr-defined]
     return mm

@@ -155,7 +155,7 @@ class TorchPlannerEngine:
         self._set_threads = torch.set_num_threads
         counts = range(self._cores.max_threads, 0, -1) if self._cores else [fixed or 1]
         model = TorchLlama(str(args["model"]), str(args.get("dtype", "bfloat16")), self.max_len,
-                           slots=self._max_batch)
+                           slots=self._max_batch, a8=knobs.int8_activations)
         heads = tree = None
         if tree_paths is not None and medusa_dir:
             heads = MedusaHeads(medusa_dir, model.weights, num_heads)  # int8 too

@@ -141,6 +141,15 @@ def _int8_linear(w: torch.Tensor, activations: torch.dtype = torch.bfloat16
     return _packed_linear(q.to(torch.bfloat16) * s[:, None])
 
 
+def _int8_linear_a8(w: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``x -> x @ w.T``, ``w`` int8 (:func:`quantize_int8`) and each row of ``x`` rounded to
+    int8 (:func:`int8_kernel.linear_a8`); only where :func:`int8_kernel.a8_supported`."""
+    kernel = int8_kernel.load()
+    assert kernel is not None
+    q, scale = quantize_int8(w)
+    return int8_kernel.linear_a8(q, scale, kernel)
+
+
 def _linear_for(weights: str) -> Callable[[torch.Tensor], Any]:
     """The linear-layer builder for a dtype name (weights given in any float dtype)."""
     if weights == "int8":
@@ -173,7 +182,10 @@ class TorchLlama:
     in the same pass."""
 
     def __init__(self, model_dir: str | Path, dtype: str = "bfloat16", max_len: int = 1024,
-                 slots: int = 1) -> None:
+                 slots: int = 1, a8: bool = False) -> None:
+        """``a8``: with int8 weights, the decoder layers' linears multiply
+        int8 activations (W8A8) where the kernel can (:func:`int8_kernel.a8_supported`);
+        the LM head keeps int16 activations. :attr:`a8` says whether it applies."""
         from safetensors.torch import load_file
 
         model_dir = Path(model_dir)
@@ -206,6 +218,16 @@ class TorchLlama:
             return sd[name].to(self.dtype).contiguous()
 
         linear = _linear_for(dtype)  # from the checkpoint's own precision
+        # the layers' linears: W8A8 where asked for and the kernel has it
+        kernel = int8_kernel.load() if dtype == "int8" else None
+        self.a8 = bool(a8 and kernel is not None and self.dtype == torch.float32
+                       and int8_kernel.a8_supported()
+                       and all(int8_kernel.supports(k, kernel[1])
+                               for k in (self.hidden, self.nq * self.hd, self.inter)))
+        if a8 and not self.a8:
+            log.info("int8_activations: not on this CPU or dtype (%s; needs int8 weights and "
+                     "AVX-512 VNNI): the layers keep int16 activations", dtype)
+        layer_linear = _int8_linear_a8 if self.a8 else linear
         self.embed = w("model.embed_tokens.weight")
         self.lm_head = linear(sd.get("lm_head.weight", self.embed))  # tied: the embedding
         self.norm = w("model.norm.weight")
@@ -215,13 +237,13 @@ class TorchLlama:
             self.layers.append({
                 "ln1": w(p + "input_layernorm.weight"),
                 "ln2": w(p + "post_attention_layernorm.weight"),
-                "qkv": linear(torch.cat([sd[p + "self_attn.q_proj.weight"],
+                "qkv": layer_linear(torch.cat([sd[p + "self_attn.q_proj.weight"],
                                          sd[p + "self_attn.k_proj.weight"],
                                          sd[p + "self_attn.v_proj.weight"]])),
-                "o": linear(sd[p + "self_attn.o_proj.weight"]),
-                "gate_up": linear(torch.cat([sd[p + "mlp.gate_proj.weight"],
+                "o": layer_linear(sd[p + "self_attn.o_proj.weight"]),
+                "gate_up": layer_linear(torch.cat([sd[p + "mlp.gate_proj.weight"],
                                              sd[p + "mlp.up_proj.weight"]])),
-                "down": linear(sd[p + "mlp.down_proj.weight"]),
+                "down": layer_linear(sd[p + "mlp.down_proj.weight"]),
             })
         inv = 1.0 / (theta ** (torch.arange(0, self.hd, 2, dtype=torch.float32) / self.hd))
         freqs = torch.outer(torch.arange(max_len, dtype=torch.float32), inv)
@@ -364,7 +386,7 @@ class _FusedStack:
         if model.dtype != torch.float32 or not env_int("RUFUS_QP_FUSED", 1, minimum=0,
                                                        maximum=1):
             return None
-        kernel, fn = int8_kernel.load(), int8_kernel.forward_fn(model.hd)
+        kernel, fn = int8_kernel.load(), int8_kernel.forward_fn(model.hd, a8=model.a8)
         if kernel is None or fn is None or model.nq % model.nkv:
             return None
         if not all(int8_kernel.supports(v, kernel[1]) for v in (model.hidden, model.inter)):
@@ -377,7 +399,8 @@ class _FusedStack:
                     return None
                 ptrs += [packed[0].data_ptr(), packed[1].data_ptr()]
             ptrs += [lw["ln1"].data_ptr(), lw["ln2"].data_ptr()]
-        log.info("planner passes: every layer in one call of the int8 kernel")
+        log.info("planner passes: every layer in one call of the int8 kernel (%s "
+                 "activations)", "int8" if model.a8 else "int16")
         return cls(fn, model, ptrs)
 
     def __call__(self, x: torch.Tensor, pos: torch.Tensor, segs: list[Segment],

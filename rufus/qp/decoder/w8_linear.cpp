@@ -27,6 +27,10 @@
 // with -mavx512vnni the multiply and the add are one vpdpwssd, the same integer sums).
 // Parallel over weight tiles with OpenMP; linked against the libgomp torch has loaded,
 // so it shares torch's thread pool.
+//
+// The AVX-512 VNNI build also has int8 activations (w8a8_linear, w8a8_forward; below
+// linear()): rows rounded to int8, vpdpbusd on weights packed by quads of k, for the
+// planner's passes of many rows. The same rule: a row's result depends on that row alone.
 #include <immintrin.h>
 #include <stdint.h>
 #include <math.h>
@@ -247,6 +251,144 @@ static void linear(const float* x, const int8_t* qp, const float* s, float* y, i
 
 
 // ---------------------------------------------------------------------------------------
+// int8 activations (W8A8), AVX-512 VNNI only: vpdpbusd multiplies 4 pairs of bytes per
+// 32-bit lane, 64 multiply-adds per instruction, twice vpdpwssd's; a pass of many rows (the
+// planner's batched passes) is bound by this arithmetic. Each activation row is quantized to
+// int8 (symmetric, its own scale max|x| / 127, round to nearest); the weights are stored
+// offset by 128 as unsigned bytes (vpdpbusd's unsigned operand), so a lane sums
+// (q[n][k] + 128) * x[k] and the row's 128 * sum(x) is subtracted after: the int32 sum over
+// all of K is exact (|sum| <= K * 255 * 127 < 2^31 for K <= 65536), so, as above, a row's
+// result depends only on that row. Packed by int8_kernel.pack_a8() in tiles of NT weight
+// rows, k-quad-major ([N/NT][K/4][NT][4]): one 4 * NT-byte quad per 4 k's, two loads.
+#if defined(__AVX512VNNI__) && defined(__AVX512F__)
+#define HAVE_A8 1
+
+// One activation row to int8: q = round(x / scale), scale = max|x| / 127 (returned); qsum:
+// the sum of q. Zero and non-finite rows as quantize_row.
+static inline float quantize_row8(const float* x, int8_t* q, int32_t* qsum, int64_t K) {
+  vf m = zero_(), bad = zero_();
+  for (int64_t i = 0; i < K; i += VW) {
+    const vf v = ld_x(x + i);
+    m = max_(m, abs_(v));
+    bad = add_(bad, mul_(v, zero_()));
+  }
+  const float amax = _mm512_reduce_max_ps(m);
+  const bool finite = hsum(bad) == 0.0f;
+  *qsum = 0;
+  if (!finite || amax < 1e-30f) {
+    memset(q, 0, K);
+    return finite ? 0.0f : NAN;
+  }
+  const vf inv = set1_(127.0f / amax);
+  vi sum = izero_();
+  for (int64_t i = 0; i < K; i += VW) {
+    const vi v = _mm512_cvtps_epi32(_mm512_roundscale_ps(
+        mul_(ld_x(x + i), inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    sum = _mm512_add_epi32(sum, v);
+    _mm_storeu_si128((__m128i*)(q + i), _mm512_cvtsepi32_epi8(v));
+  }
+  *qsum = _mm512_reduce_add_epi32(sum);
+  return amax / 127.0f;
+}
+
+template <int MB>
+static inline void tile8(const int8_t* xq, const int32_t* xsum, const float* xs, int64_t K,
+                         const uint8_t* qt, const float* s, float* y, int64_t N, int64_t n0) {
+  vi acc[MB][2];
+#pragma GCC unroll 16
+  for (int i = 0; i < MB; i++) acc[i][0] = acc[i][1] = izero_();
+  for (int64_t k = 0; k < K; k += 4) {
+    const uint8_t* p = qt + k * NT;  // this k-quad's 4 * NT weights: two cache lines
+    _mm_prefetch((const char*)(p + PREFETCH), _MM_HINT_T0);
+    _mm_prefetch((const char*)(p + PREFETCH + 64), _MM_HINT_T0);
+    const vi w0 = _mm512_loadu_si512((const void*)p);
+    const vi w1 = _mm512_loadu_si512((const void*)(p + 4 * VW));
+#pragma GCC unroll 16
+    for (int i = 0; i < MB; i++) {
+      int32_t quad;
+      memcpy(&quad, xq + i * K + k, sizeof quad);
+      const vi xb = set1_i(quad);
+      acc[i][0] = _mm512_dpbusd_epi32(acc[i][0], w0, xb);
+      acc[i][1] = _mm512_dpbusd_epi32(acc[i][1], w1, xb);
+      asm("" : "+v"(acc[i][0]), "+v"(acc[i][1]));
+    }
+  }
+  // (every loop over the rows fully unrolled: an indexed accumulator would live in memory)
+  const vf s0 = ld_x(s + n0), s1 = ld_x(s + n0 + VW);
+  vf out[MB][2];
+#pragma GCC unroll 16
+  for (int i = 0; i < MB; i++) {
+    const vi c = set1_i(128 * xsum[i]);
+    const vf rs = set1_(xs[i]);
+    out[i][0] = mul_(cvt_(_mm512_sub_epi32(acc[i][0], c)), mul_(s0, rs));
+    out[i][1] = mul_(cvt_(_mm512_sub_epi32(acc[i][1], c)), mul_(s1, rs));
+  }
+  if (N - n0 >= NT) {
+#pragma GCC unroll 16
+    for (int i = 0; i < MB; i++) {
+      st_x(y + i * N + n0, out[i][0]);
+      st_x(y + i * N + n0 + VW, out[i][1]);
+    }
+    return;
+  }
+  float r[NT];  // the last tile: padding columns are computed and not stored
+#pragma GCC unroll 16
+  for (int i = 0; i < MB; i++) {
+    st_x(r, out[i][0]);
+    st_x(r + VW, out[i][1]);
+    for (int64_t j = 0; j < N - n0; j++) y[i * N + n0 + j] = r[j];
+  }
+}
+
+template <int MB>
+static inline void tail8(int64_t r, const int8_t* xq, const int32_t* xsum, const float* xs,
+                         int64_t K, const uint8_t* qt, const float* s, float* y, int64_t N,
+                         int64_t n0) {
+  if constexpr (MB > 0) {
+    if (r == MB) tile8<MB>(xq, xsum, xs, K, qt, s, y, N, n0);
+    else tail8<MB - 1>(r, xq, xsum, xs, K, qt, s, y, N, n0);
+  }
+}
+
+// As linear(), int8 activations: xq [M, K] int8, xsum [M], xs [M] scratch.
+static void linear8(const float* x, const uint8_t* qp, const float* s, float* y, int64_t M,
+                    int64_t N, int64_t K, int threads, int8_t* xq, int32_t* xsum, float* xs) {
+  const int64_t tiles = (N + NT - 1) / NT;
+#pragma omp parallel num_threads(threads)
+  {
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < M; r++) xs[r] = quantize_row8(x + r * K, xq + r * K, xsum + r, K);
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < tiles; t++) {
+      const uint8_t* qt = qp + t * NT * K;
+      int64_t m = 0;
+      for (; m + MB_MAX <= M; m += MB_MAX)
+        tile8<MB_MAX>(xq + m * K, xsum + m, xs + m, K, qt, s, y + m * N, N, t * NT);
+      tail8<MB_MAX - 1>(M - m, xq + m * K, xsum + m, xs + m, K, qt, s, y + m * N, N, t * NT);
+    }
+  }
+}
+#else
+#define HAVE_A8 0
+#endif
+
+// One linear layer of the fused stack: int16 activations (linear) or, with A8, int8
+// (linear8; the weights packed for it).
+template <bool A8>
+static inline void layer_linear(const float* x, const void* qp, const float* s, float* y,
+                                int64_t M, int64_t N, int64_t K, int threads, int16_t* xq,
+                                int32_t* xsum, float* xs) {
+#if HAVE_A8
+  if constexpr (A8) {
+    linear8(x, (const uint8_t*)qp, s, y, M, N, K, threads, (int8_t*)xq, xsum, xs);
+    return;
+  }
+#endif
+  (void)xsum;
+  linear(x, (const int8_t*)qp, s, y, M, N, K, threads, xq, xs);
+}
+
+// ---------------------------------------------------------------------------------------
 // The whole decoder stack of one forward pass in one call (w8_forward below): at the
 // planner's few rows per pass, PyTorch's ~50 small ops per layer cost as much as the
 // weights' bytes. Same rule as above: every row's result depends only on that row's tokens
@@ -354,6 +496,94 @@ static void attend(const float* q, const float* kc, const float* vc, int64_t end
   else attend_row<16>(q, kc, vc, end, mrow, scale, out, sc, idx);
 }
 
+// Every decoder layer of a pass (w8_forward's contract, below); A8: int8 activations.
+template <bool A8>
+static void forward(float* x, int64_t M, int64_t L, const int64_t* dims, float eps,
+                    const void* const* w, float* cache, const int64_t* spans,
+                    const uint8_t* const* masks, int64_t nspans, const int64_t* pos,
+                    const float* cs, const float* sn, int threads) {
+  const Dims d{dims[0], dims[1], dims[2], dims[3], dims[4], dims[5]};
+  const int64_t Q = d.nq * d.hd, KV = d.nkv * d.hd, QKV = Q + 2 * KV, g = d.nq / d.nkv;
+  const float scale = 1.0f / sqrtf((float)d.hd);
+  int64_t max_end = 0;
+  for (int64_t s = 0; s < nspans; s++)
+    max_end = spans[5 * s + 4] > max_end ? spans[5 * s + 4] : max_end;
+  // h: norm outputs, o's output, silu(gate) * up; att: attention, down's output
+  std::vector<float> h(M * (d.H > d.I ? d.H : d.I)), qkv(M * QKV), att(M * (Q > d.H ? Q : d.H));
+  std::vector<float> gu(M * 2 * d.I);
+  // the quantized rows of each linear's input (K is H, Q or I)
+  const int64_t kmax = d.H > Q ? (d.H > d.I ? d.H : d.I) : (Q > d.I ? Q : d.I);
+  std::vector<int16_t> xq(M * kmax);
+  std::vector<int32_t> xsum(M);
+  std::vector<float> xs(M);
+  // attention scratch, one slice per thread, allocated once per pass (not per layer)
+  const int64_t sc_n = (max_end + VW - 1) / VW * VW, idx_n = max_end;
+  std::vector<float> sc_all(threads * sc_n);
+  std::vector<int32_t> idx_all(threads * idx_n);
+  for (int64_t l = 0; l < L; l++) {
+    const void* const* lw = w + 10 * l;
+    float* kc = cache + (l * 2) * d.nkv * d.S * d.hd;
+    float* vc = kc + d.nkv * d.S * d.hd;
+#pragma omp parallel for num_threads(threads) if (M >= 8) schedule(static)
+    for (int64_t r = 0; r < M; r++)
+      rms_row(x + r * d.H, (const float*)lw[8], h.data() + r * d.H, d.H, eps);
+    layer_linear<A8>(h.data(), lw[0], (const float*)lw[1], qkv.data(), M, QKV, d.H, threads,
+           xq.data(), xsum.data(), xs.data());
+    for (int64_t s = 0; s < nspans; s++) {  // rotary, then this pass's K/V into the cache
+      const int64_t r0 = spans[5 * s], n = spans[5 * s + 1], base = spans[5 * s + 2];
+      const int64_t start = spans[5 * s + 3];
+      for (int64_t r = r0; r < r0 + n; r++) {
+        float* row = qkv.data() + r * QKV;
+        const float* c = cs + pos[r] * d.hd;
+        const float* si = sn + pos[r] * d.hd;
+        for (int64_t hh = 0; hh < d.nq + d.nkv; hh++) rope(row + hh * d.hd, c, si, d.hd);
+        for (int64_t kh = 0; kh < d.nkv; kh++) {
+          const int64_t slot = (kh * d.S + base + start + (r - r0)) * d.hd;
+          memcpy(kc + slot, row + Q + kh * d.hd, d.hd * sizeof(float));
+          memcpy(vc + slot, row + Q + KV + kh * d.hd, d.hd * sizeof(float));
+        }
+      }
+    }
+#pragma omp parallel num_threads(threads)
+    {
+      float* sc = sc_all.data() + omp_get_thread_num() * sc_n;
+      int32_t* idx = idx_all.data() + omp_get_thread_num() * idx_n;
+#pragma omp for schedule(static)
+      for (int64_t t = 0; t < M * d.nq; t++) {
+        const int64_t r = t / d.nq, hh = t % d.nq, kh = hh / g;
+        int64_t s = 0;
+        while (r >= spans[5 * s] + spans[5 * s + 1]) s++;
+        const int64_t r0 = spans[5 * s], base = spans[5 * s + 2], end = spans[5 * s + 4];
+        const uint8_t* mrow = masks[s] == nullptr ? nullptr : masks[s] + (r - r0) * end;
+        attend(qkv.data() + r * QKV + hh * d.hd, kc + (kh * d.S + base) * d.hd,
+               vc + (kh * d.S + base) * d.hd, end, mrow, d.hd, scale,
+               att.data() + r * Q + hh * d.hd, sc, idx);
+      }
+    }
+    layer_linear<A8>(att.data(), lw[2], (const float*)lw[3], h.data(), M, d.H, Q, threads,
+           xq.data(), xsum.data(), xs.data());
+    for (int64_t i = 0; i < M * d.H; i++) x[i] += h[i];
+#pragma omp parallel for num_threads(threads) if (M >= 8) schedule(static)
+    for (int64_t r = 0; r < M; r++)
+      rms_row(x + r * d.H, (const float*)lw[9], h.data() + r * d.H, d.H, eps);
+    layer_linear<A8>(h.data(), lw[4], (const float*)lw[5], gu.data(), M, 2 * d.I, d.H,
+           threads, xq.data(), xsum.data(), xs.data());
+#pragma omp parallel for num_threads(threads) if (M >= 8) schedule(static)
+    for (int64_t r = 0; r < M; r++) {  // silu(gate) * up, into h
+      const float* gr = gu.data() + r * 2 * d.I;
+      float* o = h.data() + r * d.I;
+      for (int64_t i = 0; i < d.I; i += VW) {
+        const vf gv = ld_x(gr + i);
+        const vf sig = div_(set1_(1.0f), add_(set1_(1.0f), exp_(sub_(zero_(), gv))));
+        st_x(o + i, mul_(mul_(gv, sig), ld_x(gr + d.I + i)));
+      }
+    }
+    layer_linear<A8>(h.data(), lw[6], (const float*)lw[7], att.data(), M, d.H, d.I, threads,
+           xq.data(), xsum.data(), xs.data());
+    for (int64_t i = 0; i < M * d.H; i++) x[i] += att[i];
+  }
+}
+
 extern "C" {
 
 // Vector width the packing must use (8 floats for AVX2, 16 for AVX-512).
@@ -415,85 +645,39 @@ void w8_forward(float* x, int64_t M, int64_t L, const int64_t* dims, float eps,
                 const void* const* w, float* cache, const int64_t* spans,
                 const uint8_t* const* masks, int64_t nspans, const int64_t* pos,
                 const float* cs, const float* sn, int threads) {
-  const Dims d{dims[0], dims[1], dims[2], dims[3], dims[4], dims[5]};
-  const int64_t Q = d.nq * d.hd, KV = d.nkv * d.hd, QKV = Q + 2 * KV, g = d.nq / d.nkv;
-  const float scale = 1.0f / sqrtf((float)d.hd);
-  int64_t max_end = 0;
-  for (int64_t s = 0; s < nspans; s++)
-    max_end = spans[5 * s + 4] > max_end ? spans[5 * s + 4] : max_end;
-  // h: norm outputs, o's output, silu(gate) * up; att: attention, down's output
-  std::vector<float> h(M * (d.H > d.I ? d.H : d.I)), qkv(M * QKV), att(M * (Q > d.H ? Q : d.H));
-  std::vector<float> gu(M * 2 * d.I);
-  // the quantized rows of each linear's input (K is H, Q or I)
-  const int64_t kmax = d.H > Q ? (d.H > d.I ? d.H : d.I) : (Q > d.I ? Q : d.I);
-  std::vector<int16_t> xq(M * kmax);
+  forward<false>(x, M, L, dims, eps, w, cache, spans, masks, nspans, pos, cs, sn, threads);
+}
+
+// Whether this build has the int8-activation path (AVX-512 VNNI): w8a8_linear and
+// w8a8_forward may be called only where it returns 1.
+int w8a8_supported(void) { return HAVE_A8; }
+
+// w8_linear with int8 activations; qp packed by int8_kernel.pack_a8().
+void w8a8_linear(const float* x, const uint8_t* qp, const float* s, float* y, int64_t M,
+                 int64_t N, int64_t K, int threads) {
+#if HAVE_A8
+  std::vector<int8_t> xq(M * K);
+  std::vector<int32_t> xsum(M);
   std::vector<float> xs(M);
-  // attention scratch, one slice per thread, allocated once per pass (not per layer)
-  const int64_t sc_n = (max_end + VW - 1) / VW * VW, idx_n = max_end;
-  std::vector<float> sc_all(threads * sc_n);
-  std::vector<int32_t> idx_all(threads * idx_n);
-  for (int64_t l = 0; l < L; l++) {
-    const void* const* lw = w + 10 * l;
-    float* kc = cache + (l * 2) * d.nkv * d.S * d.hd;
-    float* vc = kc + d.nkv * d.S * d.hd;
-#pragma omp parallel for num_threads(threads) if (M >= 8) schedule(static)
-    for (int64_t r = 0; r < M; r++)
-      rms_row(x + r * d.H, (const float*)lw[8], h.data() + r * d.H, d.H, eps);
-    linear(h.data(), (const int8_t*)lw[0], (const float*)lw[1], qkv.data(), M, QKV, d.H, threads,
-           xq.data(), xs.data());
-    for (int64_t s = 0; s < nspans; s++) {  // rotary, then this pass's K/V into the cache
-      const int64_t r0 = spans[5 * s], n = spans[5 * s + 1], base = spans[5 * s + 2];
-      const int64_t start = spans[5 * s + 3];
-      for (int64_t r = r0; r < r0 + n; r++) {
-        float* row = qkv.data() + r * QKV;
-        const float* c = cs + pos[r] * d.hd;
-        const float* si = sn + pos[r] * d.hd;
-        for (int64_t hh = 0; hh < d.nq + d.nkv; hh++) rope(row + hh * d.hd, c, si, d.hd);
-        for (int64_t kh = 0; kh < d.nkv; kh++) {
-          const int64_t slot = (kh * d.S + base + start + (r - r0)) * d.hd;
-          memcpy(kc + slot, row + Q + kh * d.hd, d.hd * sizeof(float));
-          memcpy(vc + slot, row + Q + KV + kh * d.hd, d.hd * sizeof(float));
-        }
-      }
-    }
-#pragma omp parallel num_threads(threads)
-    {
-      float* sc = sc_all.data() + omp_get_thread_num() * sc_n;
-      int32_t* idx = idx_all.data() + omp_get_thread_num() * idx_n;
-#pragma omp for schedule(static)
-      for (int64_t t = 0; t < M * d.nq; t++) {
-        const int64_t r = t / d.nq, hh = t % d.nq, kh = hh / g;
-        int64_t s = 0;
-        while (r >= spans[5 * s] + spans[5 * s + 1]) s++;
-        const int64_t r0 = spans[5 * s], base = spans[5 * s + 2], end = spans[5 * s + 4];
-        const uint8_t* mrow = masks[s] == nullptr ? nullptr : masks[s] + (r - r0) * end;
-        attend(qkv.data() + r * QKV + hh * d.hd, kc + (kh * d.S + base) * d.hd,
-               vc + (kh * d.S + base) * d.hd, end, mrow, d.hd, scale,
-               att.data() + r * Q + hh * d.hd, sc, idx);
-      }
-    }
-    linear(att.data(), (const int8_t*)lw[2], (const float*)lw[3], h.data(), M, d.H, Q, threads,
-           xq.data(), xs.data());
-    for (int64_t i = 0; i < M * d.H; i++) x[i] += h[i];
-#pragma omp parallel for num_threads(threads) if (M >= 8) schedule(static)
-    for (int64_t r = 0; r < M; r++)
-      rms_row(x + r * d.H, (const float*)lw[9], h.data() + r * d.H, d.H, eps);
-    linear(h.data(), (const int8_t*)lw[4], (const float*)lw[5], gu.data(), M, 2 * d.I, d.H,
-           threads, xq.data(), xs.data());
-#pragma omp parallel for num_threads(threads) if (M >= 8) schedule(static)
-    for (int64_t r = 0; r < M; r++) {  // silu(gate) * up, into h
-      const float* gr = gu.data() + r * 2 * d.I;
-      float* o = h.data() + r * d.I;
-      for (int64_t i = 0; i < d.I; i += VW) {
-        const vf gv = ld_x(gr + i);
-        const vf sig = div_(set1_(1.0f), add_(set1_(1.0f), exp_(sub_(zero_(), gv))));
-        st_x(o + i, mul_(mul_(gv, sig), ld_x(gr + d.I + i)));
-      }
-    }
-    linear(h.data(), (const int8_t*)lw[6], (const float*)lw[7], att.data(), M, d.H, d.I, threads,
-           xq.data(), xs.data());
-    for (int64_t i = 0; i < M * d.H; i++) x[i] += att[i];
-  }
+  linear8(x, qp, s, y, M, N, K, threads, xq.data(), xsum.data(), xs.data());
+#else
+  (void)x; (void)qp; (void)s; (void)y; (void)M; (void)N; (void)K; (void)threads;
+  abort();
+#endif
+}
+
+// w8_forward with int8 activations in the four linear layers (weights packed by pack_a8).
+void w8a8_forward(float* x, int64_t M, int64_t L, const int64_t* dims, float eps,
+                  const void* const* w, float* cache, const int64_t* spans,
+                  const uint8_t* const* masks, int64_t nspans, const int64_t* pos,
+                  const float* cs, const float* sn, int threads) {
+#if HAVE_A8
+  forward<true>(x, M, L, dims, eps, w, cache, spans, masks, nspans, pos, cs, sn, threads);
+#else
+  (void)x; (void)M; (void)L; (void)dims; (void)eps; (void)w; (void)cache; (void)spans;
+  (void)masks; (void)nspans; (void)pos; (void)cs; (void)sn; (void)threads;
+  abort();
+#endif
 }
 
 
