@@ -126,6 +126,14 @@ class EngineConfig:
         return int(self.engine_args.get("nnodes", 1))
 
 
+def lora_enabled(model_dir: Path, engine_args: Mapping[str, Any]) -> bool:
+    """Whether the model in ``model_dir`` (its version directory) serves LoRA adapters: its
+    ``multi_lora.json`` exists or model.json sets ``enable_lora`` (the official backend's
+    rule; rufus/serving/llm.py ``load_loras`` reads the adapters)."""
+    return (model_dir / MULTI_LORA_FILE).exists() or \
+        str(engine_args.get("enable_lora", "")).lower() == "true"
+
+
 def load_engine_config(
     path: str | Path,
     model_name: str = "",
@@ -161,7 +169,6 @@ def load_engine_config(
             "with `make model` or set RUFUS_MODEL_DIR / the 'model' key"
         )
     args = precision.resolve(args, workload, env)  # the dtype, measured on the source weights
-    lora = (path.parent / MULTI_LORA_FILE).exists() or \
-        str(args.get("enable_lora", "")).lower() == "true"
-    args = precision.resolve_quantization(args, workload, env, lora=lora)
+    args = precision.resolve_quantization(args, workload, env,
+                                          lora=lora_enabled(path.parent, args))
     return EngineConfig(engine_args=args, source=str(path), overrides=overrides)

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from rufus.errors import InvalidInput
-from rufus.serving.config import MULTI_LORA_FILE
+from rufus.serving.config import MULTI_LORA_FILE, lora_enabled
 from rufus.serving.generation import run_generate
 from rufus.serving.model_settings import LLMSettings
 from rufus.serving.request import GenerateRequest, finish_logprobs
@@ -132,13 +132,12 @@ def parse_generate_request(
 
 def load_loras(model_dir: Path, engine_args: dict[str, Any]) -> dict[str, str] | None:
     """Adapter name -> local path from ``multi_lora.json``; None when LoRA is off."""
-    path = model_dir / MULTI_LORA_FILE
-    wanted = str(engine_args.get("enable_lora", "")).lower() == "true"
-    if not path.exists():
-        if wanted:
-            raise FileNotFoundError(f"enable_lora is set in model.json but {path} is missing "
-                                    "(it maps each adapter name to its local path)")
+    if not lora_enabled(model_dir, engine_args):
         return None
+    path = model_dir / MULTI_LORA_FILE
+    if not path.exists():
+        raise FileNotFoundError(f"enable_lora is set in model.json but {path} is missing "
+                                "(it maps each adapter name to its local path)")
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:

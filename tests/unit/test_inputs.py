@@ -76,12 +76,16 @@ def test_auto_complete_adds_every_declared_input():
 
 
 def test_multi_lora_json_convention(tmp_path):
+    from rufus.serving.config import lora_enabled
     from rufus.serving.llm import load_loras
 
     assert load_loras(tmp_path, {}) is None
+    # one rule for "LoRA on", shared with load_engine_config's choice of weights
+    assert not lora_enabled(tmp_path, {}) and lora_enabled(tmp_path, {"enable_lora": "true"})
     with pytest.raises(FileNotFoundError, match=r"multi_lora\.json"):
         load_loras(tmp_path, {"enable_lora": "true"})
     (tmp_path / "multi_lora.json").write_text('{"a": "adapters/a", "b": "/abs/b"}')
+    assert lora_enabled(tmp_path, {})
     assert load_loras(tmp_path, {}) == {"a": str((tmp_path / "adapters/a").resolve()),
                                         "b": "/abs/b"}
     (tmp_path / "multi_lora.json").write_text('["a"]')

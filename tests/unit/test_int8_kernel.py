@@ -110,20 +110,27 @@ def test_zero_and_non_finite_rows(variant: str, fresh, monkeypatch) -> None:
     assert torch.equal(y[0], mm(x[:1])[0])  # nor does a bad row touch the others
 
 
+# (variant, int8 activations): every build with int16 ones, the VNNI build with int8 ones too
+_ROW_CASES = [(v, False) for v in VARIANTS] + [
+    ("avx512vnni", True)] * ("avx512vnni" in VARIANTS)
+
+
 @pytest.mark.skipif(not VARIANTS, reason="no AVX2/AVX-512 on this CPU: the kernel is not built")
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_a_row_does_not_depend_on_the_other_rows_or_threads(variant: str, fresh,
+@pytest.mark.parametrize(("variant", "a8"), _ROW_CASES)
+def test_a_row_does_not_depend_on_the_other_rows_or_threads(variant: str, a8: bool, fresh,
                                                             monkeypatch) -> None:
     """Bit for bit: a tree verification pass must reproduce one-row greedy decoding. Every
     row count from 1 to 60 (a prefill's), so every blocking of the rows, on 1 and 2 threads,
-    the rows in another order too, for both input widths of the planner's layers."""
+    the rows in another order too, for both input widths of the planner's layers; int16
+    activations and, on the VNNI build, int8 ones."""
     kernel = _load(variant, monkeypatch)
     torch.manual_seed(1)
     n = torch.get_num_threads()
+    make = int8_kernel.linear_a8 if a8 else int8_kernel.linear
     try:
         for k in (576, 1536):
             q, scale = quantize_int8(torch.randn(52, k))
-            mm = int8_kernel.linear(q, scale, kernel)
+            mm = make(q, scale, kernel)
             x = torch.randn(60, k)
             x[:, 9] *= 30
             torch.set_num_threads(1)
@@ -259,30 +266,6 @@ def test_a8_zero_and_non_finite_rows(fresh, monkeypatch) -> None:
     assert torch.equal(y[1], torch.zeros(20)) and torch.equal(y[4], torch.zeros(20))
     assert y[2].isnan().all() and y[3].isnan().all()
     assert torch.equal(y[0], mm(x[:1])[0])
-
-
-@needs_a8
-def test_a8_row_does_not_depend_on_the_other_rows_or_threads(fresh, monkeypatch) -> None:
-    """Bit for bit, as for int16 activations: what keeps tree verification lossless."""
-    kernel = _load("avx512vnni", monkeypatch)
-    torch.manual_seed(8)
-    n = torch.get_num_threads()
-    try:
-        for k in (576, 1536):
-            q, scale = quantize_int8(torch.randn(52, k))
-            mm = int8_kernel.linear_a8(q, scale, kernel)
-            x = torch.randn(60, k)
-            x[:, 9] *= 30
-            torch.set_num_threads(1)
-            alone = torch.cat([mm(x[i:i + 1]) for i in range(60)])
-            for threads in (1, 2):
-                torch.set_num_threads(threads)
-                for m in range(1, 61):
-                    assert torch.equal(mm(x[:m]), alone[:m]), (k, threads, m)
-                perm = torch.randperm(60)
-                assert torch.equal(mm(x[perm]), alone[perm])
-    finally:
-        torch.set_num_threads(n)
 
 
 def test_a8_asked_for_where_the_kernel_lacks_it_keeps_int16(fresh, monkeypatch, tmp_path) -> None:

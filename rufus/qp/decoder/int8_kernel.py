@@ -228,14 +228,10 @@ def supports(k: int, width: int) -> bool:
 A8_MAX_K = 65536
 
 
-def linear(q: torch.Tensor, scale: torch.Tensor, kernel: tuple[Callable[..., None], int]
-           ) -> Callable[[torch.Tensor], torch.Tensor]:
-    """``x -> x @ (q * scale[:, None]).T`` for float32 ``x [..., K]`` through the kernel
-    (each row of ``x`` rounded to int16 on its own scale, see ``w8_linear.cpp``)."""
-    fn, width = kernel
-    n, k = q.shape
-    packed = pack(q, width)
-    s = scale.float().contiguous()
+def _matmul(fn: Callable[..., None], packed: torch.Tensor, s: torch.Tensor, n: int, k: int
+            ) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``x -> y`` through the library function ``fn`` (``w8_linear`` or ``w8a8_linear``)
+    over weights ``packed`` for it and channel scales ``s``; keeps both alive."""
     qp, sp = packed.data_ptr(), s.data_ptr()
 
     def mm(x: torch.Tensor) -> torch.Tensor:
@@ -247,6 +243,20 @@ def linear(q: torch.Tensor, scale: torch.Tensor, kernel: tuple[Callable[..., Non
         fn(x.data_ptr(), qp, sp, y.data_ptr(), x.numel() // k, n, k, torch.get_num_threads())
         return y
 
+    mm.keep = (packed, s)  # type: ignore[attr-defined]  # the pointers' owners
+    return mm
+
+
+def linear(q: torch.Tensor, scale: torch.Tensor, kernel: tuple[Callable[..., None], int]
+           ) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``x -> x @ (q * scale[:, None]).T`` for float32 ``x [..., K]`` through the kernel
+    (each row of ``x`` rounded to int16 on its own scale, see ``w8_linear.cpp``)."""
+    fn, width = kernel
+    n, k = q.shape
+    packed = pack(q, width)
+    s = scale.float().contiguous()
+    mm = _matmul(fn, packed, s, n, k)
+    qp, sp = packed.data_ptr(), s.data_ptr()
     some_fn = _some.get(id(fn))
 
     def some(x: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
@@ -259,7 +269,6 @@ def linear(q: torch.Tensor, scale: torch.Tensor, kernel: tuple[Callable[..., Non
                 rows.numel(), y.data_ptr())
         return y
 
-    mm.keep = (packed, s)  # type: ignore[attr-defined]  # the pointers' owners
     if some_fn is not None:
         mm.some = some  # type: ignore[attr-defined]
     return mm
@@ -271,20 +280,7 @@ def linear_a8(q: torch.Tensor, scale: torch.Tensor, kernel: tuple[Callable[..., 
     ``w8a8_linear``): twice the multiply-adds per instruction, for the passes of many rows.
     Only where :func:`a8_supported`; no ``some`` (the LM head keeps :func:`linear`)."""
     fn, width = kernel
-    a8_fn = _a8[id(fn)][0]
     n, k = q.shape
-    packed = pack_a8(q, width)
-    s = scale.float().contiguous()
-    qp, sp = packed.data_ptr(), s.data_ptr()
-
-    def mm(x: torch.Tensor) -> torch.Tensor:
-        if x.dtype is not torch.float32 or not x.is_contiguous():
-            x = x.float().contiguous()
-        y = torch.empty(*x.shape[:-1], n, dtype=torch.float32)
-        a8_fn(x.data_ptr(), qp, sp, y.data_ptr(), x.numel() // k, n, k,
-              torch.get_num_threads())
-        return y
-
-    mm.keep = (packed, s)  # type: ignore[attr-defined]  # the pointers' owners
+    mm = _matmul(_a8[id(fn)][0], pack_a8(q, width), scale.float().contiguous(), n, k)
     mm.a8 = True  # type: ignore[attr-defined]
     return mm
