@@ -225,8 +225,10 @@ class TorchLlama:
                        and all(int8_kernel.supports(k, kernel[1])
                                for k in (self.hidden, self.nq * self.hd, self.inter)))
         if a8 and not self.a8:
-            log.info("int8_activations: not on this CPU or dtype (%s; needs int8 weights and "
-                     "AVX-512 VNNI): the layers keep int16 activations", dtype)
+            log.info("int8_activations asked for, not applied: it needs int8 weights (here "
+                     "%s) and the int8 kernel's AVX-512 VNNI build (here %s); the layers keep "
+                     "int16 activations", dtype, "loaded" if kernel is not None and
+                     int8_kernel.a8_supported() else "not this CPU's")
         layer_linear = _int8_linear_a8 if self.a8 else linear
         self.embed = w("model.embed_tokens.weight")
         self.lm_head = linear(sd.get("lm_head.weight", self.embed))  # tied: the embedding
