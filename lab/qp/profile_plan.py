@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None, doc: str = __doc__) -> None:
     ap.add_argument("--json")
     a = ap.parse_args(argv)
 
-    from lab.qp.evaluate import speed_planners
+    from lab.qp.evaluate import int8_activations, speed_planners
     from rufus.qp.backends import served_tree
     from rufus.qp.build import medusa_dir, qp_model_dir
     from rufus.qp.plan import load_eval
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None, doc: str = __doc__) -> None:
         {k: int(mj.get(k, 0))
          for k in ("grammar_drafts", "lookup_drafts", "history_drafts")},
         kinds=("plain", "served"),
-        a8=bool(mj.get("int8_activations")) and not a.int16_activations)
+        a8=int8_activations(a, mj))
     logs: dict[str, dict[str, list[tuple[int, float]]]] = {}
     for name, p in planners.items():
         p.plan("warm up")

@@ -217,11 +217,11 @@ def pack_a8(q: torch.Tensor, width: int) -> torch.Tensor:
     return u.view(-1, nt, k // 4, 4).transpose(1, 2).contiguous()
 
 
-def supports(k: int, width: int) -> bool:
+def supports(k: int, width: int, a8: bool = False) -> bool:
     """Whether the kernel takes input width ``k``: a multiple of its vector width (so whole
     pairs of k, and whole vectors for the activations' quantization), the widths it is tested
-    with (every planner layer's is)."""
-    return k % width == 0 and k <= A8_MAX_K
+    with (every planner layer's is); with ``a8`` also at most :data:`A8_MAX_K`."""
+    return k % width == 0 and (not a8 or k <= A8_MAX_K)
 
 
 # K up to which the int8-activation kernel's int32 sums are exact (K * 255 * 127 < 2^31)
@@ -281,6 +281,4 @@ def linear_a8(q: torch.Tensor, scale: torch.Tensor, kernel: tuple[Callable[..., 
     Only where :func:`a8_supported`; no ``some`` (the LM head keeps :func:`linear`)."""
     fn, width = kernel
     n, k = q.shape
-    mm = _matmul(_a8[id(fn)][0], pack_a8(q, width), scale.float().contiguous(), n, k)
-    mm.a8 = True  # type: ignore[attr-defined]
-    return mm
+    return _matmul(_a8[id(fn)][0], pack_a8(q, width), scale.float().contiguous(), n, k)

@@ -220,15 +220,14 @@ class TorchLlama:
         linear = _linear_for(dtype)  # from the checkpoint's own precision
         # the layers' linears: W8A8 where asked for and the kernel has it
         kernel = int8_kernel.load() if dtype == "int8" else None
-        self.a8 = bool(a8 and kernel is not None and self.dtype == torch.float32
-                       and int8_kernel.a8_supported()
-                       and all(int8_kernel.supports(k, kernel[1])
+        vnni = kernel is not None and int8_kernel.a8_supported()
+        self.a8 = bool(a8 and vnni and kernel is not None and self.dtype == torch.float32
+                       and all(int8_kernel.supports(k, kernel[1], a8=True)
                                for k in (self.hidden, self.nq * self.hd, self.inter)))
         if a8 and not self.a8:
             log.info("int8_activations asked for, not applied: it needs int8 weights (here "
                      "%s) and the int8 kernel's AVX-512 VNNI build (here %s); the layers keep "
-                     "int16 activations", dtype, "loaded" if kernel is not None and
-                     int8_kernel.a8_supported() else "not this CPU's")
+                     "int16 activations", dtype, "loaded" if vnni else "not this CPU's")
         layer_linear = _int8_linear_a8 if self.a8 else linear
         self.embed = w("model.embed_tokens.weight")
         self.lm_head = linear(sd.get("lm_head.weight", self.embed))  # tied: the embedding
@@ -240,11 +239,11 @@ class TorchLlama:
                 "ln1": w(p + "input_layernorm.weight"),
                 "ln2": w(p + "post_attention_layernorm.weight"),
                 "qkv": layer_linear(torch.cat([sd[p + "self_attn.q_proj.weight"],
-                                         sd[p + "self_attn.k_proj.weight"],
-                                         sd[p + "self_attn.v_proj.weight"]])),
+                                               sd[p + "self_attn.k_proj.weight"],
+                                               sd[p + "self_attn.v_proj.weight"]])),
                 "o": layer_linear(sd[p + "self_attn.o_proj.weight"]),
                 "gate_up": layer_linear(torch.cat([sd[p + "mlp.gate_proj.weight"],
-                                             sd[p + "mlp.up_proj.weight"]])),
+                                                   sd[p + "mlp.up_proj.weight"]])),
                 "down": layer_linear(sd[p + "mlp.down_proj.weight"]),
             })
         inv = 1.0 / (theta ** (torch.arange(0, self.hd, 2, dtype=torch.float32) / self.hd))
