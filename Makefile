@@ -30,19 +30,22 @@ SUITES_XDIST ?=
 # mostly waits on Docker. Its log: build/image-beside-unit.log. Where it fails (no Docker and
 # not root, say), the container suite builds or skips as before. IMAGE_BESIDE_UNIT=0: no.
 IMAGE_BESIDE_UNIT ?= 1
+# The test image's build-time warm-up (scripts/image.sh): "auto" skips starting the models
+# where the rig's compile-cache volumes (kept between runs) would hide what it builds.
+TEST_PREBUILD ?= auto
 
 test: setup check-deploy  ## lint + deploy checks + unit + integration tests
 	$(PY) -m ruff check .
 	@rm -f build/image-beside-unit.rc; \
 	if [ "$(IMAGE_BESIDE_UNIT)" = 1 ] && { command -v docker >/dev/null || [ "$$(id -u)" = 0 ]; }; then \
 	  mkdir -p build; echo "[test] building the image beside the unit tests (log: build/image-beside-unit.log)"; \
-	  ( bash scripts/image.sh > build/image-beside-unit.log 2>&1; echo $$? > build/image-beside-unit.rc ) & \
+	  ( RUFUS_PREBUILD=$(TEST_PREBUILD) bash scripts/image.sh > build/image-beside-unit.log 2>&1; echo $$? > build/image-beside-unit.rc ) & \
 	fi; \
 	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) --durations=20 tests/unit; rc=$$?; wait; \
 	if [ -f build/image-beside-unit.rc ]; then \
 	  echo "[test] image build beside the unit tests: exit $$(cat build/image-beside-unit.rc); $$(tail -n 1 build/image-beside-unit.log)"; fi; \
 	exit $$rc
-	$(PY) -m pytest -q -p no:cacheprovider $(SUITES_XDIST) --durations=60 tests/containers tests/integration
+	RUFUS_PREBUILD=$(TEST_PREBUILD) $(PY) -m pytest -q -p no:cacheprovider $(SUITES_XDIST) --durations=60 tests/containers tests/integration
 
 check-deploy: setup  ## static checks of docker/ and deploy/ (no Docker engine needed)
 	$(VENV)/bin/hadolint docker/Dockerfile

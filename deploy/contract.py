@@ -228,7 +228,9 @@ ENV: dict[str, Var] = {
                            "scans (1; 0 turns it off, the benchmark's baseline)"),
     "RUFUS_PREBUILD": Var(("docker/Dockerfile",),
                           "build arg: start the models once in the build stage so the image "
-                          "ships warm compile caches (1; 0 skips)"),
+                          "ships warm compile caches (1; precision: measure only; 0 skips; "
+                          "scripts/image.sh's auto, make test's: precision where the rig's "
+                          "compile-cache volumes exist)"),
     "RUFUS_PREBUILD_MODELS": Var(("docker/Dockerfile",), "build arg: models the prebuild starts"),
     "RUFUS_IMAGE": Var(("scripts/rolling_update.sh",),
                        "compose rig: the image of the nodes (rolling update: the new one)"),

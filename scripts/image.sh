@@ -5,6 +5,9 @@
 #   scripts/image.sh [TAG]          # default TAG: cpu -> rufus-inference:cpu, rufus-ingress:2.6
 #
 # Environment: RUFUS_PREBUILD=0 skips the build-time warm-up (docker/Dockerfile),
+# RUFUS_PREBUILD=precision measures precision only, RUFUS_PREBUILD=auto (`make test`) is
+# "precision" where the rig's four compile-cache volumes exist (they hide the image's
+# compile caches from every node, so warming them at build time is wasted) and 1 elsewhere,
 # RUFUS_WHEELHOUSE_CACHE=0 skips the wheelhouse kept per lock under RUFUS_CACHE_DIR,
 # RUFUS_LOCAL_BASES=1 forces the local bases, DOCKER_BUILDKIT=1 uses BuildKit where it exists.
 set -euo pipefail
@@ -51,11 +54,22 @@ say "base images"
 # shellcheck disable=SC2046
 read -r -a BASE_ARGS <<< "$(bash docker/bases.sh ${RUFUS_LOCAL_BASES:+--local})"
 
+PREBUILD="${RUFUS_PREBUILD:-1}"
+if [[ "$PREBUILD" == auto ]]; then
+  PREBUILD=precision
+  for v in compile-leader compile-follower compile-leader-b compile-follower-b; do
+    docker volume inspect "rufus_$v" >/dev/null 2>&1 || PREBUILD=1
+  done
+  say "build-time warm-up: RUFUS_PREBUILD=$PREBUILD ($([[ $PREBUILD == 1 ]] \
+    && echo "no compile-cache volumes of the rig yet: the image carries warm caches" \
+    || echo "the rig's compile-cache volumes exist and hide the image's: precision measured only"))"
+fi
+
 export DOCKER_BUILDKIT="${DOCKER_BUILDKIT:-0}"
 say "building $IMAGE (target cpu; the warm-up at build time needs --shm-size 2g)"
 start=$SECONDS
 docker build -f docker/Dockerfile --target cpu --shm-size 2g "${BASE_ARGS[@]}" \
-  --build-arg "RUFUS_PREBUILD=${RUFUS_PREBUILD:-1}" -t "$IMAGE" .
+  --build-arg "RUFUS_PREBUILD=$PREBUILD" -t "$IMAGE" .
 say "built $IMAGE in $((SECONDS - start)) s, $(docker image inspect -f '{{.Size}}' "$IMAGE" | awk '{printf "%.2f GB", $1/1e9}')"
 
 start=$SECONDS

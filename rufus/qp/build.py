@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from rufus.qp.plan import SEED_FILE, load_eval, render_plan
-from rufus.serving.config import cache_dir, default_model_dir
+from rufus.serving.caches import cache_dir, default_model_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "data" / "qp"

@@ -39,6 +39,29 @@ def cache_dir(env: Mapping[str, str] | None = None) -> Path:
     return Path(env.get("RUFUS_CACHE_DIR", DEFAULT_CACHE_DIR)).expanduser()
 
 
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+# The answer model's W8A8 copy sits beside its source (rufus/launch/w8a8.py writes it,
+# rufus/serving/precision.py chooses it).
+W8A8_SUFFIX = "-w8a8"
+# The models' paths are here, not in config.py or precision.py, so that the image's model
+# layers (docker/Dockerfile), which run the model builds, depend on this module and
+# machine.py only, and a change to the serving configuration does not rebuild the models.
+
+
+def default_model_dir(env: Mapping[str, str] | None = None) -> Path:
+    """Where ``scripts/build_model.py`` writes the default Hugging Face model directory."""
+    env = os.environ if env is None else env
+    if env.get("RUFUS_MODEL_DIR"):
+        return Path(env["RUFUS_MODEL_DIR"]).expanduser()
+    return cache_dir(env) / "models" / DEFAULT_MODEL_NAME
+
+
+def w8a8_dir(model_dir: str | Path) -> Path:
+    """Where the W8A8 copy of ``model_dir`` lives: beside it, ``<name>-w8a8``."""
+    src = Path(model_dir)
+    return src.parent / f"{src.name}{W8A8_SUFFIX}"
+
+
 def compile_base(env: Mapping[str, str] | None = None, flags: set[str] | None = None) -> Path:
     """``$RUFUS_COMPILE_CACHE_DIR/<cpu key>``: every compiled artefact of this CPU class
     (vLLM's, inductor's and Triton's caches below, and the planner's int8 kernel)."""

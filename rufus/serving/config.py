@@ -22,13 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from rufus.serving import precision
-from rufus.serving.caches import cache_dir
+from rufus.serving.caches import cache_dir, default_model_dir
 
 # The official backend's LoRA file next to model.json: adapter name -> local path
 # (rufus/serving/llm.py reads it).
 MULTI_LORA_FILE = "multi_lora.json"
-
-DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 # ``${VAR}`` may read only these (a model.json must not read, or echo back in a load error,
@@ -44,14 +42,6 @@ def _may_expand(name: str, env: Mapping[str, str]) -> bool:
 
 class ConfigError(ValueError):
     """A configuration file or override is unusable; the message says which and why."""
-
-
-def default_model_dir(env: Mapping[str, str] | None = None) -> Path:
-    """Where ``scripts/build_model.py`` writes the default Hugging Face model directory."""
-    env = os.environ if env is None else env
-    if env.get("RUFUS_MODEL_DIR"):
-        return Path(env["RUFUS_MODEL_DIR"]).expanduser()
-    return cache_dir(env) / "models" / DEFAULT_MODEL_NAME
 
 
 def expand(value: str, env: Mapping[str, str] | None = None) -> str:

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from rufus.serving import machine
-from rufus.serving.caches import cache_dir
+from rufus.serving.caches import cache_dir, w8a8_dir
 
 log = logging.getLogger("rufus.serving.precision")
 
@@ -81,7 +81,6 @@ MEASUREMENT = 5
 # which is much slower than fp32 for few rows (measured with ONEDNN_MAX_CPU_ISA=AVX2).
 # AVX-VNNI (``avx_vnni``, AVX2 with VNNI) is not listed: not measured.
 W8A8_CPU_FLAGS = ("avx512_vnni", "amx_int8")
-W8A8_SUFFIX = "-w8a8"
 
 
 def cpu_runs_w8a8_well(flags: set[str] | frozenset[str]) -> bool:
@@ -232,12 +231,6 @@ def resolve(engine_args: dict[str, Any], workload: str,
                f"`scripts/setup.sh precision`), rule for {machine.cpu_class(flags)}")
     log.info("%s dtype %s: %s", workload, chosen, how)
     return {**engine_args, "dtype": chosen}
-
-
-def w8a8_dir(model_dir: str | Path) -> Path:
-    """Where the W8A8 copy of ``model_dir`` lives: beside it, ``<name>-w8a8``."""
-    src = Path(model_dir)
-    return src.parent / f"{src.name}{W8A8_SUFFIX}"
 
 
 def w8a8_copy(model_dir: str | Path) -> Path | None:

@@ -11,6 +11,7 @@ import pytest
 
 from rufus.qp import measure  # registers the models' measurements and pass timer
 from rufus.serving import machine, precision
+from rufus.serving.caches import W8A8_SUFFIX
 from tests.tiny_models import random_llama
 
 AVX2 = {"avx2", "fma"}
@@ -197,7 +198,7 @@ def test_setup_measures_each_registered_model(tmp_path, monkeypatch):
 
 def _w8a8_pair(tmp_path: Path, source_sum: str = "abc", built_from: str = "abc") -> Path:
     """A source model dir and its W8A8 copy, as far as their build stamps go."""
-    src, copy = tmp_path / "m", tmp_path / f"m{precision.W8A8_SUFFIX}"
+    src, copy = tmp_path / "m", tmp_path / f"m{W8A8_SUFFIX}"
     src.mkdir(exist_ok=True)
     copy.mkdir(exist_ok=True)
     (src / "rufus-build.json").write_text(json.dumps({"files": {"model.safetensors": source_sum}}))
@@ -220,7 +221,7 @@ def test_measured_quantization_serves_the_int8_copy_where_the_cpu_has_int8_dot_p
     got = precision.resolve_quantization(
         {"model": str(src), "dtype": "bfloat16", "quantization": "measured"}, "answer", env)
     assert "quantization" not in got and got["dtype"] == "bfloat16"
-    want = src.parent / f"m{precision.W8A8_SUFFIX}" if served == "copy" else src
+    want = src.parent / f"m{W8A8_SUFFIX}" if served == "copy" else src
     assert got["model"] == str(want)
 
 
@@ -229,7 +230,7 @@ def test_a_stale_or_missing_int8_copy_serves_the_source(tmp_path, monkeypatch):
     src = _w8a8_pair(tmp_path, source_sum="new", built_from="old")  # source rebuilt since
     args = {"model": str(src), "quantization": "measured"}
     assert precision.resolve_quantization(args, "answer", {})["model"] == str(src)
-    (src.parent / f"m{precision.W8A8_SUFFIX}" / "rufus-build.json").unlink()  # half written
+    (src.parent / f"m{W8A8_SUFFIX}" / "rufus-build.json").unlink()  # half written
     assert precision.resolve_quantization(args, "answer", {})["model"] == str(src)
     # any other value is vLLM's own, passed through as given
     for value in (None, "compressed-tensors"):
@@ -250,6 +251,6 @@ def test_lora_adapters_keep_the_source_weights(tmp_path, monkeypatch):
     repo.mkdir()
     (repo / "model.json").write_text(json.dumps(args))
     assert load_engine_config(repo / "model.json", env={}).engine_args["model"] == \
-        str(src.parent / f"m{precision.W8A8_SUFFIX}")
+        str(src.parent / f"m{W8A8_SUFFIX}")
     (repo / MULTI_LORA_FILE).write_text('{"a": "a"}')
     assert load_engine_config(repo / "model.json", env={}).engine_args["model"] == str(src)
