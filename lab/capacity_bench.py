@@ -34,7 +34,8 @@ from typing import Any
 
 from lab.fleet_bench import mixed_stream, mixed_workload
 from lab.loadgen import closed_loop
-from rufus.launch.fleet import FLEET_ENGINE_ARGS, Fleet, listen_port
+from rufus.launch.fleet import FLEET_ENGINE_ARGS, Fleet
+from rufus.launch.server import free_port
 
 POLICIES = {"capacity": "units_lor", "equal": "units_equal"}
 ABBA = ["capacity", "equal", "equal", "capacity"]
@@ -192,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["RUFUS_CAPACITY_REFERENCE"] = str(reference)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     fleet = Fleet(n_units=len(per_unit), nnodes=a.nnodes, log_dir=Path(a.log_dir),
-                  unit_engine_args=per_unit, equal_port=listen_port())
+                  unit_engine_args=per_unit, equal_port=free_port())
 
     def on_signal(*_: Any) -> None:
         raise KeyboardInterrupt

@@ -40,8 +40,8 @@ from typing import Any
 from lab.loadgen import SHOPPING_PROMPTS
 from proxy.haproxy import HAProxy
 from proxy.orchestrator import RuntimeAPI, render_global
-from rufus.launch.fleet import FLEET_ENGINE_ARGS, Fleet, _python, listen_port
-from rufus.launch.server import ROOT, stop_group
+from rufus.launch.fleet import FLEET_ENGINE_ARGS, Fleet, _python
+from rufus.launch.server import ROOT, free_port, stop_group
 
 log = logging.getLogger("lab.regions")
 MODEL = "rufus_llm"
@@ -99,8 +99,8 @@ class Regions:
     def __post_init__(self) -> None:
         self.log_dir = Path(self.log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.global_port = self.global_port or listen_port()
-        self.metrics_port = self.metrics_port or listen_port()
+        self.global_port = self.global_port or free_port()
+        self.metrics_port = self.metrics_port or free_port()
 
     @property
     def url(self) -> str:

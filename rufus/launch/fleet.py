@@ -17,9 +17,7 @@ import argparse
 import json
 import logging
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -69,44 +67,9 @@ class FleetPorts:
 
     @classmethod
     def free(cls) -> FleetPorts:
-        return cls(*(listen_port() for _ in range(8)))
+        return cls(*(free_port() for _ in range(8)))
 
 
-def listen_port() -> int:
-    """A free port for a server that binds it *later*, chosen outside the kernel's ephemeral
-    range.
-
-    tritonserver binds its ports only after loading the model (minutes here), and every
-    outbound connection on the machine (the agents alone open several a second) takes its
-    local port from the ephemeral range; a port picked there was seen taken by such a
-    connection when the leader finally bound it ("No address added ... wildcard listeners").
-
-    Never the same port twice in one process: the socket is closed again at once, so a
-    later call could draw it anew, and two of a fleet's ports (one unit's gRPC port, the
-    other's rendezvous port) would then collide. A unit's ports stay the same across its
-    supervisor's restarts, so such a unit fails to bind on every start and never becomes
-    ready (a two-unit test fixture once sat out its whole timeout like that).
-    """
-    try:
-        lo = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return free_port()
-    rng = random.SystemRandom()
-    for _ in range(200):
-        port = rng.randrange(20000, max(lo, 20001))
-        if port in _LISTEN_PORTS_GIVEN:
-            continue
-        with socket.socket() as sock:
-            try:
-                sock.bind(("0.0.0.0", port))
-            except OSError:
-                continue
-        _LISTEN_PORTS_GIVEN.add(port)
-        return port
-    return free_port()
-
-
-_LISTEN_PORTS_GIVEN: set[int] = set()
 
 
 @dataclass
@@ -191,7 +154,7 @@ class Fleet:
         self.log_dir = Path(self.log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         if not self.ingress_port:
-            self.ingress_port = 9000 if self.fixed_ports else listen_port()
+            self.ingress_port = 9000 if self.fixed_ports else free_port()
         if self.stats_port is None and self.fixed_ports:
             self.stats_port = 9100
 
@@ -492,7 +455,7 @@ def say(msg: str) -> None:
 def build_fleet(a: argparse.Namespace, rr: bool = False) -> Fleet:
     fleet = Fleet(n_units=a.units, nnodes=a.nnodes, log_dir=Path(a.log_dir),
                   fixed_ports=a.fixed_ports,
-                  rr_port=(9001 if a.fixed_ports else listen_port()) if rr else None)
+                  rr_port=(9001 if a.fixed_ports else free_port()) if rr else None)
     if a.engine_args:
         fleet.engine_args.update(json.loads(a.engine_args))
     return fleet

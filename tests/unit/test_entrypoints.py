@@ -157,3 +157,54 @@ def test_free_port_never_hands_out_a_port_twice():
 
     ports = [free_port() for _ in range(64)]
     assert len(set(ports)) == len(ports)
+
+
+def test_free_port_is_below_the_ephemeral_range_and_bindable(monkeypatch):
+    """A server binds its ports a minute after they are chosen: none from the range the
+    kernel gives outgoing connections, every one free on all addresses."""
+    import socket
+
+    from rufus.launch import server
+
+    low = server._ephemeral_low()
+    if low - server._LOW_PORT < 1000:
+        pytest.skip(f"the ephemeral range starts at {low}: no room below it")
+    for port in (server.free_port() for _ in range(16)):
+        assert server._LOW_PORT <= port < low
+        with socket.socket() as s:
+            s.bind(("0.0.0.0", port))
+    # a machine whose ephemeral range leaves no room below it: the kernel's choice
+    monkeypatch.setattr(server, "_ephemeral_low", lambda: server._LOW_PORT + 10)
+    assert server.free_port() > 0
+
+
+def test_free_port_never_repeats_a_random_draw(monkeypatch):
+    """The draw may repeat a port (its socket is closed again at once): a second call must
+    not return it, or two servers would share a port for good."""
+    import socket
+
+    from rufus.launch import server
+
+    free = []
+    for port in range(21000, 32000, 97):
+        with socket.socket() as s:
+            try:
+                s.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+        free.append(port)
+        if len(free) == 2:
+            break
+    else:
+        pytest.skip("no two free ports in 21000-32000")
+    p, q = free
+    draws = iter([p, p, p, q])
+
+    class Draws:
+        def randrange(self, lo: int, hi: int) -> int:
+            return next(draws)
+
+    monkeypatch.setattr(server, "_GIVEN_PORTS", set())
+    monkeypatch.setattr(server, "_PORT_RANDOM", Draws())
+    monkeypatch.setattr(server, "_ephemeral_low", lambda: 32768)
+    assert [server.free_port(), server.free_port()] == [p, q]
