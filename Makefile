@@ -34,18 +34,26 @@ IMAGE_BESIDE_UNIT ?= 1
 # where the rig's compile-cache volumes (kept between runs) would hide what it builds.
 TEST_PREBUILD ?= auto
 
+# A Docker engine that `make test` started (the image build beside the unit tests starts one
+# where none runs) is stopped by its pid when the tests end, pass or fail (docker/engine.sh).
+STOP_TEST_ENGINE = if [ -f build/docker/engine-by-test ]; then bash docker/engine.sh stop; \
+	rm -f build/docker/engine-by-test; fi
+
 test: setup check-deploy  ## lint + deploy checks + unit + integration tests
 	$(PY) -m ruff check .
-	@rm -f build/image-beside-unit.rc; \
+	@rm -f build/image-beside-unit.rc build/docker/engine-by-test; \
 	if [ "$(IMAGE_BESIDE_UNIT)" = 1 ] && { command -v docker >/dev/null || [ "$$(id -u)" = 0 ]; }; then \
-	  mkdir -p build; echo "[test] building the image beside the unit tests (log: build/image-beside-unit.log)"; \
+	  mkdir -p build/docker; timeout 10 docker info >/dev/null 2>&1 || touch build/docker/engine-by-test; \
+	  echo "[test] building the image beside the unit tests (log: build/image-beside-unit.log)"; \
 	  ( RUFUS_PREBUILD=$(TEST_PREBUILD) bash scripts/image.sh > build/image-beside-unit.log 2>&1; echo $$? > build/image-beside-unit.rc ) & \
 	fi; \
 	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) --durations=20 tests/unit; rc=$$?; wait; \
 	if [ -f build/image-beside-unit.rc ]; then \
 	  echo "[test] image build beside the unit tests: exit $$(cat build/image-beside-unit.rc); $$(tail -n 1 build/image-beside-unit.log)"; fi; \
+	if [ $$rc != 0 ]; then $(STOP_TEST_ENGINE); fi; \
 	exit $$rc
-	RUFUS_PREBUILD=$(TEST_PREBUILD) $(PY) -m pytest -q -p no:cacheprovider $(SUITES_XDIST) --durations=60 tests/containers tests/integration
+	RUFUS_PREBUILD=$(TEST_PREBUILD) $(PY) -m pytest -q -p no:cacheprovider $(SUITES_XDIST) --durations=60 tests/containers tests/integration; \
+	rc=$$?; $(STOP_TEST_ENGINE); exit $$rc
 
 check-deploy: setup  ## static checks of docker/ and deploy/ (no Docker engine needed)
 	$(VENV)/bin/hadolint docker/Dockerfile
