@@ -70,8 +70,6 @@ class FleetPorts:
         return cls(*(free_port() for _ in range(8)))
 
 
-
-
 @dataclass
 class FleetUnit:
     index: int
