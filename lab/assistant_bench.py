@@ -170,7 +170,7 @@ def prompt_tokens(prompts: list[list[dict[str, str]]]) -> dict[str, float]:
     from transformers import AutoTokenizer
 
     from rufus.assistant.prompt import answer_prefix_messages
-    from rufus.serving.config import default_model_dir
+    from rufus.serving.caches import default_model_dir
 
     tok = AutoTokenizer.from_pretrained(default_model_dir())
 

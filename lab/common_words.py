@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 
 from rufus.retrieval.grounding import COMMON_WORDS_PATH
-from rufus.serving.config import default_model_dir
+from rufus.serving.caches import default_model_dir
 
 MIN_LETTERS = 4  # shorter words are never corrected (grounding.max_typo_distance)
 

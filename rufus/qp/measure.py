@@ -17,7 +17,7 @@ from typing import Any
 from rufus.qp.build import qp_model_dir
 from rufus.qp.tree import interpolate_cost, machine_trees, time_forward
 from rufus.serving import precision
-from rufus.serving.config import default_model_dir
+from rufus.serving.caches import default_model_dir
 
 
 def time_passes(model_dir: Path, dtype: str, threads: int
