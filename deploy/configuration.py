@@ -73,9 +73,10 @@ ENGINE_NOTES: dict[str, str] = {
     "dtype": '`"measured"`: the precision measured on this machine at setup '
              "(docs/precision.md), bf16 where native without a measurement",
     "quantization": '`"measured"`: the int8 W8A8 copy of the model (`scripts/setup.sh` '
-                    "writes it) where the CPU has int8 dot products (VNNI, AMX), else the "
-                    "model as it is, and with LoRA adapters (docs/precision.md); `null` or "
-                    "a vLLM method: as given",
+                    "writes it) where the CPU has int8 dot products (VNNI, AMX); where the "
+                    "model runs in fp32 without them (AVX2), `rufus_int8` (int8 weight-only "
+                    "through rufus's kernel); else the model as it is, and with LoRA adapters "
+                    "(docs/precision.md); `null` or a vLLM method: as given",
     "worker_extension_cls": "rufus's vLLM worker extension (rufus/serving/vllm_worker.py)",
     "distributed_executor_backend": '`"uni"`: the model runs inside the EngineCore process',
 }

@@ -47,8 +47,9 @@ log = logging.getLogger("rufus.serving.precision")
 
 MEASURED = "measured"
 # "int8": int8 weight-only, served by the planner's own forward pass and kernel
-# (rufus/qp/decoder/torch_llama.py, int8_kernel.py); vLLM on CPU has no int8 weight-only
-# kernel, so it is not a candidate for the answer model.
+# (rufus/qp/decoder/torch_llama.py, int8_kernel.py). Not a dtype candidate for the answer
+# model: there int8 is a quantization method on top of the dtype, chosen by a rule
+# (resolve_quantization: the W8A8 copy, or rufus_int8 where the dtype is float32).
 CANDIDATES = ("bfloat16", "float32", "int8")
 WORKLOAD_CANDIDATES: dict[str, tuple[str, ...]] = {
     "answer": ("bfloat16", "float32"),
@@ -65,7 +66,7 @@ PASSES: dict[str, tuple[int, int, int]] = {
 STAMPS = ("rufus-build.json", "rufus-qp-build.json", "config.json")
 # Bumped when what is measured changes (a new candidate or kernel), so every machine measures
 # again instead of serving a choice made without it. 2: int8 through our own kernel
-# (rufus/qp/decoder/int8_kernel.py). 3: int8 passes of few rows through the fused stack
+# (rufus/serving/int8_kernel.py). 3: int8 passes of few rows through the fused stack
 # (torch_llama._FusedStack). 4: the int8 kernel's arithmetic in integers (int16 activations,
 # vpmaddwd). 5: int8 passes with int8 activations where the kernel has them (AVX-512 VNNI;
 # the planner's shipped ``int8_activations``).
@@ -81,6 +82,20 @@ MEASUREMENT = 5
 # which is much slower than fp32 for few rows (measured with ONEDNN_MAX_CPU_ISA=AVX2).
 # AVX-VNNI (``avx_vnni``, AVX2 with VNNI) is not listed: not measured.
 W8A8_CPU_FLAGS = ("avx512_vnni", "amx_int8")
+
+
+# Where the answer model would run in float32 (no native bf16, no int8 dot products: AVX2),
+# its linear layers run int8 weight-only through the planner's kernel instead
+# (rufus/serving/vllm_int8.py registers the method with vLLM): a decode step reads a quarter
+# of the bytes, and decode steps are most of the answer engine's work under load (figures:
+# docs/benchmarks-history.md, "Int8 weights for the answer model on AVX2").
+INT8_WEIGHT_ONLY = "rufus_int8"
+
+
+def int8_weights_ok(env: Mapping[str, str] | None = None) -> bool:
+    """Whether rufus's int8 kernel builds and loads for this CPU (it logs why not)."""
+    from rufus.serving import int8_kernel
+    return int8_kernel.load(env) is not None
 
 
 def cpu_runs_w8a8_well(flags: set[str] | frozenset[str]) -> bool:
@@ -270,6 +285,10 @@ def resolve_quantization(engine_args: dict[str, Any], workload: str = "answer",
     if workload != "answer" or not cpu_runs_w8a8_well(flags) or capped:
         why = (f"ONEDNN_MAX_CPU_ISA={onednn}" if capped else
                f"no int8 dot products on {machine.cpu_class(flags)} (needs {' or '.join(W8A8_CPU_FLAGS)})")
+        if workload == "answer" and str(out.get("dtype")) == "float32" and int8_weights_ok(env):
+            log.info("%s weights: %s as int8 weight-only through rufus's kernel (%s; "
+                     "float32 activations)", workload, Path(str(out["model"])).name, why)
+            return {**out, "quantization": INT8_WEIGHT_ONLY}
         log.info("%s weights: %s (%s)", workload, Path(str(out["model"])).name, why)
         return out
     copy = w8a8_copy(str(out["model"]))

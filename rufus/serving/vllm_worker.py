@@ -5,7 +5,9 @@ every vLLM worker (the engine core's own on CPU, a multi-node follower's too) im
 module before it loads the model, so both patches below run where the model is compiled:
 
 - rufus/serving/vllm_aot_fix.py: vLLM 0.32's AOT compile cache loads on CPU;
-- rufus/serving/vllm_warmup.py: the compile warm-up runs a short dummy batch.
+- rufus/serving/vllm_warmup.py: the compile warm-up runs a short dummy batch;
+- rufus/serving/vllm_int8.py: the ``rufus_int8`` quantization method, known where the model
+  loads (a forked engine core inherits it from rufus_llm; a spawned worker needs it here).
 
 (vLLM leaves ``worker_extension_cls`` out of its compile-cache key, so naming this class
 does not invalidate compiled artefacts.)
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import logging
 
-from rufus.serving import vllm_aot_fix, vllm_warmup
+from rufus.serving import vllm_aot_fix, vllm_int8, vllm_warmup
 
 log = logging.getLogger("rufus.serving.vllm_worker")
 
@@ -24,5 +26,6 @@ class WorkerExtension:
     """Empty on purpose: importing this module in the worker applies the patches."""
 
 
-APPLIED = {"aot_cache_fix": vllm_aot_fix.apply(), "short_warmup": vllm_warmup.apply()}
+APPLIED = {"aot_cache_fix": vllm_aot_fix.apply(), "short_warmup": vllm_warmup.apply(),
+           "rufus_int8": vllm_int8.register()}
 log.debug("vLLM worker patches: %s", APPLIED)

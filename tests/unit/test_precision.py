@@ -254,3 +254,30 @@ def test_lora_adapters_keep_the_source_weights(tmp_path, monkeypatch):
         str(src.parent / f"m{W8A8_SUFFIX}")
     (repo / MULTI_LORA_FILE).write_text('{"a": "a"}')
     assert load_engine_config(repo / "model.json", env={}).engine_args["model"] == str(src)
+
+
+@pytest.mark.parametrize("flags, env, dtype, kernel, want", [
+    ({"avx2", "fma"}, {}, "float32", True, "rufus_int8"),           # AVX2: fp32 otherwise
+    ({"avx2", "avx512f", "avx512_vnni"}, {"ONEDNN_MAX_CPU_ISA": "AVX2"}, "float32", True,
+     "rufus_int8"),                                                 # emulated AVX2
+    ({"avx2", "fma"}, {}, "float32", False, None),                  # the kernel cannot build
+    ({"avx2", "fma"}, {}, "bfloat16", True, None),                  # a bf16 model stays bf16
+])
+def test_a_float32_answer_model_without_int8_dot_products_runs_int8_weight_only(
+        tmp_path, monkeypatch, flags, env, dtype, kernel, want):
+    """Where the answer model would run in fp32 and the W8A8 copy is not served, its linear
+    layers run int8 weight-only through rufus's kernel (vllm_int8.py), if the kernel builds."""
+    monkeypatch.setattr(machine, "cpu_flags", lambda cpuinfo=None: set(flags))
+    monkeypatch.setattr(precision, "int8_weights_ok", lambda env=None: kernel)
+    src = _w8a8_pair(tmp_path)
+    got = precision.resolve_quantization(
+        {"model": str(src), "dtype": dtype, "quantization": "measured"}, "answer", env)
+    assert got.get("quantization") == want and got["model"] == str(src)
+    assert got["dtype"] == dtype
+    planner = precision.resolve_quantization(
+        {"model": str(src), "dtype": dtype, "quantization": "measured"}, "planner", env)
+    assert "quantization" not in planner
+    lora = precision.resolve_quantization(
+        {"model": str(src), "dtype": dtype, "quantization": "measured"}, "answer", env,
+        lora=True)
+    assert "quantization" not in lora  # vLLM's LoRA layers wrap the float linear layers

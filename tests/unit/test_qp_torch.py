@@ -597,8 +597,8 @@ def test_skeleton_drafts_and_forced_rows_keep_greedy_output(tiny: tuple[Path, Pa
     passes once the skeleton is learnt."""
     import xgrammar as xgr
 
-    from rufus.qp.decoder import int8_kernel
     from rufus.qp.decoder.constraints import Grammar
+    from rufus.serving import int8_kernel
 
     vocab = ["<eos>"] + [chr(ord("a") + i) for i in range(26)] + [f"w{i}" for i in range(69)]
     info = xgr.TokenizerInfo(vocab, stop_token_ids=[0])

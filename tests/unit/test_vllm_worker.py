@@ -99,7 +99,7 @@ def test_model_json_names_the_extension_and_it_patches_the_installed_vllm() -> N
 
     from rufus.serving import vllm_worker
 
-    assert vllm_worker.APPLIED == {"aot_cache_fix": True, "short_warmup": True}
+    assert vllm_worker.APPLIED == {"aot_cache_fix": True, "short_warmup": True, "rufus_int8": True}
     method: Any = vars(CPUModelRunner)["warming_up_model"]
     assert hasattr(method, "_rufus_original")
     assert vllm_warmup.apply()  # applying twice wraps once

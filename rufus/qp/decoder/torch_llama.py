@@ -24,7 +24,8 @@ import torch
 import torch.nn.functional as F
 
 from rufus.env import env_int
-from rufus.qp.decoder import int8_kernel
+from rufus.serving import int8_kernel
+from rufus.serving.int8_kernel import quantize_int8
 
 log = logging.getLogger("rufus.qp.torch")
 
@@ -92,18 +93,9 @@ def _packed_linear(w: torch.Tensor) -> Any:
     return lambda x: F.linear(x, w)
 
 
-def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-output-channel symmetric int8: ``(q [out, in] int8, scale [out] float32)`` with
-    ``w ~= q * scale[:, None]`` (an all-zero row gets scale 1 and q 0)."""
-    w = w.float()
-    scale = w.abs().amax(1) / 127
-    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-    return torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8), scale
-
-
 def int8_activations() -> torch.dtype:
     """The activation dtype of ``int8`` on this CPU: float32 through our kernel
-    (:mod:`rufus.qp.decoder.int8_kernel`) where it builds, else bf16 for PyTorch's op."""
+    (:mod:`rufus.serving.int8_kernel`) where it builds, else bf16 for PyTorch's op."""
     return torch.float32 if int8_kernel.load() is not None else torch.bfloat16
 
 
@@ -111,7 +103,7 @@ def _int8_linear(w: torch.Tensor, activations: torch.dtype = torch.bfloat16
                  ) -> Callable[[torch.Tensor], torch.Tensor]:
     """``x -> x @ w.T`` with ``w`` int8 weight-only (:func:`quantize_int8`).
 
-    float32 ``activations``: our kernel (:mod:`rufus.qp.decoder.int8_kernel`; each row
+    float32 ``activations``: our kernel (:mod:`rufus.serving.int8_kernel`; each row
     rounded to int16 on its own scale, integer products, nothing emulated). bf16:
     ``aten._weight_int8pack_mm`` (bf16 activations only: with fp32 the op is many times
     slower on CPU), else (op missing, or it fails a probe at build time) the dequantized bf16

@@ -1,4 +1,5 @@
-"""The planner's int8 weight-only matmul on CPUs without native bf16: our own small kernel.
+"""The int8 weight-only matmul on CPUs without native bf16: our own small kernel, for the
+planner's passes and (through rufus/serving/vllm_int8.py) the answer model's on AVX2.
 
 Why our own: PyTorch's CPU int8 weight-only op (``aten._weight_int8pack_mm``) takes bf16
 activations (with fp32 ones it is many times slower), and bf16 arithmetic is emulated on CPUs
@@ -43,7 +44,7 @@ import torch
 
 from rufus.serving import caches, machine
 
-log = logging.getLogger("rufus.qp.int8_kernel")
+log = logging.getLogger("rufus.serving.int8_kernel")
 
 SOURCE = Path(__file__).with_name("w8_linear.cpp")
 ISA_FLAGS = {  # avx512vnni: the same integer sums, multiply and add in one vpdpwssd
@@ -185,6 +186,15 @@ def a8_supported(env: Mapping[str, str] | None = None) -> bool:
 def unavailable_reason(env: Mapping[str, str] | None = None) -> str | None:
     """Why :func:`load` returned None, or None if it loaded (or was not tried)."""
     return _why_not.get(isa(machine.this_cpu(env)) or "none")
+
+
+def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-output-channel symmetric int8: ``(q [out, in] int8, scale [out] float32)`` with
+    ``w ~= q * scale[:, None]`` (an all-zero row gets scale 1 and q 0)."""
+    w = w.float()
+    scale = w.abs().amax(1) / 127
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    return torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8), scale
 
 
 def pack(q: torch.Tensor, width: int) -> torch.Tensor:
