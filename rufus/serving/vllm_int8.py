@@ -72,6 +72,18 @@ def _pack(layer: torch.nn.Module, w: torch.Tensor) -> bool:
     return True
 
 
+class _Int8Apply:
+    """``apply`` of both methods: the kernel where the layer was packed, else the float
+    method next in the MRO."""
+
+    def apply(self, layer: torch.nn.Module, x: torch.Tensor,
+              bias: torch.Tensor | None = None) -> torch.Tensor:
+        if not getattr(layer, "rufus_int8", False):
+            return super().apply(layer, x, bias)  # type: ignore[misc]
+        y = torch.ops.rufus.w8_linear(x, layer.w8_packed, layer.w8_scale, layer.w8_n)
+        return y if bias is None else y + bias
+
+
 def register() -> bool:
     """Register ``rufus_int8`` with vLLM (idempotent); False where vLLM is missing."""
     try:
@@ -90,7 +102,7 @@ def register() -> bool:
     if NAME in QUANTIZATION_METHODS:
         return True
 
-    class Int8LinearMethod(UnquantizedLinearMethod):
+    class Int8LinearMethod(_Int8Apply, UnquantizedLinearMethod):
         """The checkpoint's float weights loaded as usual, then int8 for the kernel."""
 
         def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
@@ -101,27 +113,13 @@ def register() -> bool:
                 super().process_weights_after_loading(layer)
                 layer.rufus_int8 = False
 
-        def apply(self, layer: torch.nn.Module, x: torch.Tensor,
-                  bias: torch.Tensor | None = None) -> torch.Tensor:
-            if not getattr(layer, "rufus_int8", False):
-                return super().apply(layer, x, bias)
-            y = torch.ops.rufus.w8_linear(x, layer.w8_packed, layer.w8_scale, layer.w8_n)
-            return y if bias is None else y + bias
-
-    class Int8HeadMethod(UnquantizedEmbeddingMethod):
+    class Int8HeadMethod(_Int8Apply, UnquantizedEmbeddingMethod):
         """The LM head: an int8 copy for the logits, the float weight kept (with tied
         embeddings it is also the input embedding, looked up by row)."""
 
         def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
             super().process_weights_after_loading(layer)
             layer.rufus_int8 = _pack(layer, layer.weight.data)
-
-        def apply(self, layer: torch.nn.Module, x: torch.Tensor,
-                  bias: torch.Tensor | None = None) -> torch.Tensor:
-            if not getattr(layer, "rufus_int8", False):
-                return super().apply(layer, x, bias)
-            y = torch.ops.rufus.w8_linear(x, layer.w8_packed, layer.w8_scale, layer.w8_n)
-            return y if bias is None else y + bias
 
     @register_quantization_config(NAME)
     class Int8Config(QuantizationConfig):
