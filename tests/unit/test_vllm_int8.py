@@ -85,6 +85,7 @@ vllm_int8.register()
 from vllm import LLM, SamplingParams
 llm = LLM(model=sys.argv[1], dtype="float32", quantization="rufus_int8", enforce_eager=True,
           skip_tokenizer_init=True, max_model_len=128, max_num_seqs=2, seed=0,
+          max_num_batched_tokens=128,
           gpu_memory_utilization=0.1, kv_cache_memory_bytes=1 << 26)
 got = llm.generate([{"prompt_token_ids": PROMPT}],
                    SamplingParams(max_tokens=4, temperature=0, logprobs=1, detokenize=False),
