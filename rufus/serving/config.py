@@ -161,4 +161,9 @@ def load_engine_config(
     args = precision.resolve(args, workload, env)  # the dtype, measured on the source weights
     args = precision.resolve_quantization(args, workload, env,
                                           lora=lora_enabled(path.parent, args))
+    if args.get("quantization") == precision.INT8_WEIGHT_ONLY:
+        from rufus.serving import vllm_int8
+        # vLLM checks the method's name when it builds its config: in rufus_llm's stub and
+        # in a follower (follower/node.py), both of which load their settings here
+        vllm_int8.register()
     return EngineConfig(engine_args=args, source=str(path), overrides=overrides)

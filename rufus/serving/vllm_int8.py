@@ -1,5 +1,5 @@
 """int8 weight-only linear layers for vLLM on CPUs with neither native bf16 nor int8 dot
-products (AVX2): the answer model's decoder layers through rufus's own kernel.
+products (AVX2): the answer model's linear layers through rufus's own kernel.
 
 Why: there vLLM serves the answer model in fp32 (bf16 arithmetic is emulated, oneDNN's s8s8
 path is slow and saturates), so every decode step reads four bytes per weight, and decode
@@ -9,12 +9,14 @@ rounded to int16 on its own scale, exact integer sums) runs a decode step severa
 faster than fp32 on such a CPU (the precision record: ``python -m rufus.serving.precision``).
 
 How: a vLLM quantization method, ``"quantization": "rufus_int8"``, registered when this module
-is imported (rufus_llm imports it before it builds the engine; the engine core is forked
-from it, so it inherits the registration). Its linear method loads the checkpoint's weights
-as they are, then quantizes each layer per output channel (:func:`int8_kernel.quantize_int8`,
-as the planner), packs it for the kernel and frees the float weights; ``apply`` calls
-the kernel through a PyTorch custom op (``torch.ops.rufus.w8_linear``), which vLLM's
-``torch.compile`` keeps as one opaque call. Embeddings and the LM head stay float.
+is imported (it imports vLLM): by rufus.serving.config where a model's settings choose it
+(rufus_llm's stub, a follower), by rufus_llm's engine start, and by the worker extension in
+every vLLM worker (a follower's spawned workers unpickle the config object). Its linear
+method loads the checkpoint's weights as they are, then quantizes each layer and the LM head
+per output channel (:func:`int8_kernel.quantize_int8`, as the planner), packs them for the
+kernel and frees the linear layers' float weights; ``apply`` calls the kernel through a
+PyTorch custom op (``torch.ops.rufus.w8_linear``), which vLLM's ``torch.compile`` keeps as
+one opaque call. The input embedding keeps its float table (tied: the LM head's too).
 """
 
 from __future__ import annotations
@@ -23,6 +25,16 @@ import logging
 from typing import Any
 
 import torch
+from vllm.model_executor.layers.linear import LinearBase, UnquantizedLinearMethod
+from vllm.model_executor.layers.quantization import (
+    QUANTIZATION_METHODS,
+    register_quantization_config,
+)
+from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
+from vllm.model_executor.layers.vocab_parallel_embedding import (
+    ParallelLMHead,
+    UnquantizedEmbeddingMethod,
+)
 
 from rufus.serving import int8_kernel
 from rufus.serving.int8_kernel import quantize_int8
@@ -85,67 +97,59 @@ class _Int8Apply:
 
 
 def register() -> bool:
-    """Register ``rufus_int8`` with vLLM (idempotent); False where vLLM is missing."""
-    try:
-        from vllm.model_executor.layers.linear import LinearBase, UnquantizedLinearMethod
-        from vllm.model_executor.layers.quantization import (
-            QUANTIZATION_METHODS,
-            register_quantization_config,
-        )
-        from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
-        from vllm.model_executor.layers.vocab_parallel_embedding import (
-            ParallelLMHead,
-            UnquantizedEmbeddingMethod,
-        )
-    except ImportError:
-        return False
-    if NAME in QUANTIZATION_METHODS:
-        return True
-
-    class Int8LinearMethod(_Int8Apply, UnquantizedLinearMethod):
-        """The checkpoint's float weights loaded as usual, then int8 for the kernel."""
-
-        def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
-            if _pack(layer, layer.weight.data):
-                layer.rufus_int8 = True
-                del layer.weight  # the float copy: four bytes per weight no pass reads
-            else:
-                super().process_weights_after_loading(layer)
-                layer.rufus_int8 = False
-
-    class Int8HeadMethod(_Int8Apply, UnquantizedEmbeddingMethod):
-        """The LM head: an int8 copy for the logits, the float weight kept (with tied
-        embeddings it is also the input embedding, looked up by row)."""
-
-        def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
-            super().process_weights_after_loading(layer)
-            layer.rufus_int8 = _pack(layer, layer.weight.data)
-
-    @register_quantization_config(NAME)
-    class Int8Config(QuantizationConfig):
-        """``rufus_int8``: int8 weight-only decoder linear layers (float activations)."""
-
-        def get_name(self) -> Any:
-            return NAME
-
-        def get_supported_act_dtypes(self) -> list[torch.dtype]:
-            return [torch.float32]
-
-        @classmethod
-        def get_min_capability(cls) -> int:
-            return -1
-
-        @staticmethod
-        def get_config_filenames() -> list[str]:
-            return []
-
-        @classmethod
-        def from_config(cls, config: dict[str, Any]) -> Int8Config:
-            return cls()
-
-        def get_quant_method(self, layer: torch.nn.Module, prefix: str) -> Any:
-            if isinstance(layer, LinearBase):
-                return Int8LinearMethod()
-            return Int8HeadMethod() if isinstance(layer, ParallelLMHead) else None
-
+    """Register ``rufus_int8`` with vLLM (idempotent; importing this module does it too)."""
+    if NAME not in QUANTIZATION_METHODS:
+        register_quantization_config(NAME)(Int8Config)
     return True
+
+
+class Int8LinearMethod(_Int8Apply, UnquantizedLinearMethod):
+    """The checkpoint's float weights loaded as usual, then int8 for the kernel."""
+
+    def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+        if _pack(layer, layer.weight.data):
+            layer.rufus_int8 = True
+            del layer.weight  # the float copy: four bytes per weight no pass reads
+        else:
+            super().process_weights_after_loading(layer)
+            layer.rufus_int8 = False
+
+
+class Int8HeadMethod(_Int8Apply, UnquantizedEmbeddingMethod):
+    """The LM head: an int8 copy for the logits, the float weight kept (with tied
+    embeddings it is also the input embedding, looked up by row)."""
+
+    def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+        super().process_weights_after_loading(layer)
+        layer.rufus_int8 = _pack(layer, layer.weight.data)
+
+
+class Int8Config(QuantizationConfig):
+    """``rufus_int8``: int8 weight-only linear layers and LM head (float activations). At
+    module level: vLLM pickles its config, this object included, to a follower's workers."""
+
+    def get_name(self) -> Any:
+        return NAME
+
+    def get_supported_act_dtypes(self) -> list[torch.dtype]:
+        return [torch.float32]
+
+    @classmethod
+    def get_min_capability(cls) -> int:
+        return -1
+
+    @staticmethod
+    def get_config_filenames() -> list[str]:
+        return []
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> Int8Config:
+        return cls()
+
+    def get_quant_method(self, layer: torch.nn.Module, prefix: str) -> Any:
+        if isinstance(layer, LinearBase):
+            return Int8LinearMethod()
+        return Int8HeadMethod() if isinstance(layer, ParallelLMHead) else None
+
+
+register()

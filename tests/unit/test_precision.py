@@ -281,3 +281,27 @@ def test_a_float32_answer_model_without_int8_dot_products_runs_int8_weight_only(
         {"model": str(src), "dtype": dtype, "quantization": "measured"}, "answer", env,
         lora=True)
     assert "quantization" not in lora  # vLLM's LoRA layers wrap the float linear layers
+
+
+def test_loading_settings_that_choose_rufus_int8_registers_it(tmp_path, monkeypatch):
+    """vLLM rejects an unknown method's name when it builds its config, in rufus_llm's stub and
+    in a follower alike: both load their settings through load_engine_config, which registers
+    ``rufus_int8`` when the settings choose it."""
+    from rufus.serving import vllm_int8
+    from rufus.serving.config import load_engine_config
+
+    calls: list[int] = []
+    monkeypatch.setattr(vllm_int8, "register", lambda: calls.append(1) or True)
+    monkeypatch.setattr(machine, "cpu_flags", lambda cpuinfo=None: {"avx2", "fma"})
+    monkeypatch.setattr(precision, "int8_weights_ok", lambda env=None: True)
+    src = _w8a8_pair(tmp_path)
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "model.json").write_text(json.dumps(
+        {"model": str(src), "dtype": "float32", "quantization": "measured"}))
+    assert load_engine_config(repo / "model.json", env={}).engine_args["quantization"] == \
+        "rufus_int8"
+    assert calls == [1]
+    (repo / "model.json").write_text(json.dumps({"model": str(src), "quantization": None}))
+    load_engine_config(repo / "model.json", env={})
+    assert calls == [1]
