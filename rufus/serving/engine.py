@@ -230,8 +230,6 @@ def build_vllm_engine(engine_args: dict[str, Any], stat_loggers: list[Any] | Non
     from vllm.usage.usage_lib import UsageContext
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    from rufus.serving import vllm_int8
-    vllm_int8.register()  # "quantization": "rufus_int8" (precision.resolve_quantization)
     with engine_process_env(engine_args):
         args = AsyncEngineArgs(**engine_args)
         config = args.create_engine_config(UsageContext.ENGINE_CONTEXT)

@@ -10,8 +10,8 @@ faster than fp32 on such a CPU (the precision record: ``python -m rufus.serving.
 
 How: a vLLM quantization method, ``"quantization": "rufus_int8"``, registered when this module
 is imported (it imports vLLM): by rufus.serving.config where a model's settings choose it
-(rufus_llm's stub, a follower), by rufus_llm's engine start, and by the worker extension in
-every vLLM worker (a follower's spawned workers unpickle the config object). Its linear
+(rufus_llm's stub, a follower; every engine's arguments come from there), and by the worker
+extension in every vLLM worker (a follower's spawned workers unpickle the config object). Its linear
 method loads the checkpoint's weights as they are, then quantizes each layer and the LM head
 per output channel (:func:`int8_kernel.quantize_int8`, as the planner), packs them for the
 kernel and frees the linear layers' float weights; ``apply`` calls the kernel through a
@@ -38,10 +38,11 @@ from vllm.model_executor.layers.vocab_parallel_embedding import (
 
 from rufus.serving import int8_kernel
 from rufus.serving.int8_kernel import quantize_int8
+from rufus.serving.precision import INT8_WEIGHT_ONLY
 
 log = logging.getLogger("rufus.serving.vllm_int8")
 
-NAME = "rufus_int8"
+NAME = INT8_WEIGHT_ONLY  # the name precision.resolve_quantization chooses
 _KERNEL: list = []  # the loaded kernel's w8_linear, once a layer is packed
 
 
