@@ -16,7 +16,7 @@ import argparse
 import json
 from pathlib import Path
 
-from rufus.retrieval.grounding import COMMON_WORDS_PATH
+from rufus.retrieval.spelling import COMMON_WORDS_PATH
 from rufus.serving.caches import default_model_dir
 
 MIN_LETTERS = 4  # shorter words are never corrected (grounding.max_typo_distance)

@@ -35,11 +35,12 @@ def cpu() -> dict[str, str]:
 
 
 def catalog_products() -> list[Any]:
-    """The catalog the server answers from: RUFUS_CATALOG, else the generated one."""
-    from rufus.retrieval.catalog import generate_catalog, load_catalog
+    """The catalog the server answers from: RUFUS_CATALOG, else the default one."""
+    from rufus.retrieval.catalog import load_catalog
+    from rufus.retrieval.catalog_data import default_catalog
 
     src = os.environ.get("RUFUS_CATALOG")
-    return load_catalog(src) if src else generate_catalog()
+    return load_catalog(src) if src else list(default_catalog())
 
 
 async def ask(io: Any, question: str, timeout: float) -> dict[str, Any]:
@@ -120,7 +121,7 @@ def main(argv: list[str] | None = None, doc: str = __doc__) -> int:
     ap = argparse.ArgumentParser(
         description=doc.splitlines()[0],
         epilog="environment: RUFUS_CATALOG (the catalog the server answers from, default the "
-               "generated one); ATEN_CPU_CAPABILITY (recorded with the CPU class, e.g. avx2 "
+               "default one); ATEN_CPU_CAPABILITY (recorded with the CPU class, e.g. avx2 "
                "for emulated AVX2)")
     ap.add_argument("--url", default="127.0.0.1:8001", help="Triton gRPC address")
     ap.add_argument("--questions", type=Path, default=QUESTIONS, help="question set (JSON Lines)")

@@ -127,12 +127,14 @@ setup_qp() {
 }
 
 setup_catalog() {
-  # Shopping assistant (issue 16): the generated product catalog and its SQLite FTS5 index
-  # (build/retrieval/, about a second). Rebuilt when the generator or index code changed;
+  # Shopping assistant (issue 16): the default product catalog (data/catalog/) and its SQLite
+  # FTS5 index (build/retrieval/, about a second). Rebuilt when the data or index code changed;
   # RUFUS_CATALOG=<file.jsonl|csv> indexes your own catalog instead.
-  local idx="${RUFUS_CATALOG_INDEX:-$BUILD/retrieval/catalog.sqlite}"
-  if [[ -z "${RUFUS_CATALOG:-}" && -f "$idx" && "$idx" -nt "$ROOT/rufus/retrieval/catalog.py" \
-        && "$idx" -nt "$ROOT/rufus/retrieval/sqlite_fts.py" ]]; then
+  local idx="${RUFUS_CATALOG_INDEX:-$BUILD/retrieval/catalog.sqlite}" newer=1 f
+  for f in "$ROOT"/rufus/retrieval/{catalog,catalog_data,sqlite_fts}.py "$ROOT"/data/catalog/*.jsonl; do
+    [[ -f "$idx" && "$idx" -nt "$f" ]] || newer=0
+  done
+  if [[ -z "${RUFUS_CATALOG:-}" && $newer = 1 ]]; then
     step "product catalog index ready ($idx)"
     return
   fi

@@ -34,14 +34,15 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from rufus.retrieval.catalog import CATEGORIES, Product
+from rufus.retrieval.catalog import Product
+from rufus.retrieval.catalog_data import default_catalog
 
 MAX_PICKS = 3
 REPETITION_PENALTY = 1.1
 MAX_REASON_CHARS = 60
 
 _WORD = re.compile(r"[a-z]+(?:-[a-z]+)?")
-_BUILT_FOR = re.compile(r"\bbuilt for ([A-Za-z][A-Za-z ,'-]{2,50}?)[.;]")
+_BUILT_FOR = re.compile(r"\b[Bb]uilt for ([A-Za-z][A-Za-z ,'-]{2,50}?)[.;]")
 # One-word product lines that are also ordinary shopping words: a reason may say them.
 ORDINARY = frozenset("""
 structure revolution ghost launch ride guide authentic momentum solo elite dime yoga edge
@@ -93,7 +94,7 @@ def reason_options(products: Sequence[Product], question: str) -> list[list[str]
     for p in products:
         opts: list[str] = []
         colour = p.attributes.get("color", "")
-        if colour and f" {colour.lower()} " in q:
+        if isinstance(colour, str) and colour and f" {colour.lower()} " in q:
             opts.append(_clean(f"in {colour.lower()}"))
         if p.brand and f" {p.brand.lower()} " in q:
             opts.append(_clean(f"from {p.brand}"))
@@ -182,12 +183,13 @@ class CatalogNames:
     @classmethod
     def default(cls) -> CatalogNames:
         names = cls()
-        for cat in CATEGORIES:
-            for brand, lines in cat.brands.items():
-                names.add(brand, "brand")
-                for line in lines:
-                    names.add(line, "product")
-            for colour in cat.attrs.get("color", ()):
+        for p in default_catalog():
+            names.add(p.brand, "brand")
+            if p.model:
+                line = p.model[len(p.brand):] if p.model.lower().startswith(p.brand.lower()) else p.model
+                names.add(line, "product")
+            colour = p.attributes.get("color")
+            if isinstance(colour, str):
                 names.add(colour, "colour")
         return names
 
@@ -227,7 +229,7 @@ class ReasonCheck:
             return Verdict(None, "short")
         text = " " + " ".join(words) + " "
         own = " " + _phrase(f"{product.brand} {product.title} "
-                             + " ".join(product.attributes.values())) + " "
+                             + " ".join(str(v) for v in product.attributes.values())) + " "
         for phrase, kind in self.names.phrases.items():
             if f" {phrase} " in text and f" {phrase} " not in own:
                 return Verdict(None, kind)

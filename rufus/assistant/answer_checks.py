@@ -26,7 +26,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rufus.retrieval.catalog import CATEGORIES, Category, Product
+from rufus.retrieval.catalog import Product
+from rufus.retrieval.catalog_data import CategorySpec, default_categories
 
 # Single-word catalog names that are also ordinary English: matched only as the catalog
 # spells them (capitalised), so "instant results" or "a gap" names no brand.
@@ -156,29 +157,36 @@ class CatalogFacts:
 
     @classmethod
     def from_products(cls, products: Iterable[Product],
-                      categories: Sequence[Category] = CATEGORIES) -> CatalogFacts:
-        """From a catalog (``generate_catalog()`` or a user's own): its brands, the table
-        lines of those brands, and the colours of the tables and of the products. A line
-        that is an ordinary word and a number ("Go 4", "Ghost 16") is known with its brand
-        ("JBL Go 4"): alone it is too often plain text ("go 4 miles")."""
+                      categories: Sequence[CategorySpec] | None = None) -> CatalogFacts:
+        """From a catalog (the default one or a user's own): its brands, its product models
+        (their names after the brand: "WH-1000XM5", "Spirit II E-310") and its colours. A
+        model name that is an ordinary word and a number ("Go 4", "Flip 6") is known with its
+        brand ("JBL Flip 6"): alone it is too often plain text ("go 4 miles")."""
+        cats = default_categories() if categories is None else categories
         brands: set[str] = set()
         colors: set[str] = set()
+        models: dict[str, str] = {}
+        values: set[str] = set()
         for p in products:
             brands.add(p.brand)
-            if p.attributes.get("color"):
-                colors.add(p.attributes["color"])
+            colour = p.attributes.get("color")
+            if isinstance(colour, str) and colour:
+                colors.add(colour)
+            if p.model:
+                models.setdefault(p.model, p.brand)
+            values.update(v for k, v in p.attributes.items() if isinstance(v, str) and k != "color")
+        brand_words = {w for b in brands for w in _words(b)}
         ordinary: set[str] = set()
-        for cat in categories:
-            colors.update(cat.attrs.get("color", ()))
-            for text in (*cat.nouns, *cat.uses, *(v for vs in cat.attrs.values() for v in vs)):
-                ordinary.update(w for w in _words(text) if not any(ch.isdigit() for ch in w))
+        for text in (*(t for c in cats for t in (*c.nouns, *c.uses, c.name)), *values):
+            ordinary.update(w for w in _words(text) if not any(ch.isdigit() for ch in w)
+                            and w not in brand_words)
         vocab = ORDINARY | ordinary
         lines: set[str] = set()
-        for cat in categories:
-            for brand, ls in cat.brands.items():
-                if brand in brands:
-                    lines.update(f"{brand} {x}" if re.search(r"\d", x) and _only_ordinary(
-                        re.sub(r"\d+", " ", x), vocab) else x for x in ls)
+        for model, brand in models.items():
+            x = model[len(brand):].strip() if model.lower().startswith(brand.lower()) else model
+            if x:
+                lines.add(f"{brand} {x}" if re.search(r"\d", x) and _only_ordinary(
+                    re.sub(r"\d+", " ", x), vocab) else x)
         return cls(brands, lines, colors, ordinary)
 
     def names_in(self, text: str) -> list[str]:

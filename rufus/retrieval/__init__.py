@@ -19,7 +19,8 @@ import os
 from pathlib import Path
 
 from rufus.retrieval.base import Filters, Retriever
-from rufus.retrieval.catalog import Product, generate_catalog, load_catalog
+from rufus.retrieval.catalog import Product, load_catalog
+from rufus.retrieval.catalog_data import default_catalog, default_categories
 from rufus.retrieval.grounding import GroundedSearch, Price, SearchOutcome, Vocabulary, parse_price_cap
 from rufus.retrieval.sqlite_fts import SqliteFtsRetriever
 
@@ -41,7 +42,7 @@ def default_retriever() -> SqliteFtsRetriever:
     if path.exists():
         return SqliteFtsRetriever.open(path)
     src = os.environ.get("RUFUS_CATALOG")
-    products = load_catalog(src) if src else generate_catalog()
+    products = load_catalog(src) if src else list(default_catalog())
     log.warning("search index %s missing (run scripts/build_catalog.py); indexed %d products "
                 "in memory", path, len(products))
-    return SqliteFtsRetriever.build(products)
+    return SqliteFtsRetriever.build(products, categories=() if src else default_categories())

@@ -36,6 +36,9 @@ class Filters:
 
     brand: str | None = None
     max_price: float | None = None
+    min_price: float | None = None
+    categories: tuple[str, ...] = ()  # product types (empty: any)
+    models: tuple[str, ...] = ()  # product models (empty: any)
 
     @classmethod
     def from_plan(cls, filters: dict | None) -> Filters:

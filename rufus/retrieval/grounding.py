@@ -22,14 +22,14 @@ model text): what was searched and which catalog categories are nearest.
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 import re
 import threading
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
+from rufus.retrieval import constraints
 from rufus.retrieval.base import (
     MAX_QUERY_CHARS,
     STOPWORDS,
@@ -41,6 +41,18 @@ from rufus.retrieval.base import (
     query_terms,
 )
 from rufus.retrieval.catalog import Product
+from rufus.retrieval.constraints import Constraint, parse_price_range
+from rufus.retrieval.spelling import (
+    _QUERY_WORD,
+    _deletes,
+    category_display,
+    common_words,
+    edit_distance,
+    max_typo_distance,
+    stem1,
+    words,
+)
+from rufus.retrieval.taxonomy import Taxonomy
 
 # ------------------------------------------------------------------ stated price caps
 
@@ -115,124 +127,6 @@ def parse_price_cap(text: str) -> Price | None:
         return Price(amount=amount, currency=cur, usd=round(amount * USD_PER[cur], 2))
     return None
 
-
-# ------------------------------------------------------------------ words and spelling
-
-# Common English words (lab/common_words.py writes the list): never typos, even when the
-# catalog lacks them ("firm" is not "fire").
-COMMON_WORDS_PATH = Path(__file__).with_name("common_words.txt")
-
-
-@functools.cache
-def common_words() -> frozenset[str]:
-    """The words in :data:`COMMON_WORDS_PATH` (read once; empty if the file is missing)."""
-    try:
-        text = COMMON_WORDS_PATH.read_text()
-    except FileNotFoundError:
-        return frozenset()
-    return frozenset(line.strip() for line in text.splitlines()
-                     if line.strip().isalpha())  # the "# ..." header line is no word
-
-
-_WORD = re.compile(r"[a-z0-9]+")
-_QUERY_WORD = re.compile(r"[A-Za-z0-9]+(?:['\u2019][A-Za-z]+)?")
-
-
-def words(text: str) -> list[str]:
-    """Lower-case words as the index sees them (apostrophes dropped: "Levi's" -> "levis")."""
-    return _WORD.findall(text.lower().replace("'", "").replace("\u2019", ""))
-
-
-def _cons(w: str, i: int) -> bool:
-    c = w[i]
-    if c in "aeiou":
-        return False
-    return c != "y" or i == 0 or not _cons(w, i - 1)
-
-
-def _measure(w: str) -> int:
-    n, vowel = 0, False
-    for i in range(len(w)):
-        v = not _cons(w, i)
-        n += int(vowel and not v)
-        vowel = v
-    return n
-
-
-def _has_vowel(w: str) -> bool:
-    return any(not _cons(w, i) for i in range(len(w)))
-
-
-def stem1(w: str) -> str:
-    """Porter stemmer step 1 (plurals, -ed, -ing, -y): the part of FTS5's porter tokenizer
-    that decides whether "shoe", "shoes", "hike" and "hiking" are the same word."""
-    if len(w) <= 2:
-        return w
-    if w.endswith(("sses", "ies")):
-        w = w[:-2]
-    elif w.endswith("s") and not w.endswith("ss"):
-        w = w[:-1]
-    if w.endswith("eed"):
-        if _measure(w[:-3]) > 0:
-            w = w[:-1]
-    else:
-        for suf in ("ed", "ing"):
-            if w.endswith(suf) and _has_vowel(w[:-len(suf)]):
-                w = w[:-len(suf)]
-                if w.endswith(("at", "bl", "iz")):
-                    w += "e"
-                elif len(w) >= 2 and w[-1] == w[-2] and _cons(w, len(w) - 1) and w[-1] not in "lsz":
-                    w = w[:-1]
-                elif (_measure(w) == 1 and len(w) >= 3 and _cons(w, len(w) - 3)
-                      and not _cons(w, len(w) - 2) and _cons(w, len(w) - 1) and w[-1] not in "wxy"):
-                    w += "e"
-                break
-    if w.endswith("y") and _has_vowel(w[:-1]):
-        w = w[:-1] + "i"
-    return w
-
-
-def edit_distance(a: str, b: str) -> int:
-    """Damerau-Levenshtein distance (optimal string alignment: a transposition costs 1)."""
-    prev2: list[int] = []
-    prev = list(range(len(b) + 1))
-    for i in range(1, len(a) + 1):
-        cur = [i] + [0] * len(b)
-        for j in range(1, len(b) + 1):
-            cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1]))
-            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
-                cur[j] = min(cur[j], prev2[j - 2] + 1)
-        prev2, prev = prev, cur
-    return prev[-1]
-
-
-def max_typo_distance(word: str) -> int:
-    """How far a typo may be from its word: none under 4 letters, 1 for 4-7, 2 for 8+."""
-    return 0 if len(word) < 4 else 1 if len(word) < 8 else 2
-
-
-def _deletes(word: str, depth: int) -> set[str]:
-    out, frontier = {word}, {word}
-    for _ in range(depth):
-        frontier = {w[:i] + w[i + 1:] for w in frontier for i in range(len(w))}
-        out |= frontier
-    return out
-
-
-_PLURALS_OF_CATEGORY = {"tv": "TVs", "tshirt": "T-shirts", "mouse": "computer mice",
-                        "kitchen knife": "kitchen knives", "cookware": "cookware",
-                        "skincare": "skincare"}
-
-
-def category_display(key: str) -> str:
-    """What a customer reads for a category key: "running_shoes" -> "running shoes",
-    "laptop" -> "laptops", "tv" -> "TVs"."""
-    name = " ".join(key.replace("_", " ").replace("-", " ").split())
-    if name.lower() in _PLURALS_OF_CATEGORY:
-        return _PLURALS_OF_CATEGORY[name.lower()]
-    if not name or name.endswith("s"):
-        return name
-    return name + ("es" if name.endswith(("ch", "sh", "x")) else "s")
 
 
 # ------------------------------------------------------------------ what a query asks for
@@ -489,9 +383,9 @@ class Vocabulary:
         return False
 
     def categories_near(self, terms: Sequence[str], n: int = 3) -> list[str]:
-        """Display names of the ``n`` categories nearest to ``terms``: the share of each
-        category's products with a term in the title (plus one when the category's name has
-        it); filled up with the largest categories."""
+        """Display names of the (at most ``n``) categories nearest to ``terms``: the share of
+        each category's products with a term in the title (plus one when the category's name
+        has it); none when no category has a term (not the largest ones whatever was asked)."""
         stems = {stem1(w) for t in terms for w in words(t) if w not in STOPWORDS}
         score: dict[str, float] = {}
         for i, key in enumerate(self.categories):
@@ -501,11 +395,6 @@ class Vocabulary:
             if s > 0:
                 score[key] = s
         near = sorted(score, key=lambda c: -score[c])[:n]
-        for key, _count in self.category_count.most_common():
-            if len(near) >= n:
-                break
-            if key not in near:
-                near.append(key)
         return [category_display(k) for k in near]
 
 
@@ -521,6 +410,9 @@ class SearchOutcome:
     relaxed: list[str] = field(default_factory=list)  # plan filters dropped, "brand" before "max_price"
     notes: list[str] = field(default_factory=list)  # customer-facing, system-written
     requested: Filters = field(default_factory=Filters)  # the grounded filters before relaxing
+    categories: list[str] = field(default_factory=list)  # product types searched (empty: any)
+    constraints: list[Constraint] = field(default_factory=list)  # stated, and met by every card
+    dropped: list[Constraint] = field(default_factory=list)  # stated, relaxed: no card met them
 
 
 def _money(usd: float) -> str:
@@ -543,13 +435,30 @@ class GroundedSearch:
     """The plan's search, grounded in the catalog (see the module docstring). Thread-safe;
     the vocabulary is built once, on first use, from the retriever's products unless given."""
 
-    def __init__(self, retriever: Retriever, vocabulary: Vocabulary | None = None) -> None:
+    def __init__(self, retriever: Retriever, vocabulary: Vocabulary | None = None,
+                 taxonomy: Taxonomy | None = None) -> None:
         if vocabulary is None and not isinstance(retriever, ProductSource):
             raise TypeError(f"{type(retriever).__name__} cannot list its products "
                             "(no iter_products()): pass a Vocabulary")
         self.retriever = retriever
         self._vocabulary = vocabulary
+        self._taxonomy = taxonomy
         self._lock = threading.Lock()
+
+    @property
+    def taxonomy(self) -> Taxonomy:
+        """The product types (rufus/retrieval/taxonomy.py), built on first use with the
+        vocabulary; empty where the engine cannot list its products."""
+        if self._taxonomy is None:
+            with self._lock:
+                if self._taxonomy is None:
+                    if isinstance(self.retriever, ProductSource):
+                        cats = getattr(self.retriever, "categories", None)
+                        specs = cats() if callable(cats) else []
+                        self._taxonomy = Taxonomy.from_products(self.retriever.iter_products(), specs)
+                    else:
+                        self._taxonomy = Taxonomy()
+        return self._taxonomy
 
     @property
     def vocabulary(self) -> Vocabulary:
@@ -662,6 +571,17 @@ class GroundedSearch:
             return SearchOutcome(products=products, queries=searched, filters=f, corrected=corrected,
                                  relaxed=relaxed, notes=notes, requested=requested)
 
+        # 4. product type first: the types and models the question names (else its plan's
+        # queries: a follow-up's), searched within those types, its constraints applied
+        typed = self._typed(qs, question, requested, k, notes, corrected)
+        if typed is not None:
+            return typed
+        if self.taxonomy.curated():
+            # every type of this catalog is known by its nouns: a question naming none of them
+            # (nor a model, line, brand or need) asks for what the catalog does not carry;
+            # searching its other words would only bring side-word cards ("powerbeats pro")
+            return outcome([], qs, requested, [])
+
         covered = [q for q in qs if self.covers(q)]
         if covered:
             qs = covered
@@ -721,6 +641,119 @@ class GroundedSearch:
             searched = [*qs, last]
         return outcome([], searched, Filters(), dropped)
 
+    # How many listings of the named product types the typed search looks at: every listing
+    # of a type in the default catalog (at most ~60), the best 100 in a larger one.
+    POOL = 100
+
+    def _typed(self, qs: list[str], question: str, requested: Filters, k: int,
+               notes: list[str], corrected: dict[str, str]) -> SearchOutcome | None:
+        """Search within the product types the question names, its stated constraints met
+        (rufus/retrieval/constraints.py); None when it names no type of this catalog."""
+        tax = self.taxonomy
+        if not tax.count:
+            return None
+        # the customer's words first; spelling corrected only when they name no type
+        # (a correction may turn a word the catalog lacks into one it has: "wrecking")
+        spelled = self.spell(question, {})
+        res, text = tax.resolve(spelled), spelled
+        if not res.categories and not res.accessory:
+            for q in qs:
+                r = tax.resolve(q)
+                if r.categories:
+                    res, text = r, f"{text} {q}"
+                    break
+        if not res.categories:
+            return None
+        cats = tuple(res.categories)
+        lo, hi = parse_price_range(question)
+        max_price = requested.max_price if requested.max_price is not None else hi
+        named = [] if requested.brand else list(dict.fromkeys(
+            self._brands_named(text, cats) + res.brands))
+        cons = constraints.parse(text, cats, tax, named)
+        f = Filters(brand=requested.brand, max_price=max_price, min_price=lo, categories=cats)
+        pool, f, relaxed = self._typed_pool(qs, res.models, f)
+        if res.line_models:  # "apple watch": that line's models, when it has some here
+            pool = [p for p in pool if p.model in res.line_models] or pool
+        stated = dataclasses.replace(requested, max_price=max_price, min_price=lo, categories=cats)
+        if relaxed:
+            note = self._relax_note(stated, relaxed)
+            if note:
+                notes.append(note)
+        found, dropped = constraints.relax(pool, cons)
+        if dropped:
+            notes.append(self._constraint_note(cats, dropped, len(cons) > len(dropped)))
+        found = self._named_first(found, pool, res.models)
+        return SearchOutcome(products=found[:k], queries=qs, filters=f, corrected=corrected,
+                             relaxed=relaxed, notes=notes, requested=stated, categories=list(cats),
+                             constraints=[c for c in cons if c not in dropped], dropped=dropped)
+
+    def _brands_named(self, text: str, cats: Sequence[str]) -> list[str]:
+        """Catalog brands of these product types that ``text`` names ("ninja", "the north
+        face", "ray bans"), as one to three words, a plural "s" allowed."""
+        ws = words(text)
+        grams = {g for i in range(len(ws)) for k in (1, 2, 3)
+                 for g in ("".join(ws[i:i + k]), "".join(ws[i:i + k]).removesuffix("s"))}
+        out = []
+        for c in cats:
+            for nb, display in self.taxonomy.brands.get(c, {}).items():
+                if nb in grams and display not in out:
+                    out.append(display)
+        return out
+
+    def _typed_pool(self, qs: list[str], models: Sequence[str], f: Filters
+                    ) -> tuple[list[Product], Filters, list[str]]:
+        """The listings of ``f``'s product types: the named models', then the query's best,
+        then the most reviewed; the plan's brand, then its price bounds relaxed when none is
+        left (the filters applied and those relaxed)."""
+        steps = [(f, [])]
+        if f.brand:
+            steps.append((dataclasses.replace(f, brand=None), ["brand"]))
+        if f.max_price is not None or f.min_price is not None:
+            steps.append((dataclasses.replace(f, max_price=None, min_price=None), ["max_price"]))
+            if f.brand:
+                steps.append((dataclasses.replace(f, brand=None, max_price=None, min_price=None),
+                              ["brand", "max_price"]))
+        for step, relaxed in steps:
+            seen: dict[str, Product] = {}
+            if models:
+                by_model = dataclasses.replace(step, models=tuple(models))
+                for p in self.retriever.search(list(models)[:3], by_model, 30):
+                    seen.setdefault(p.id, p)
+            for batch in (qs, [""]):
+                for p in self.retriever.search(batch, step, self.POOL):
+                    if len(seen) >= self.POOL:
+                        break
+                    seen.setdefault(p.id, p)
+            pool = [p for p in seen.values() if p.category in step.categories
+                    and (step.max_price is None or p.price <= step.max_price)
+                    and (step.min_price is None or p.price >= step.min_price)
+                    and (step.brand is None or norm_brand(p.brand) == norm_brand(step.brand))]
+            if pool:
+                return pool, step, relaxed
+        return [], steps[-1][0], steps[-1][1]
+
+    @staticmethod
+    def _named_first(found: list[Product], pool: list[Product], models: Sequence[str]) -> list[Product]:
+        """The models the question names first, in its order (each its best listing; one
+        that meets none of the constraints still shown: the customer asked for it)."""
+        if not models:
+            return found
+        head = []
+        for m in models:
+            mine = [p for p in found if p.model == m] or [p for p in pool if p.model == m]
+            if mine:
+                head.append(mine[0])
+        return head + [p for p in found if p not in head]
+
+    def _constraint_note(self, cats: Sequence[str], dropped: Sequence[Constraint], rest: bool) -> str:
+        """What relaxing ``dropped`` means for the customer, ahead of the first pick."""
+        name = self.taxonomy.name(cats[0]) if len(cats) == 1 else "products"
+        said = " and ".join(f'"{_safe(c.text)}"' for c in dropped)
+        also = " with the rest of your search" if rest else ""
+        if all(c.kind == "number" for c in dropped):
+            return f"No {name} in the catalog match {said}{also}; showing the closest."
+        return f"No {name} in the catalog match {said}{also}; showing {name} without it."
+
     @staticmethod
     def _relax_note(f: Filters, relaxed: list[str]) -> str:
         """What relaxing ``relaxed`` (of the filters ``f``) means for the customer."""
@@ -749,6 +782,21 @@ class GroundedSearch:
             without.append(f"the {_money(req.max_price)} price cap" if req.max_price is not None
                            else "the price cap")
         even = f", even without {' and '.join(without)}" if without else ""
-        near = self.vocabulary.categories_near([*outcome.queries, question], 3)
         return (f"I couldn't find any products for {what} in our catalog{even}. "
-                f"The catalog has: {', '.join(near)}.")
+                f"{self.nearest(outcome, question)}").rstrip()
+
+    def nearest(self, outcome: SearchOutcome, question: str) -> str:
+        """The sentence naming the catalog's product types nearest to what was asked (by the
+        types' nouns, then the titles' words), or its departments when none is near."""
+        tax = self.taxonomy
+        text = " ".join([question, *outcome.queries])
+        near = [tax.name(c) for c in tax.near(text, 3)]
+        if not near:
+            near = self.vocabulary.categories_near([*outcome.queries, question], 3)
+        if near:
+            return f"The catalog has: {', '.join(near)}."
+        deps = tax.departments()
+        if deps:
+            said = ", ".join(deps[:-1]) + " and " + deps[-1] if len(deps) > 1 else deps[0]
+            return f"The catalog has {len(tax.count)} product types in {said}; nothing near this."
+        return ""

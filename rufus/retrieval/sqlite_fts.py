@@ -9,6 +9,7 @@ SQL on the products table, so a result can never violate them.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sqlite3
 import threading
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from rufus.retrieval.base import Filters, Hit, check_queries, fuse, norm_brand, query_terms, rerank
 from rufus.retrieval.catalog import Product
+from rufus.retrieval.catalog_data import CategorySpec, default_categories
 
 # bm25() weights per FTS column: title, brand, category, description.
 WEIGHTS = (4.0, 3.0, 2.0, 1.0)
@@ -28,25 +30,31 @@ CREATE TABLE products (
   brand_norm TEXT NOT NULL, category TEXT NOT NULL, category_text TEXT NOT NULL,
   price REAL NOT NULL, rating REAL NOT NULL, review_count INTEGER NOT NULL,
   description TEXT NOT NULL, url TEXT NOT NULL,
-  image_url TEXT NOT NULL, attributes TEXT NOT NULL);
+  image_url TEXT NOT NULL, attributes TEXT NOT NULL, model TEXT NOT NULL);
 CREATE INDEX products_brand ON products(brand_norm, price);
+CREATE INDEX products_category ON products(category, price);
+CREATE INDEX products_model ON products(model);
+CREATE TABLE categories (key TEXT PRIMARY KEY, spec TEXT NOT NULL);
 CREATE VIRTUAL TABLE products_fts USING fts5(
   title, brand, category_text, description, content='products', content_rowid='rowid',
   tokenize='porter unicode61 remove_diacritics 2');
 """
 COLS = "p.id, p.title, p.brand, p.category, p.price, p.rating, p.review_count, p.description, " \
-       "p.url, p.image_url, p.attributes"
+       "p.url, p.image_url, p.attributes, p.model"
 
 
 def _product(row: tuple) -> Product:
-    (pid, title, brand, cat, price, rating, reviews, desc, url, image, attrs) = row
+    (pid, title, brand, cat, price, rating, reviews, desc, url, image, attrs, model) = row
     return Product(id=pid, title=title, brand=brand, category=cat, price=price, rating=rating,
                    review_count=reviews, description=desc, url=url, image_url=image,
-                   attributes=json.loads(attrs))
+                   attributes=json.loads(attrs), model=model)
 
 
-def build_index(products: Sequence[Product], path: str | Path = ":memory:") -> sqlite3.Connection:
-    """Create the index (replacing a file at ``path``); returns the open connection."""
+def build_index(products: Sequence[Product], path: str | Path = ":memory:",
+                categories: Sequence[CategorySpec] = ()) -> sqlite3.Connection:
+    """Create the index (replacing a file at ``path``); returns the open connection.
+    ``categories``: the product types' nouns and spec keys (rufus.retrieval.taxonomy), kept
+    in the index so that a process opening it reads the same taxonomy."""
     if str(path) != ":memory:":
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
@@ -55,10 +63,12 @@ def build_index(products: Sequence[Product], path: str | Path = ":memory:") -> s
     conn = sqlite3.connect(str(path), check_same_thread=False)
     conn.executescript(SCHEMA)
     conn.executemany(
-        "INSERT INTO products VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+        "INSERT INTO products VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
         [(i + 1, p.id, p.title, p.brand, norm_brand(p.brand), p.category, p.category.replace("_", " "),
           p.price, p.rating, p.review_count, p.description, p.url, p.image_url,
-          json.dumps(p.attributes)) for i, p in enumerate(products)])
+          json.dumps(p.attributes), p.model) for i, p in enumerate(products)])
+    conn.executemany("INSERT INTO categories VALUES (?, ?)",
+                     [(c.key, json.dumps(dataclasses.asdict(c))) for c in categories])
     conn.execute("INSERT INTO products_fts(products_fts) VALUES ('rebuild')")
     conn.execute("INSERT INTO products_fts(products_fts) VALUES ('optimize')")
     conn.commit()
@@ -76,8 +86,24 @@ class SqliteFtsRetriever:
         self.lock = threading.Lock()
 
     @classmethod
-    def build(cls, products: Sequence[Product], path: str | Path = ":memory:") -> SqliteFtsRetriever:
-        return cls(build_index(products, path))
+    def build(cls, products: Sequence[Product], path: str | Path = ":memory:",
+              categories: Sequence[CategorySpec] | None = None) -> SqliteFtsRetriever:
+        """``categories`` default to the default catalog's for the categories it shares."""
+        if categories is None:
+            present = {p.category for p in products}
+            categories = [c for c in default_categories() if c.key in present]
+        return cls(build_index(products, path, categories))
+
+    def categories(self) -> list[CategorySpec]:
+        """The product types stored with the index (empty for an index without them)."""
+        with self.lock:
+            rows = self.conn.execute("SELECT spec FROM categories ORDER BY rowid").fetchall()
+        out = []
+        for (spec,) in rows:
+            d = json.loads(spec)
+            out.append(CategorySpec(**{**d, "nouns": tuple(d["nouns"]), "uses": tuple(d["uses"]),
+                                       "needs": tuple(d.get("needs", ()))}))
+        return out
 
     @classmethod
     def open(cls, path: str | Path) -> SqliteFtsRetriever:
@@ -120,6 +146,13 @@ class SqliteFtsRetriever:
         if filters.max_price is not None:
             where.append("p.price <= ?")
             args.append(filters.max_price)
+        if filters.min_price is not None:
+            where.append("p.price >= ?")
+            args.append(filters.min_price)
+        for col, values in (("p.category", filters.categories), ("p.model", filters.models)):
+            if values:
+                where.append(f"{col} IN ({','.join('?' * len(values))})")
+                args.extend(values)
         if not terms:  # nothing to match on (e.g. "any under $60?"): most reviewed first
             sql = (f"SELECT {COLS}, 0.0 FROM products p "
                    f"{'WHERE ' + ' AND '.join(where) if where else ''} "

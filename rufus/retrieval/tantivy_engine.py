@@ -34,6 +34,8 @@ class TantivyRetriever:
         for f in TEXT_FIELDS:
             sb.add_text_field(f, stored=True, tokenizer_name="en_stem")
         sb.add_text_field("brand_norm", stored=False, tokenizer_name="raw")
+        sb.add_text_field("category_key", stored=False, tokenizer_name="raw")
+        sb.add_text_field("model_key", stored=False, tokenizer_name="raw")
         sb.add_float_field("price", stored=True, indexed=True, fast=True)
         sb.add_text_field("doc", stored=True, tokenizer_name="raw", index_option="basic")
         schema = sb.build()
@@ -43,6 +45,7 @@ class TantivyRetriever:
             writer.add_document(tantivy.Document(
                 title=p.title, brand=p.brand, category=p.category.replace("_", " "),
                 description=p.description, brand_norm=norm_brand(p.brand), price=p.price,
+                category_key=p.category, model_key=p.model,
                 doc=json.dumps(p.to_json())))
         writer.commit()
         writer.wait_merging_threads()
@@ -69,9 +72,15 @@ class TantivyRetriever:
         if filters.brand:
             must.append((t.Occur.Must, t.Query.term_query(self.schema, "brand_norm",
                                                           norm_brand(filters.brand))))
-        if filters.max_price is not None:
+        if filters.max_price is not None or filters.min_price is not None:
+            lo = float(filters.min_price) if filters.min_price is not None else None
+            hi = float(filters.max_price) if filters.max_price is not None else None
             must.append((t.Occur.Must, t.Query.range_query(
-                self.schema, "price", t.FieldType.Float, None, float(filters.max_price))))
+                self.schema, "price", t.FieldType.Float, lo, hi)))
+        for field_name, values in (("category_key", filters.categories), ("model_key", filters.models)):
+            if values:
+                any_of = [(t.Occur.Should, t.Query.term_query(self.schema, field_name, v)) for v in values]
+                must.append((t.Occur.Must, t.Query.boolean_query(any_of)))
         q = t.Query.boolean_query(must) if must else t.Query.all_query()
         res = self.searcher.search(q, limit, count=False)
         hits = []

@@ -118,7 +118,7 @@ def test_the_pipeline_refuses_before_any_model_call():
     """Through the library: a refused turn raises Unavailable at its first step, calls no
     model, and is counted; an admitted turn's ticket is returned when it ends."""
     from rufus.assistant.pipeline import Assistant, NullMetrics
-    from rufus.retrieval.catalog import generate_catalog
+    from rufus.retrieval.catalog_data import default_catalog
     from rufus.retrieval.sqlite_fts import SqliteFtsRetriever
 
     class Streams:
@@ -134,7 +134,7 @@ def test_the_pipeline_refuses_before_any_model_call():
     metrics.count = lambda outcome, path: counted.append((outcome, path))  # type: ignore[method-assign]
     adm = SloAdmission(AdmissionSettings(base_s=0.5, per_waiting_s=1.0, warm_after=0),
                        clock=Clock())
-    a = Assistant("x", SqliteFtsRetriever.build(generate_catalog(300)), metrics=metrics,
+    a = Assistant("x", SqliteFtsRetriever.build(list(default_catalog())), metrics=metrics,
                   admission=adm)
     streams = Streams()
     a.streams = lambda: streams  # type: ignore[method-assign]

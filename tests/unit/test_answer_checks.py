@@ -23,7 +23,8 @@ from rufus.assistant.answer_eval import (
     stem,
     summary,
 )
-from rufus.retrieval.catalog import Product, generate_catalog
+from rufus.retrieval.catalog import Product
+from rufus.retrieval.catalog_data import default_catalog
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = "https://shop.example.com/p"
@@ -54,7 +55,7 @@ def link(c: dict[str, Any], title: str | None = None) -> str:
 
 @pytest.fixture(scope="module")
 def catalog() -> list[Product]:
-    return generate_catalog()
+    return list(default_catalog())
 
 
 @pytest.fixture(scope="module")

@@ -25,11 +25,11 @@ from rufus.assistant.prompt import (
 from rufus.assistant.triton_model import parse_assistant_request
 from rufus.client import RequestFailed
 from rufus.errors import InvalidInput
-from rufus.retrieval.catalog import generate_catalog
+from rufus.retrieval.catalog_data import default_catalog
 from rufus.retrieval.sqlite_fts import SqliteFtsRetriever
 from rufus.serving.admission import AdmissionSettings, SloAdmission
 
-CATALOG = generate_catalog(3000)
+CATALOG = list(default_catalog())
 
 
 @pytest.fixture(scope="module")
@@ -542,7 +542,7 @@ def test_product_lines_are_names_and_their_reason_menus():
     """A product line is its number, its name without colour or size variants, and the
     menu of reasons the grammar allows for it (the facts the model chooses among); no
     digits of price or rating (prefill tokens; the card and the pick line show them)."""
-    ps = generate_catalog(50)[:3]
+    ps = list(default_catalog())[:3]
     menus = reason_options(ps, "running shoes")
     lines = product_lines(ps, "running shoes").split("\n")
     assert len(lines) == 3

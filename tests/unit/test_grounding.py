@@ -9,7 +9,8 @@ from collections.abc import Sequence
 import pytest
 
 from rufus.retrieval.base import Filters
-from rufus.retrieval.catalog import Product, generate_catalog
+from rufus.retrieval.catalog import Product
+from rufus.retrieval.catalog_data import default_catalog
 from rufus.retrieval.grounding import (
     GroundedSearch,
     Price,
@@ -25,7 +26,7 @@ from rufus.retrieval.sqlite_fts import SqliteFtsRetriever
 
 @pytest.fixture(scope="module")
 def catalog() -> list[Product]:
-    return generate_catalog()
+    return list(default_catalog())
 
 
 @pytest.fixture(scope="module")

@@ -11,12 +11,17 @@ import pytest
 
 from rufus.retrieval.base import Filters, query_terms
 from rufus.retrieval.catalog import (
-    CATEGORIES,
     CatalogError,
     Product,
-    generate_catalog,
     load_catalog,
     write_jsonl,
+)
+from rufus.retrieval.catalog_data import (
+    check_catalog,
+    default_catalog,
+    default_categories,
+    listings,
+    read_models,
 )
 from rufus.retrieval.relevance import build_relevance, evaluate, load_relevance
 from rufus.retrieval.sqlite_fts import SqliteFtsRetriever
@@ -25,7 +30,7 @@ from rufus.retrieval.tantivy_engine import TantivyRetriever
 
 @pytest.fixture(scope="module")
 def catalog() -> list[Product]:
-    return generate_catalog()
+    return list(default_catalog())
 
 
 @pytest.fixture(scope="module", params=["sqlite", "tantivy"])
@@ -35,15 +40,53 @@ def engine(request, catalog, tmp_path_factory):
     return TantivyRetriever.build(catalog)
 
 
-def test_generator_reproducible_and_large(catalog):
-    assert len(catalog) >= 20_000 and len(CATEGORIES) >= 20
-    assert len({p.category for p in catalog}) == len(CATEGORIES)
-    assert generate_catalog(200) == catalog[:200]
-    assert generate_catalog(200, seed=1) != catalog[:200]
+def test_default_catalog_is_real_models_reproducible(catalog, tmp_path):
+    """Issue 57: at least 80 categories of real product models, each listing naming its
+    model; the same bytes every time; the catalog check finds nothing."""
+    cats, models = read_models()
+    assert len(cats) >= 80 and len({p.category for p in catalog}) == len(cats)
+    assert len(models) >= 500 and all(p.model for p in catalog)
     assert len({p.id for p in catalog}) == len(catalog)
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    write_jsonl(catalog, a)
+    read_models.cache_clear()
+    default_catalog.cache_clear()
+    write_jsonl(default_catalog(), b)
+    assert a.read_bytes() == b.read_bytes()
+    assert check_catalog(catalog) == []
     p = catalog[0]
     assert p.url.startswith("https://") and p.image_url.startswith("https://") and p.attributes
-    assert set(p.card()) == {"id", "title", "brand", "price", "rating", "url", "image_url"}
+    assert set(p.card()) >= {"id", "title", "brand", "price", "rating", "url", "image_url",
+                             "model", "category", "attributes"}
+    assert {c.key for c in default_categories()} == {p.category for p in catalog}
+
+
+def test_catalog_check_fails_unbelievable_catalogs(catalog):
+    """The check fails a model under two types or categories, specs that differ outside a
+    variant axis, and colours of one variant priced apart."""
+    p = next(x for x in catalog if x.attributes.get("color") and "battery_hours" in x.attributes)
+    def twin(**kw):
+        return Product(**{**p.to_json(), "id": p.id + "X", **kw})
+    assert any("categories" in x for x in check_catalog([p, twin(category="blender")]))
+    assert any("battery_hours" in x for x in check_catalog(
+        [p, twin(attributes={**p.attributes, "battery_hours": 99, "color": "Zebra"})]))
+    assert any("priced" in x for x in check_catalog(
+        [p, twin(attributes={**p.attributes, "color": "Zebra"}, price=p.price * 1.5)]))
+    assert check_catalog([p, twin(attributes={**p.attributes, "color": "Zebra"})]) == []
+
+
+def test_listings_differ_only_along_variant_axes():
+    """One listing per variant and colour; colour never changes the price."""
+    _cats, models = read_models()
+    m = next(m for m in models if len(m.variants) >= 2 and len(m.colors) >= 2)
+    ls = listings(m)
+    assert len(ls) == len(m.variants) * len(m.colors)
+    assert len({x.model for x in ls}) == 1 and len({x.category for x in ls}) == 1
+    by_variant: dict[str, set[float]] = {}
+    for x in ls:
+        rest = json.dumps({k: v for k, v in x.attributes.items() if k != "color"}, sort_keys=True)
+        by_variant.setdefault(rest, set()).add(x.price)
+    assert all(len(v) == 1 for v in by_variant.values())
 
 
 def test_committed_relevance_set_matches_generator(catalog):
@@ -232,7 +275,8 @@ def test_opensearch_engine_against_fake_client(catalog):
     assert fake.indices.created["products"] == INDEX_BODY
     res = eng.search(["running shoes", "sneakers"], Filters(brand="Nike", max_price=150), k=5)
     assert res and all(p.brand == "Nike" and p.price <= 150 for p in res)
-    assert all(isinstance(p, Product) and p.category in {c.key for c in CATEGORIES} for p in res)
+    assert all(isinstance(p, Product) and p.category in {c.key for c in default_categories()}
+               for p in res)
     body = fake.msearch_bodies[-1]
     assert body[0] == {"index": "products"} and len(body) == 4
     assert {"term": {"brand_norm": "nike"}} in body[1]["query"]["bool"]["filter"]

@@ -1,0 +1,90 @@
+"""The I/O of the search eval behind scripts/eval_search.py: held-out questions searched
+in-process (the question as the plan's one query, no planner: the search alone) or through
+``rufus_assistant`` over gRPC (the planner's plan, the cards the customer gets), scored with
+rufus.retrieval.search_eval (the checks and rates are product code, unit-tested)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from lab.eval_answers import catalog_products, cpu
+from rufus.retrieval.search_eval import meetable, rates, score
+
+ROOT = Path(__file__).resolve().parents[1]
+QUESTIONS = ROOT / "data" / "retrieval" / "heldout_search.jsonl"
+CARDS = 5  # the assistant's product cards per turn (AssistantSettings.num_products)
+
+
+def offline(items: list[dict[str, Any]]) -> list[list[Any]]:
+    from rufus.assistant.prompt import diversify
+    from rufus.retrieval import GroundedSearch, default_retriever
+
+    search = GroundedSearch(default_retriever())
+    out = []
+    for it in items:
+        found = search.search([it["q"]], {}, it["q"], 4 * CARDS)
+        out.append(diversify(found.products, CARDS))
+    return out
+
+
+async def live(url: str, items: list[dict[str, Any]], timeout: float) -> list[list[Any]]:
+    from rufus.client import AsyncStreams, RequestFailed, output_str
+
+    io = AsyncStreams(url)
+    out: list[list[Any]] = []
+    try:
+        for i, it in enumerate(items, start=1):
+            cards: list[Any] = []
+            try:
+                async with contextlib.aclosing(io.stream("rufus_assistant", {"question": it["q"]},
+                                                         timeout=timeout)) as s:
+                    async for outs in s:
+                        if "products" in outs:
+                            cards = json.loads(output_str(outs, "products") or "[]")
+            except (RequestFailed, TimeoutError) as exc:
+                print(f"  error: {str(exc)[:200]}")
+            out.append(cards)
+            print(f"[{i}/{len(items)}] {len(cards)} cards: {it['q'][:60]}", flush=True)
+    finally:
+        await io.close()
+    return out
+
+
+def main(argv: list[str] | None = None, doc: str = __doc__) -> int:
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--url", help="Triton gRPC address: ask rufus_assistant (default: in-process search)")
+    ap.add_argument("--questions", type=Path, default=QUESTIONS)
+    ap.add_argument("--out", type=Path, default=ROOT / "build" / "eval_search.json")
+    ap.add_argument("--timeout", type=float, default=120.0)
+    ap.add_argument("--show", type=int, default=15, help="failures to print per check")
+    a = ap.parse_args(argv)
+    items = [json.loads(x) for x in a.questions.read_text(encoding="utf-8").splitlines() if x.strip()]
+    catalog = catalog_products()
+    t0 = time.monotonic()
+    cards = asyncio.run(live(a.url, items, a.timeout)) if a.url else offline(items)
+    rows = [score(it, cs, meetable(it, catalog) if it["kind"] == "constraint" else True)
+            for it, cs in zip(items, cards, strict=True)]
+    r = rates(rows)
+    report = {"mode": f"live {a.url}" if a.url else "in-process search", "cpu": cpu(),
+              "wall_s": time.monotonic() - t0, "rates": r, "records": rows}
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(report, indent=1), encoding="utf-8")
+    print(f"{report['mode']}: {r['questions']} questions, {r['cards']} cards")
+    print(f"  product-type relevance of cards: {r['type_relevance']:.1%} (goal >= 98%)")
+    print(f"  constraints met by every card: {r['constraints_met']:.1%} of "
+          f"{r['constraint_questions_meetable']} meetable constraint questions (goal >= 90%)")
+    print(f"  product questions with cards of the asked type: {r['product_type_right']:.1%} of "
+          f"{r['product_questions']} (goal >= 90%)")
+    for label, bad in (("wrong type", [x for x in rows if x["wrong_type"]]),
+                       ("constraint missed", [x for x in rows if x["misses"] and x["meetable"]]),
+                       ("no cards", [x for x in rows if not x["cards"]])):
+        for x in bad[:a.show]:
+            print(f"  {label}: {x['q']!r} -> {x['titles'][:3]}")
+    print(f"report: {a.out}")
+    return 0

@@ -1,0 +1,392 @@
+"""Product type first: which categories and which product models a question asks for.
+
+A card of another product type must never be shown because it shares a side word ("Pro",
+"Classic", "Full Size", "Laptop" in "laptop backpack"). So before searching, the question is
+read for the product types it names (each category's nouns, the longest match winning:
+"laptop backpack" is a backpack) and the product models it names ("weber spirit", "traeger
+pro", "galaxy buds 2 pro"); search is then limited to those categories.
+
+Which match is the product type: only the question's first phrase counts (up to "for",
+"with", "under" ...: "backpack for my laptop" is a backpack), and a noun followed by an
+accessory word ("phone case", "tv stand") is no product type of ours. Models are matched by
+their words after the brand, split at letter-digit boundaries ("buds2" = "buds 2"): the
+model's first word must be there, with its brand, a second of its words, or a first word no
+other brand uses; among a line's models the best-covered wins ("macbook air m2" is the M2).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from rufus.retrieval.base import STOPWORDS, norm_brand
+from rufus.retrieval.catalog import Product
+from rufus.retrieval.catalog_data import CategorySpec
+from rufus.retrieval.spelling import common_words, stem1
+
+_TOKEN = re.compile(r"[a-z]+|\d+(?:\.\d+)?")
+# Words after a product noun that make it a modifier: the customer wants the accessory.
+ACCESSORY = frozenset("""
+case cases cover covers bag bags stand stands mount mounts charger chargers cable cables strap
+straps band bands protector protectors accessory accessories part parts replacement
+replacements pad pads tip tips holder holders sleeve sleeves skin skins remote remotes lens
+lenses string strings table tables rack racks cleaner cleaners grinder grinders pod pods bean
+beans filter filters battery batteries dock docks hook hooks light lights shelf shelves bin
+bins box boxes tray trays lid lids liner liners brush brushes head heads refill refills
+""".split())
+LINE_MODELS = 2  # more models than this named equally: a product line, not models to compare
+# The words that open a phrase naming what is wanted ("i'm looking | for a tent").
+WANT_OPENERS = frozenset({"for", "like"})
+# Words that end the first phrase of a question ("backpack | for my laptop").
+PHRASE_END = frozenset("""
+for with without under below over above in on to of by from near like than that who thats
+at into between compatible fits fit sleeps holds keeps works rated
+""".split())
+
+
+# A need's words that say nothing of the product type (classify).
+_NEED_STOP = frozenset("""
+something thing things want need looking get buy good best great new old really time day days
+help make makes keep like just also even every home house room use used using one two work
+tired paying pay whats easiest easy way always lot lots stuff right now people who whos
+someone somebody love loves starting start every
+""".split())
+DESCRIPTION_WEIGHT = 0.5  # a model's words, against 3 for a noun and 2 for a use or need
+IDF_POWER = 1.0
+CLASSIFY_MIN = 2.0  # the nearest type's score, at least (tuned on the first held-out set)
+CLASSIFY_LEAD = 1.0  # and at least as high as the next type's (1.3 measured worse: docs/catalog.md)
+
+
+def _majority(counts: dict[str, Counter[str]], ok: Callable[[str], bool]) -> dict[str, str]:
+    """word -> the category holding at least two thirds of its models/brands."""
+    out = {}
+    for w, c in counts.items():
+        cat, n = c.most_common(1)[0]
+        if ok(w) and n * 3 >= 2 * sum(c.values()):
+            out[w] = cat
+    return out
+
+
+def tokens(text: str) -> list[str]:
+    """Lower-case words and numbers, letters and digits apart ("buds2" -> "buds", "2";
+    "wh-1000xm5" -> "wh", "1000", "xm", "5"), apostrophes dropped ("men's" -> "mens")."""
+    t = text.lower().replace("'", "").replace("\u2019", "")
+    return _TOKEN.findall(t)
+
+
+def stems(ws: Iterable[str]) -> list[str]:
+    return [stem1(w) if w.isalpha() else w for w in ws]
+
+
+@dataclass(frozen=True)
+class ModelName:
+    model: str
+    brand: str  # display
+    category: str
+    words: tuple[str, ...]  # the model's tokens after the brand's
+
+
+@dataclass
+class Resolution:
+    """What a question names: its product types (category keys, in order) and the models it
+    names (``models``: display names, in order); ``accessory``: it asks for an accessory of a
+    product type (no category of ours)."""
+
+    categories: list[str] = field(default_factory=list)
+    models: list[str] = field(default_factory=list)
+    accessory: bool = False
+    inferred: bool = False  # the type is the nearest to a need, not named (Taxonomy.classify)
+    brands: list[str] = field(default_factory=list)  # the brands of the product lines named
+    line_models: list[str] = field(default_factory=list)  # a line's models ("apple watch")
+
+
+class Taxonomy:
+    """The catalog's product types (nouns, names, spec keys and their types), brands per
+    category and model names; built once per index (:meth:`from_products`)."""
+
+    def __init__(self) -> None:
+        self.specs: dict[str, CategorySpec] = {}
+        self.attr_types: dict[str, dict[str, str]] = {}  # category -> key -> type
+        self.values: dict[str, dict[str, set[str]]] = {}  # category -> string key -> values
+        self.brands: dict[str, dict[str, str]] = {}  # category -> norm brand -> display
+        self.count: dict[str, int] = {}
+        self._texts: list[tuple[str, str]] = []  # (category, a model's title and description)
+        self._nouns: list[tuple[tuple[str, ...], str]] = []  # stemmed noun -> category, longest first
+        self._noun_words: set[str] = set()  # the stems of every noun
+        self._models: list[ModelName] = []
+        self._first: dict[str, set[str]] = {}  # a model's first word -> brands using it
+        self._line_words: dict[str, str] = {}  # a product line's word -> its one category
+        self._line_brand: dict[str, str] = {}  # a product line's word -> its one brand
+        self._brand_words: dict[str, str] = {}  # a one-type brand's word -> its category
+        self._doc: dict[str, Counter[str]] = {}  # category -> weighted stems (classify)
+        self._df: dict[str, set[str]] = {}  # stem -> categories having it
+
+    @classmethod
+    def from_products(cls, products: Iterable[Product],
+                      specs: Sequence[CategorySpec] = ()) -> Taxonomy:
+        t = cls()
+        t.specs = {s.key: s for s in specs}
+        models: dict[str, ModelName] = {}
+        for p in products:
+            c = p.category
+            t.count[c] = t.count.get(c, 0) + 1
+            types = t.attr_types.setdefault(c, {})
+            vals = t.values.setdefault(c, {})
+            for k, v in p.attributes.items():
+                kind = ("boolean" if isinstance(v, bool) else "list" if isinstance(v, list)
+                        else "number" if isinstance(v, int | float) else "string")
+                types.setdefault(k, kind)
+                if isinstance(v, str):
+                    vals.setdefault(k, set()).add(v)
+            if p.brand:
+                t.brands.setdefault(c, {}).setdefault(norm_brand(p.brand), p.brand)
+            if p.model and p.model not in models:
+                values = " ".join(v for v in p.attributes.values() if isinstance(v, str))
+                t._texts.append((c, f"{p.title} {p.description} {values}"))
+                ws = tokens(p.model)
+                bw = tokens(p.brand)
+                rest = ws[len(bw):] if ws[:len(bw)] == bw else ws
+                if rest:
+                    models[p.model] = ModelName(p.model, p.brand, c, tuple(rest))
+        nouns: dict[tuple[str, ...], str] = {}
+        for c in t.count:
+            spec = t.specs.get(c)
+            own = list(spec.nouns) if spec else []
+            own.append(c.replace("_", " "))
+            if spec:
+                own.append(spec.name)
+            for n in own:
+                key = tuple(stems(tokens(n)))
+                if key and key not in nouns:
+                    nouns[key] = c
+        t._nouns = sorted(nouns.items(), key=lambda kv: -len(kv[0]))
+        t._noun_words = {w for n in nouns for w in n}
+        t._models = list(models.values())
+        firsts: dict[str, Counter[str]] = {}
+        for m in t._models:
+            t._first.setdefault(m.words[0], set()).add(norm_brand(m.brand))
+            firsts.setdefault(m.words[0], Counter())[m.category] += 1
+        t._line_words = _majority(firsts, t._namelike)
+        line_brands: dict[str, set[str]] = {}
+        for m in t._models:
+            if m.words[0] in t._line_words:
+                line_brands.setdefault(m.words[0], set()).add(m.brand)
+        line_brands = {}
+        for m in t._models:
+            if t._namelike(m.words[0]):
+                line_brands.setdefault(m.words[0], set()).add(m.brand)
+        t._line_brand = {w: next(iter(b)) for w, b in line_brands.items() if len(b) == 1}
+        brand_cats: dict[str, Counter[str]] = {}
+        for c, bs in t.brands.items():
+            for nb in bs:
+                brand_cats.setdefault(nb, Counter())[c] += 1
+        t._brand_words = {nb: c for nb, c in _majority(brand_cats, lambda w: len(w) > 2).items()
+                          if sum(brand_cats[nb].values()) == 1 and nb not in common_words()}
+        for c in t.count:
+            doc = t._doc.setdefault(c, Counter())
+            spec = t.specs.get(c)
+            for text, weight in ((" ".join(spec.nouns) + " " + spec.name, 3) if spec else ("", 0),
+                                 (" ".join(spec.uses + spec.needs), 2) if spec else ("", 0),
+                                 (c.replace("_", " "), 3)):
+                for w in stems(tokens(text)):
+                    doc[w] += weight
+        for p_cat, text in t._texts:
+            for w in set(stems(tokens(text))):
+                t._doc[p_cat][w] += DESCRIPTION_WEIGHT
+        t._texts = []
+        for c, doc in t._doc.items():
+            for w in doc:
+                t._df.setdefault(w, set()).add(c)
+        return t
+
+    # -------------------------------------------------------------- names
+    def name(self, category: str) -> str:
+        """What a customer reads for a category ("air fryers")."""
+        spec = self.specs.get(category)
+        if spec:
+            return spec.name
+        from rufus.retrieval.spelling import category_display
+        return category_display(category)
+
+    def noun(self, category: str) -> str:
+        spec = self.specs.get(category)
+        return spec.nouns[0] if spec and spec.nouns else category.replace("_", " ")
+
+    def curated(self) -> bool:
+        """Whether every category of the catalog has its nouns declared (the default catalog;
+        a user catalog without category lines is not)."""
+        return bool(self.count) and all(c in self.specs for c in self.count)
+
+    def departments(self) -> list[str]:
+        return list(dict.fromkeys(s.department for s in self.specs.values() if s.key in self.count))
+
+    # -------------------------------------------------------------- resolution
+    def _noun_matches(self, st: Sequence[str]) -> list[tuple[int, int, str]]:
+        """(start, end, category) of each noun in ``st`` (stemmed tokens), longest first,
+        never overlapping."""
+        taken = [False] * len(st)
+        out = []
+        for noun, cat in self._nouns:
+            n = len(noun)
+            for i in range(len(st) - n + 1):
+                if tuple(st[i:i + n]) == noun and not any(taken[i:i + n]):
+                    out.append((i, i + n, cat))
+                    for j in range(i, i + n):
+                        taken[j] = True
+        return sorted(out)
+
+    def models_in(self, ws: Sequence[str]) -> list[tuple[int, int, ModelName, bool]]:
+        """(start, end, model, line) of every model ``ws`` (tokens) names, the brand before it
+        included; see the module docstring. ``line``: a product line was named, more than
+        :data:`LINE_MODELS` models equally ("apple watch"), not one model."""
+        have = set(ws)
+        starts: dict[str, list[int]] = {}
+        for i, w in enumerate(ws):
+            starts.setdefault(w, []).append(i)
+        cands: dict[tuple[str, str], list[tuple[tuple[int, float], int, int, ModelName]]] = {}
+        for m in self._models:
+            first = m.words[0]
+            if first not in have:
+                continue
+            bw = tokens(m.brand)
+            best_run, at, branded = 0, -1, False
+            for i in starts[first]:
+                run = 0
+                while run < len(m.words) and i + run < len(ws) and ws[i + run] == m.words[run]:
+                    run += 1
+                # the brand right before it ("jbl flip"): one word of the model is enough
+                if i >= len(bw) and ws[i - len(bw):i] == bw:
+                    best_run, at, branded = run, i, True
+                    break
+                if run > best_run:
+                    best_run, at = run, i
+            named_alone = (len(m.words) == 1 and len(first) > 4 and not first.isdigit()
+                           and first not in common_words() and len(self._first.get(first, ())) == 1)
+            # two words of the name in a row, one of them a name ("airpods pro"), not plain
+            # words ("cast iron" is no Cast Iron Kettlebell, "dash cam" no Dash Cam Mini 2)
+            run_ok = best_run >= 2 and not first.isdigit() and any(
+                self._namelike(w) or w.isdigit() for w in m.words[:best_run])
+            if not (branded or run_ok or named_alone):
+                continue
+            hits = sum(1 for w in m.words if w in have)
+            score = (hits, hits / len(m.words))  # most words named, then the fewest unnamed
+            start = at - len(bw) if branded else at
+            cands.setdefault((norm_brand(m.brand), first), []).append((score, start, at + best_run, m))
+        out = []
+        for group in cands.values():
+            best = max(g[0] for g in group)
+            out += [(s, e, m, len([g for g in group if g[0] == best]) > LINE_MODELS)
+                    for sc, s, e, m in group if sc == best]
+        return sorted(out, key=lambda x: x[0])
+
+    def _namelike(self, w: str) -> bool:
+        """A word that names (a product line's "airpods", "xps"), not a plain or type word."""
+        return (not w.isdigit() and len(w) > 3 and w not in common_words()
+                and stem1(w) not in self._noun_words and w not in STOPWORDS)
+
+    def resolve(self, text: str, infer: bool = True) -> Resolution:
+        """The product types and models ``text`` names (see the module docstring), from the
+        strongest evidence found: a noun or model in the first phrase; a model anywhere; a
+        noun in a phrase that names what is wanted ("looking | for a tent"); a product line
+        or one-type brand; the nearest type to a need (:meth:`classify`); any noun."""
+        ws = tokens(text)
+        st = stems(ws)
+        models = [(s, e, m) for s, e, m, _line in self.models_in(ws)]
+        lines = {m.model for s, e, m, line in self.models_in(ws) if line}
+        in_model = {i for s, e, _ in models for i in range(s, e)}
+        # a noun inside a model's name is the model's ("apple watch" is no analog watch)
+        matches = [(s, e, c) for s, e, c in self._noun_matches(st)
+                   if not in_model.intersection(range(s, e))]
+        # phrase of each token: its index, and the word that opened it ("for", "on", ...)
+        phrase, opener, n = [], [""], 0
+        for i, w in enumerate(ws):
+            if w in PHRASE_END and i > 0:
+                n += 1
+                opener.append(w)
+            phrase.append(n)
+        res = Resolution(models=list(dict.fromkeys(m.model for _, _, m in models if m.model not in lines)),
+                         line_models=sorted(lines))
+        for i, w in enumerate(ws):  # a line's word names its brand ("xbox" Microsoft's)
+            if i not in in_model and w in self._line_brand and self._line_brand[w] not in res.brands:
+                res.brands.append(self._line_brand[w])
+        kept = []
+        for s, e, cat in matches:
+            nxt = ws[e] if e < len(ws) else ""
+            after = ws[e + 1] if e + 1 < len(ws) else ""
+            # "phone case", "tv stand for ...": the accessory; "camera battery powered": not
+            if nxt in ACCESSORY and (not after or after in PHRASE_END or after in STOPWORDS):
+                if phrase[s] == 0:
+                    res.accessory = True
+                continue
+            kept.append((s, cat))
+        firsts = [c for s, c in kept if phrase[s] == 0] + [m.category for s, _, m in models
+                                                           if phrase[s] == 0]
+        if res.accessory and not [c for s, c in kept if phrase[s] == 0]:
+            return Resolution(accessory=True)
+        chosen = (firsts or [m.category for _, _, m in models]
+                  or [c for s, c in kept if opener[phrase[s]] in WANT_OPENERS])
+        if not chosen:  # a product line ("macbook", "kindle") or a one-type brand ("vitamix")
+            for i, w in enumerate(ws):
+                if i in in_model:
+                    continue
+                grams = [g for k in (3, 2, 1) for g in ("".join(ws[i:i + k]),
+                                                         "".join(ws[i:i + k]).removesuffix("s"))]
+                c = next((self._brand_words[g] for g in grams if g in self._brand_words), None)
+                c = c or self._line_words.get(w)
+                if c:
+                    chosen.append(c)
+        if not chosen and infer:  # a need ("boil water for tea"): the nearest type
+            chosen = self.classify(ws)
+            res.inferred = bool(chosen)
+        if not chosen:
+            chosen = [c for _, c in kept]
+        res.categories = list(dict.fromkeys(chosen))
+        return res
+
+    def classify(self, ws: Sequence[str]) -> list[str]:
+        ranked = self.classify_scores(ws)
+        if not ranked or ranked[0][1] < CLASSIFY_MIN:
+            return []
+        if len(ranked) > 1 and ranked[0][1] < CLASSIFY_LEAD * ranked[1][1]:
+            return []
+        return [ranked[0][0]]
+
+    def classify_scores(self, ws: Sequence[str]) -> list[tuple[str, float]]:
+        """The category whose words (nouns and names, uses, types and descriptions of its
+        models) best match the stems ``st``, when it leads the next by :data:`CLASSIFY_LEAD`
+        and scores at least :data:`CLASSIFY_MIN`; else none."""
+        qs = set(stems(w for w in ws if w not in STOPWORDS and w not in _NEED_STOP
+                       and not w.isdigit() and len(w) > 2))
+        score: dict[str, float] = {}
+        n = max(len(self._doc), 1)
+        for w in qs:
+            df = len(self._df.get(w, ()))
+            if not df:
+                continue
+            idf = math.log(1 + n / df) ** IDF_POWER  # >1: one rare word ("shave") outweighs
+            # several common ones ("who", "starting")
+            for c in self._df[w]:
+                tf = self._doc[c][w]
+                score[c] = score.get(c, 0.0) + idf * tf / (tf + 1.0)
+        return sorted(score.items(), key=lambda kv: -kv[1])
+
+    def near(self, text: str, n: int = 3) -> list[str]:
+        """Categories whose nouns or names share a word (or a typo of one) with ``text``,
+        nearest first; empty when none does."""
+        from rufus.retrieval.spelling import edit_distance, max_typo_distance
+        qs = [w for w in stems(tokens(text)) if w not in STOPWORDS and not w.isdigit() and len(w) > 2]
+        score: dict[str, float] = {}
+        for noun, cat in self._nouns:
+            for w in qs:
+                for nw in noun:
+                    if w == nw:
+                        s = 2.0 / len(noun)
+                    elif (lim := max_typo_distance(nw)) and edit_distance(w, nw) <= lim:
+                        s = 1.0 / len(noun)
+                    else:
+                        continue
+                    score[cat] = max(score.get(cat, 0.0), s)
+        return sorted(score, key=lambda c: (-score[c], -self.count.get(c, 0)))[:n]
