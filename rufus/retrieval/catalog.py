@@ -144,9 +144,7 @@ def _attr(v: Any, err: Any) -> AttrValue:
         if not all(isinstance(x, str | int | float) and not isinstance(x, bool) for x in v):
             raise err("a list must hold strings or numbers")
         return [str(x) for x in v]
-    if v is None:
-        raise err("must not be null")
-    return str(v)
+    raise err(f"must be a number, true/false, a string or a list of strings, got {_short(v)}")
 
 
 def _rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:

@@ -655,9 +655,17 @@ class GroundedSearch:
         # the customer's words first; spelling corrected only when they name no type
         # (a correction may turn a word the catalog lacks into one it has: "wrecking")
         spelled = self.spell(question, {})
-        res, text = tax.resolve(spelled), spelled
+        # a keyword query whose product word the catalog has never seen ("lawn mower",
+        # "books like the hunger games"): no nearest type for it, nor a noun further on
+        head = product_phrase(question)[-1:]
+        unknown = (bool(head) and len(words(question)) <= 5 and not self.vocabulary.known(head[0])
+                   and head[0] not in common_words())
+        if unknown:  # only a type or model the product phrase itself names
+            res, text = tax.resolve(" ".join(product_phrase(spelled)), infer=False), spelled
+        else:
+            res, text = tax.resolve(spelled), spelled
         if not res.categories and not res.accessory:
-            for q in qs:
+            for q in qs if not unknown else ():
                 r = tax.resolve(q)
                 if r.categories:
                     res, text = r, f"{text} {q}"

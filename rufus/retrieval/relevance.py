@@ -1,4 +1,4 @@
-"""Labelled relevance set for the generated catalog, and recall@k / nDCG@k.
+"""Labelled relevance set for the default catalog, and recall@k / nDCG@k.
 
 Labels come from the catalog's structured fields, never from a search engine's output: a
 query is written together with the constraint it expresses (category, optionally brand and
@@ -18,81 +18,80 @@ from pathlib import Path
 from typing import Any
 
 from rufus.retrieval.base import Filters
-from rufus.retrieval.catalog import Product
+from rufus.retrieval.catalog import AttrValue, Product
 
 ROOT = Path(__file__).resolve().parents[2]
 RELEVANCE_PATH = ROOT / "data" / "retrieval" / "relevance.jsonl"
 
-# (query, category, constraints, filters). constraints: brand and attribute values.
-Spec = tuple[str, str, dict[str, str], dict[str, Any]]
+# (query, category, constraints, filters). constraints: brand and typed attribute values as
+# the catalog stores them (a number compares as a number: {"screen_in": 65}; a feature as a
+# boolean: {"waterproof": True}; a word case-insensitively; against a list, such as a shoe's
+# sizes, the value must be one of its items).
+Spec = tuple[str, str, dict[str, AttrValue], dict[str, Any]]
 SPECS: list[Spec] = [
     # category words as customers type them
     ("running shoes", "running_shoes", {}, {}),
-    ("trail running shoes", "running_shoes", {}, {}),
-    ("sneakers", "sneakers", {}, {}),
-    ("casual walking shoes", "sneakers", {}, {}),
+    ("hiking boots", "hiking_boots", {}, {}),
     ("noise cancelling headphones", "headphones", {}, {}),
-    ("over ear headphones", "headphones", {}, {}),
     ("wireless earbuds", "earbuds", {}, {}),
-    ("bluetooth earbuds", "earbuds", {}, {}),
+    ("portable bluetooth speaker", "bluetooth_speaker", {}, {}),
+    ("soundbar", "soundbar", {}, {}),
     ("smart tv", "tv", {}, {}),
-    ("oled tv", "tv", {}, {}),
+    ("record player", "turntable", {}, {}),
+    ("mirrorless camera", "camera", {}, {}),
+    ("action camera", "action_camera", {}, {}),
     ("laptop", "laptop", {}, {}),
     ("gaming laptop", "laptop", {}, {}),
-    ("unlocked smartphone", "smartphone", {}, {}),
-    ("5g phone", "smartphone", {}, {}),
-    ("smartwatch", "smartwatch", {}, {}),
-    ("fitness tracker", "smartwatch", {}, {}),
     ("android tablet", "tablet", {}, {}),
-    ("mirrorless camera", "camera", {}, {}),
-    ("action camera", "camera", {}, {}),
-    ("coffee maker", "coffee_maker", {}, {}),
-    ("espresso machine", "coffee_maker", {}, {}),
-    ("blender for smoothies", "blender", {}, {}),
-    ("robot vacuum", "vacuum", {}, {}),
-    ("cordless stick vacuum", "vacuum", {}, {}),
-    ("air fryer", "air_fryer", {}, {}),
-    ("laptop backpack", "backpack", {}, {}),
-    ("hiking backpack", "backpack", {}, {}),
-    ("yoga mat", "yoga_mat", {}, {}),
-    ("adjustable dumbbells", "dumbbells", {}, {}),
-    ("kettlebell", "dumbbells", {}, {}),
-    ("insulated water bottle", "water_bottle", {}, {}),
+    ("unlocked smartphone", "smartphone", {}, {}),
+    ("smartwatch", "smartwatch", {}, {}),
+    ("gaming monitor", "monitor", {}, {}),
+    ("mechanical keyboard", "keyboard", {}, {}),
+    ("wireless mouse", "mouse", {}, {}),
+    ("wireless printer", "printer", {"wireless": True}, {}),
+    ("portable ssd", "external_drive", {}, {}),
+    ("video game console", "gaming_console", {}, {}),
+    ("face moisturizer", "moisturizer", {}, {}),
+    ("baby stroller", "stroller", {}, {}),
+    ("lego set", "building_set", {"brand": "LEGO"}, {}),
+    ("cordless drill", "drill", {}, {}),
     ("rain jacket", "jacket", {}, {}),
     ("winter coat", "jacket", {}, {}),
     ("t-shirt", "tshirt", {}, {}),
     ("slim fit jeans", "jeans", {}, {}),
-    ("polarized sunglasses", "sunglasses", {"lens": "Polarized"}, {}),
-    ("portable bluetooth speaker", "bluetooth_speaker", {}, {}),
-    ("gaming monitor", "monitor", {}, {}),
-    ("mechanical keyboard", "keyboard", {}, {}),
-    ("wireless mouse", "mouse", {}, {}),
-    ("cast iron skillet", "cookware", {}, {}),
-    ("nonstick frying pan", "cookware", {}, {}),
+    ("polarized sunglasses", "sunglasses", {"polarized": True}, {}),
+    ("carry-on luggage", "luggage", {}, {}),
+    ("robot vacuum", "robot_vacuum", {}, {}),
+    ("cordless stick vacuum", "vacuum", {}, {}),
+    ("memory foam mattress", "mattress", {}, {}),
+    ("office chair", "office_chair", {}, {}),
+    ("standing desk", "desk", {}, {}),
+    ("coffee maker", "coffee_maker", {}, {}),
+    ("espresso machine", "espresso_machine", {}, {}),
+    ("blender for smoothies", "blender", {}, {}),
+    ("air fryer", "air_fryer", {}, {}),
+    ("cast iron skillet", "frying_pan", {}, {}),
     ("chef knife", "kitchen_knife", {}, {}),
     ("camping tent", "tent", {}, {}),
-    ("board game", "toy", {}, {}),
-    ("lego set", "toy", {"brand": "LEGO"}, {}),
-    ("sunscreen", "skincare", {}, {}),
-    ("face moisturizer", "skincare", {}, {}),
-    ("wireless printer", "printer", {"connection": "Wireless"}, {}),
-    ("video game console", "gaming_console", {}, {}),
+    ("laptop backpack", "backpack", {}, {}),
+    ("hiking backpack", "backpack", {}, {}),
+    ("insulated water bottle", "water_bottle", {}, {}),
+    ("yoga mat", "yoga_mat", {}, {}),
+    ("adjustable dumbbells", "dumbbells", {}, {}),
     # brand + category in the text
     ("nike running shoes", "running_shoes", {"brand": "Nike"}, {}),
-    ("brooks running shoes", "running_shoes", {"brand": "Brooks"}, {}),
     ("hoka shoes", "running_shoes", {"brand": "Hoka"}, {}),
     ("adidas sneakers", "sneakers", {"brand": "Adidas"}, {}),
     ("sony headphones", "headphones", {"brand": "Sony"}, {}),
-    ("bose headphones", "headphones", {"brand": "Bose"}, {}),
     ("samsung earbuds", "earbuds", {"brand": "Samsung"}, {}),
-    ("jbl earbuds", "earbuds", {"brand": "JBL"}, {}),
+    ("jbl speaker", "bluetooth_speaker", {"brand": "JBL"}, {}),
     ("samsung tv", "tv", {"brand": "Samsung"}, {}),
     ("lg oled tv", "tv", {"brand": "LG"}, {}),
     ("dell laptop", "laptop", {"brand": "Dell"}, {}),
     ("lenovo thinkpad", "laptop", {"brand": "Lenovo"}, {}),
     ("google pixel phone", "smartphone", {"brand": "Google"}, {}),
     ("garmin watch", "smartwatch", {"brand": "Garmin"}, {}),
-    ("fitbit tracker", "smartwatch", {"brand": "Fitbit"}, {}),
+    ("fitbit tracker", "fitness_tracker", {"brand": "Fitbit"}, {}),
     ("canon camera", "camera", {"brand": "Canon"}, {}),
     ("keurig coffee maker", "coffee_maker", {"brand": "Keurig"}, {}),
     ("vitamix blender", "blender", {"brand": "Vitamix"}, {}),
@@ -100,70 +99,97 @@ SPECS: list[Spec] = [
     ("ninja air fryer", "air_fryer", {"brand": "Ninja"}, {}),
     ("osprey backpack", "backpack", {"brand": "Osprey"}, {}),
     ("stanley tumbler", "water_bottle", {"brand": "Stanley"}, {}),
+    ("yeti cooler", "cooler", {"brand": "YETI"}, {}),
+    ("weber grill", "grill", {"brand": "Weber"}, {}),
     ("patagonia jacket", "jacket", {"brand": "Patagonia"}, {}),
     ("levis jeans", "jeans", {"brand": "Levi's"}, {}),
     ("ray-ban sunglasses", "sunglasses", {"brand": "Ray-Ban"}, {}),
-    ("jbl speaker", "bluetooth_speaker", {"brand": "JBL"}, {}),
     ("logitech mouse", "mouse", {"brand": "Logitech"}, {}),
-    ("lodge cast iron", "cookware", {"brand": "Lodge"}, {}),
     ("coleman tent", "tent", {"brand": "Coleman"}, {}),
-    ("cerave moisturizer", "skincare", {"brand": "CeraVe"}, {}),
+    ("cerave moisturizer", "moisturizer", {"brand": "CeraVe"}, {}),
     # brand as the planner's filter
-    ("running shoes", "running_shoes", {"brand": "Asics"}, {"brand": "asics"}),
+    ("running shoes", "running_shoes", {"brand": "ASICS"}, {"brand": "asics"}),
     ("headphones", "headphones", {"brand": "Sennheiser"}, {"brand": "sennheiser"}),
     ("earbuds", "earbuds", {"brand": "Apple"}, {"brand": "apple"}),
     ("tv", "tv", {"brand": "TCL"}, {"brand": "tcl"}),
     ("laptop", "laptop", {"brand": "HP"}, {"brand": "hp"}),
+    ("tablet", "tablet", {"brand": "Samsung"}, {"brand": "samsung"}),
     ("vacuum", "vacuum", {"brand": "Shark"}, {"brand": "shark"}),
     ("backpack", "backpack", {"brand": "The North Face"}, {"brand": "the north face"}),
+    ("sheets", "bed_sheets", {"brand": "Brooklinen"}, {"brand": "brooklinen"}),
     # price caps as filters
-    ("running shoes", "running_shoes", {}, {"max_price": 80}),
+    ("running shoes", "running_shoes", {}, {"max_price": 100}),
     ("wireless earbuds", "earbuds", {}, {"max_price": 50}),
     ("headphones", "headphones", {}, {"max_price": 100}),
-    ("laptop", "laptop", {}, {"max_price": 600}),
-    ("tv", "tv", {}, {"max_price": 400}),
+    ("laptop", "laptop", {}, {"max_price": 800}),
+    ("tv", "tv", {}, {"max_price": 500}),
     ("coffee maker", "coffee_maker", {}, {"max_price": 100}),
-    ("smartwatch", "smartwatch", {}, {"max_price": 200}),
+    ("smartwatch", "smartwatch", {}, {"max_price": 250}),
     ("air fryer", "air_fryer", {}, {"max_price": 80}),
-    ("yoga mat", "yoga_mat", {}, {"max_price": 30}),
+    ("yoga mat", "yoga_mat", {}, {"max_price": 40}),
+    ("office chair", "office_chair", {}, {"max_price": 300}),
     ("nike running shoes", "running_shoes", {"brand": "Nike"}, {"max_price": 120}),
     ("sony headphones", "headphones", {"brand": "Sony"}, {"brand": "sony", "max_price": 200}),
-    # attributes in the text
-    ("65 inch tv", "tv", {"screen_size": "65"}, {}),
-    ("55 inch tv", "tv", {"screen_size": "55"}, {}),
-    ("32 inch monitor", "monitor", {"screen_size": "32"}, {}),
-    ("144hz gaming monitor", "monitor", {"refresh_rate": "144Hz"}, {}),
-    ("16gb ram laptop", "laptop", {"ram": "16GB RAM"}, {}),
+    # attributes in the text (typed values: numbers, booleans, words, list items)
+    ("65 inch tv", "tv", {"screen_in": 65}, {}),
+    ("oled tv", "tv", {"panel": "OLED"}, {}),
+    ("144hz gaming monitor", "monitor", {"refresh_hz": 144}, {}),
+    ("16gb ram laptop", "laptop", {"ram_gb": 16}, {}),
+    ("256gb iphone", "smartphone", {"brand": "Apple", "storage_gb": 256}, {}),
+    ("2tb external hard drive", "external_drive", {"storage_gb": 2048}, {}),
     ("women's running shoes", "running_shoes", {"gender": "Women's"}, {}),
-    ("men's rain jacket", "jacket", {"gender": "Men's"}, {}),
-    ("4 person tent", "tent", {"capacity": "4 person"}, {}),
-    ("40 oz water bottle", "water_bottle", {"capacity": "40 oz"}, {}),
-    ("8 qt air fryer", "air_fryer", {"capacity": "8 qt"}, {}),
-    ("6mm yoga mat", "yoga_mat", {"thickness": "6mm"}, {}),
-    ("256gb iphone", "smartphone", {"brand": "Apple", "storage": "256GB"}, {}),
-    ("pet hair vacuum", "vacuum", {"pet": "Pet"}, {}),
-    ("1000 piece puzzle", "toy", {"pieces": "1000 pieces"}, {}),
-    ("sunscreen for sensitive skin", "skincare", {"skin_type": "sensitive skin"}, {}),
+    ("men's running shoes size 10", "running_shoes", {"gender": "Men's", "sizes": "10"}, {}),
+    ("trail running shoes", "running_shoes", {"terrain": "trail"}, {}),
+    ("men's rain jacket", "jacket", {"gender": "Men's", "style": "rain jacket"}, {}),
+    ("waterproof hiking boots", "hiking_boots", {"waterproof": True}, {}),
+    ("waterproof bluetooth speaker", "bluetooth_speaker", {"waterproof": True}, {}),
+    ("4 person tent", "tent", {"capacity_people": 4}, {}),
+    ("40 oz water bottle", "water_bottle", {"capacity_oz": 40}, {}),
+    ("6 quart air fryer", "air_fryer", {"capacity_qt": 6}, {}),
+    ("7 quart dutch oven", "dutch_oven", {"capacity_qt": 7}, {}),
+    ("12 inch skillet", "frying_pan", {"diameter_in": 12}, {}),
+    ("6mm yoga mat", "yoga_mat", {"thickness_mm": 6}, {}),
+    ("queen sheets", "bed_sheets", {"size": "Queen"}, {}),
+    ("pet hair vacuum", "vacuum", {"pet_hair": True}, {}),
+    ("1000 piece puzzle", "puzzle", {"piece_count": 1000}, {}),
+    ("sunscreen for sensitive skin", "sunscreen", {"skin_type": "sensitive"}, {}),
     # needs and synonyms (words the catalog may not use)
     ("headphones for travel", "headphones", {}, {}),
     ("laptop for college", "laptop", {}, {}),
     ("earphones for the gym", "earbuds", {}, {}),
-    ("something to make lattes", "coffee_maker", {}, {}),
+    ("something to make lattes", "espresso_machine", {}, {}),
     ("shoes for marathon training", "running_shoes", {}, {}),
     ("gps watch for running", "smartwatch", {}, {}),
     ("tent for backpacking", "tent", {}, {}),
     ("speaker for the beach", "bluetooth_speaker", {}, {}),
-    ("gift for kids", "toy", {}, {}),
-    ("e-reader", "tablet", {}, {}),
+    ("kindle", "e_reader", {}, {}),
+    ("blow dryer", "hair_dryer", {}, {}),
+    ("ice chest", "cooler", {}, {}),
+    ("kettle for tea", "electric_kettle", {}, {}),
+    ("better sound for my tv", "soundbar", {}, {}),
 ]
 
 
-def _matches(p: Product, category: str, cons: dict[str, str], filters: dict[str, Any]) -> bool:
+def _value_matches(have: Any, want: AttrValue) -> bool:
+    """A stored attribute against a label's value, each compared as its type."""
+    if isinstance(want, bool):
+        return have is want
+    if isinstance(want, int | float):
+        return (isinstance(have, int | float) and not isinstance(have, bool)
+                and math.isclose(float(have), float(want)))
+    if isinstance(have, list):
+        return str(want).lower() in {str(x).lower() for x in have}
+    return isinstance(have, str) and have.lower() == str(want).lower()
+
+
+def _matches(p: Product, category: str, cons: dict[str, AttrValue], filters: dict[str, Any]) -> bool:
     if p.category != category:
         return False
     for k, v in cons.items():
-        have = p.brand if k == "brand" else p.attributes.get(k)
-        if (have or "").lower() != v.lower():
+        if k == "brand":
+            if p.brand.lower() != str(v).lower():
+                return False
+        elif not _value_matches(p.attributes.get(k), v):
             return False
     fb = filters.get("brand")
     if fb and p.brand.lower().replace(" ", "") != str(fb).lower().replace(" ", ""):

