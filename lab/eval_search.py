@@ -56,6 +56,46 @@ async def live(url: str, items: list[dict[str, Any]], timeout: float) -> list[li
     return out
 
 
+def scaled(products: list[Any], n: int) -> list[Any]:
+    """The catalog ``n`` times over: every listing cloned with a new id and its model's name
+    suffixed (" #2", " #3", ...), so each type has ``n`` times the models and listings."""
+    import dataclasses
+
+    out = list(products)
+    for i in range(2, n + 1):
+        out += [dataclasses.replace(p, id=f"{p.id}-{i}", model=f"{p.model} #{i}",
+                                    title=p.title.replace(p.model, f"{p.model} #{i}", 1))
+                for p in products]
+    return out
+
+
+def cost(items: list[dict[str, Any]], scale: int, repeat: int) -> dict[str, Any]:
+    """Seconds per query of the grounded search (the assistant's retrieval step: type
+    resolution, constraints, the engine, relaxation), over the held-out questions."""
+    import statistics
+
+    from rufus.assistant.prompt import diversify
+    from rufus.retrieval import GroundedSearch
+    from rufus.retrieval.catalog_data import default_catalog, default_categories
+    from rufus.retrieval.sqlite_fts import SqliteFtsRetriever
+
+    products = scaled(list(default_catalog()), scale)
+    search = GroundedSearch(SqliteFtsRetriever.build(products, categories=default_categories()))
+    _ = search.vocabulary, search.taxonomy  # built at start-up, as the assistant does
+    times = []
+    for _r in range(repeat):
+        for it in items:
+            t0 = time.perf_counter()
+            found = search.search([it["q"]], {}, it["q"], 4 * CARDS)
+            diversify(found.products, CARDS)
+            times.append(time.perf_counter() - t0)
+    times.sort()
+    def pct(q: float) -> float:
+        return times[min(len(times) - 1, int(q * len(times)))] * 1000
+    return {"listings": len(products), "queries": len(times), "p50_ms": pct(0.5),
+            "p99_ms": pct(0.99), "mean_ms": statistics.fmean(times) * 1000}
+
+
 def main(argv: list[str] | None = None, doc: str = __doc__) -> int:
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--url", help="Triton gRPC address: ask rufus_assistant (default: in-process search)")
@@ -63,8 +103,17 @@ def main(argv: list[str] | None = None, doc: str = __doc__) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "build" / "eval_search.json")
     ap.add_argument("--timeout", type=float, default=120.0)
     ap.add_argument("--show", type=int, default=15, help="failures to print per check")
+    ap.add_argument("--cost", action="store_true",
+                    help="time the grounded search per query instead (p50 / p99), in-process")
+    ap.add_argument("--scale", type=int, default=1, help="with --cost: the catalog N times over")
+    ap.add_argument("--repeat", type=int, default=3, help="with --cost: passes over the questions")
     a = ap.parse_args(argv)
     items = [json.loads(x) for x in a.questions.read_text(encoding="utf-8").splitlines() if x.strip()]
+    if a.cost:
+        r = cost(items, a.scale, a.repeat)
+        print(f"grounded search, {r['listings']} listings, {r['queries']} queries ({cpu()['flags']}): "
+              f"p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms, mean {r['mean_ms']:.2f} ms")
+        return 0
     catalog = catalog_products()
     t0 = time.monotonic()
     cards = asyncio.run(live(a.url, items, a.timeout)) if a.url else offline(items)

@@ -34,8 +34,10 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from rufus.assistant.answer_checks import is_colour_name
 from rufus.retrieval.catalog import Product
 from rufus.retrieval.catalog_data import default_catalog
+from rufus.retrieval.spelling import common_words
 
 MAX_PICKS = 3
 REPETITION_PENALTY = 1.1
@@ -60,8 +62,14 @@ def built_for(p: Product) -> str:
 
 
 def _clean(text: str) -> str:
-    """A menu entry as the grammar spells it: letters, spaces and light punctuation."""
-    return re.sub(r"\s+", " ", re.sub(r"[^A-Za-z0-9 ,'-]", " ", text)).strip()[:MAX_REASON_CHARS]
+    """A menu entry as the grammar spells it: letters, spaces and light punctuation, at most
+    :data:`MAX_REASON_CHARS`, cut at a word ("pressure relie" was cut mid-word)."""
+    s = re.sub(r"\s+", " ", re.sub(r"[^A-Za-z0-9 ,'-]", " ", text)).strip()
+    if len(s) > MAX_REASON_CHARS:  # a list ("built for a, b and c"): whole items only
+        head = s[:MAX_REASON_CHARS + 1]
+        cut = max(head.rfind(", "), head.rfind(" and "))
+        s = head[:cut] if cut > 0 else head[:MAX_REASON_CHARS]
+    return s.rstrip(" ,")
 
 
 # What the model writes for a reason (the key, in the prompt's menu and the grammar) and
@@ -189,14 +197,15 @@ class CatalogNames:
                 line = p.model[len(p.brand):] if p.model.lower().startswith(p.brand.lower()) else p.model
                 names.add(line, "product")
             colour = p.attributes.get("color")
-            if isinstance(colour, str):
+            if isinstance(colour, str) and is_colour_name(colour):
                 names.add(colour, "colour")
         return names
 
     def add(self, name: str, kind: str) -> None:
         p = _phrase(name)
-        if kind == "product" and (p in ORDINARY or len(p) < 4):
-            return  # an ordinary word ("go", "ride", "wireless") names no product
+        if kind == "product" and (p in ORDINARY or len(p) < 4 or all(
+                w in common_words() for w in p.split())):
+            return  # ordinary words ("go", "ride", "everyday", "soft feel") name no product
         if len(p) >= 2:
             self.phrases.setdefault(p, kind)
 

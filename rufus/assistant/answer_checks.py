@@ -102,6 +102,19 @@ class AnswerDefects:
                 "cites_shown": self.cites_shown, "tokens": self.tokens}
 
 
+# Words that make a catalog colour a colour claim in prose; a colour name without one
+# ("Stars", "Light", "Studio", "Otto") is a maker's fancy name and plain text elsewhere.
+COLOUR_WORDS = frozenset("""
+black white blue red green pink grey gray silver gold purple navy beige brown orange yellow
+teal tan olive ivory cream charcoal graphite lavender violet maroon burgundy coral mint sage
+turquoise khaki espresso walnut oak chrome bronze copper rose aqua cyan magenta indigo
+""".split())
+
+
+def is_colour_name(name: str) -> bool:
+    return any(w in COLOUR_WORDS for w in re.findall(r"[a-z]+", name.lower()))
+
+
 def _name_pattern(sources: Iterable[str], flags: int) -> re.Pattern[str] | None:
     """One regex for many names (regex sources), longest first: "New Balance" before
     "Balance"."""
@@ -170,7 +183,7 @@ class CatalogFacts:
         for p in products:
             brands.add(p.brand)
             colour = p.attributes.get("color")
-            if isinstance(colour, str) and colour:
+            if isinstance(colour, str) and is_colour_name(colour):
                 colors.add(colour)
             if p.model:
                 models.setdefault(p.model, p.brand)
@@ -362,8 +375,15 @@ def _contradiction(kind: str, value: str, card: dict[str, Any]) -> str:
         if round(float(value), 1) != want_r:
             return f"rating {value} but {name} is rated {want_r:.1f}"
     elif kind == "size":
-        found = _num_in(title, value) if value[0].isdigit() else re.search(
-            rf"(?<![\w']){re.escape(value.upper())}(?![\w'])", title) is not None
+        attrs = card.get("attributes") or {}
+        sizes = attrs.get("sizes") if isinstance(attrs.get("sizes"), list) else []
+        if isinstance(attrs.get("size"), str):
+            sizes = [*sizes, attrs["size"]]
+        # the card's sizes (a shoe's size list) or, for a card without them, its title
+        found = (any(s.upper().rstrip("CYK") == value.upper() or s.upper() == value.upper()
+                     for s in sizes) or (not sizes and (
+            _num_in(title, value) if value[0].isdigit() else re.search(
+                rf"(?<![\w']){re.escape(value.upper())}(?![\w'])", title) is not None)))
         if not found:
             return f"size {value} but the card is {title[:80]!r}"
     elif kind == "inch":

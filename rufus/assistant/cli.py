@@ -78,6 +78,13 @@ async def local(url: str, question: str, history: list[dict[str, str]] | None) -
 
 
 @exits_on_env_error
+def _timing(key: str, value: float) -> str:
+    """A timing as a person reads it: seconds (``*_s``) in ms, counts (tokens) as counts."""
+    if key.endswith("_s"):
+        return f"{key.removesuffix('_s')} {value * 1000:.0f} ms"
+    return f"{key} {value:.0f}"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Ask the shopping assistant (cards, then the answer)")
     ap.add_argument("question")
@@ -96,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     except (InvalidInput, OSError) as exc:  # bad input (--local), connection errors
         print(f"\nerror: {exc}", file=sys.stderr)
         return 1
-    parts = ", ".join(f"{k.removesuffix('_s')} {v * 1000:.0f} ms" for k, v in timings.items())
+    parts = ", ".join(_timing(k, v) for k, v in timings.items())
     print(f"\n[{parts}; client total {(time.monotonic() - t0) * 1000:.0f} ms]", file=sys.stderr)
     return 0
 

@@ -57,7 +57,7 @@ from rufus.assistant.prompt import (
 from rufus.assistant.settings import AssistantSettings, PipelineSettings
 from rufus.client import AsyncStreams, RequestFailed, output_str
 from rufus.errors import RufusError
-from rufus.retrieval.base import Retriever, query_terms
+from rufus.retrieval.base import MAX_QUERY_CHARS, Retriever, query_terms
 from rufus.retrieval.catalog import Product
 from rufus.retrieval.grounding import GroundedSearch, SearchOutcome
 from rufus.serving.admission import SloAdmission, Ticket
@@ -273,8 +273,9 @@ class Assistant:
             names = CatalogNames(dict(self.names.phrases))
             names.add_brands(self.search.vocabulary.brands.values())
             self.names, self._catalog_names = names, True
+        earlier = [t["content"][:MAX_QUERY_CHARS] for t in history if t["role"] == "user"]
         found = self.search.search(search_queries(plan, question, history),
-                                   plan.get("filters"), question, 4 * self.k)
+                                   plan.get("filters"), question, 4 * self.k, earlier[-2:])
         return dataclasses.replace(found, products=diversify(found.products, self.k))
 
     def admit(self) -> Ticket:
@@ -317,6 +318,10 @@ class Assistant:
             intent = plan.get("intent", "other")
             products: list[Product] = []
             found: SearchOutcome | None = None
+            if intent == "other" and self.search.names_a_type(question):
+                # a need the planner took for small talk ("keep an eye on the baby while she
+                # naps"): the catalog has its product type, so it is searched
+                intent = "product_search"
             if fallback or intent in PRODUCT_INTENTS:
                 path = "products"
                 t = time.monotonic()

@@ -260,8 +260,9 @@ def parse(question: str, cats: Sequence[str], tax: Taxonomy,
         value = float(m.group("num"))
         keys = _keys_with(tax, cats, unit)
         limits = tuple(k for k in keys if k.startswith(("max_", "min_")))
-        if limits and _LIMIT.search(before):  # "rated up to 65 lbs", "for a 70 lb dog"
-            keys = limits
+        if limits and _LIMIT.search(before):  # "rated up to 65 lbs", "for a 70 lb dog": the
+            # upper limit where there is one (a car seat's max_weight_lb, not its min_)
+            keys = tuple(k for k in limits if k.startswith("max_")) or limits
         elif limits and len(limits) < len(keys):  # "35 lb kettlebell": its own weight
             keys = tuple(k for k in keys if k not in limits)
         if unit == "tb":

@@ -44,6 +44,7 @@ from rufus.retrieval.catalog import Product
 from rufus.retrieval.constraints import Constraint, parse_price_range
 from rufus.retrieval.spelling import (
     _QUERY_WORD,
+    CONTRACTIONS,
     _deletes,
     category_display,
     common_words,
@@ -301,7 +302,7 @@ class Vocabulary:
         t = term.lower().replace("'", "").replace("\u2019", "")
         limit = max_typo_distance(t)
         if (not limit or not t.isalpha() or t in STOPWORDS or self.known(t)
-                or t in common_words()):
+                or t in common_words() or t in CONTRACTIONS):
             return None
         found: set[str] = set()
         for d in _deletes(t, limit):
@@ -399,6 +400,10 @@ class Vocabulary:
 
 
 # ------------------------------------------------------------------ the search
+
+# A question the planner took for small talk is searched when it names a product type, or
+# describes a need with this many of a type's words (Taxonomy.classify).
+NEED_WORDS_FOR_SEARCH = 3
 
 
 @dataclass(frozen=True)
@@ -533,7 +538,9 @@ class GroundedSearch:
         return kept[:k]
 
     def search(self, queries: Sequence[str], plan_filters: dict | None, question: str,
-               k: int) -> SearchOutcome:
+               k: int, earlier: Sequence[str] = ()) -> SearchOutcome:
+        """``earlier``: the customer's earlier turns, oldest first; a follow-up that names no
+        product type ("any of those in size 9?") searches the type the last of them named."""
         vocab = self.vocabulary
         qs = check_queries(queries, k) or [question[:MAX_QUERY_CHARS]]
         plan = Filters.from_plan(plan_filters)
@@ -573,7 +580,8 @@ class GroundedSearch:
 
         # 4. product type first: the types and models the question names (else its plan's
         # queries: a follow-up's), searched within those types, its constraints applied
-        typed = self._typed(qs, question, requested, k, notes, corrected)
+        typed = self._typed(qs, question, requested, k, notes, corrected, earlier,
+                            (brand_typo, brand_note))
         if typed is not None:
             return typed
         if self.taxonomy.curated():
@@ -646,7 +654,8 @@ class GroundedSearch:
     POOL = 100
 
     def _typed(self, qs: list[str], question: str, requested: Filters, k: int,
-               notes: list[str], corrected: dict[str, str]) -> SearchOutcome | None:
+               notes: list[str], corrected: dict[str, str], earlier: Sequence[str] = (),
+               typo: tuple[str, str] = ("", "")) -> SearchOutcome | None:
         """Search within the product types the question names, its stated constraints met
         (rufus/retrieval/constraints.py); None when it names no type of this catalog."""
         tax = self.taxonomy
@@ -665,7 +674,7 @@ class GroundedSearch:
         else:
             res, text = tax.resolve(spelled), spelled
         if not res.categories and not res.accessory:
-            for q in qs if not unknown else ():
+            for q in [*qs, *reversed(earlier)] if not unknown else ():
                 r = tax.resolve(q)
                 if r.categories:
                     res, text = r, f"{text} {q}"
@@ -675,10 +684,25 @@ class GroundedSearch:
         cats = tuple(res.categories)
         lo, hi = parse_price_range(question)
         max_price = requested.max_price if requested.max_price is not None else hi
-        named = [] if requested.brand else list(dict.fromkeys(
-            self._brands_named(text, cats) + res.brands))
+        named = list(dict.fromkeys(self._brands_named(text, cats) + res.brands))
+        said = {norm_brand(b) for b in named} | {norm_brand(tax.model_brand[m]) for m in res.models}
+        sold = {nb for c in cats for nb in tax.brands.get(c, {})}
+        plan_brand, unsaid = requested.brand, []
+        if plan_brand and ((said and norm_brand(plan_brand) not in said)
+                           or (typo[0] and norm_brand(plan_brand) not in sold)):
+            # the customer's own words win over the plan's brand ("motorola razr" is no
+            # Razer), and a brand "typo" of a brand these types do not sell was none
+            plan_brand = None
+            if typo[0]:
+                corrected.pop(typo[0], None)
+                if typo[1] in notes:
+                    notes.remove(typo[1])
+            unsaid = ["brand"]  # the plan's filter, dropped
+            requested = dataclasses.replace(requested, brand=None)
+        if plan_brand:
+            named = []  # the plan's brand filters; the question's are the same
         cons = constraints.parse(text, cats, tax, named)
-        f = Filters(brand=requested.brand, max_price=max_price, min_price=lo, categories=cats)
+        f = Filters(brand=plan_brand, max_price=max_price, min_price=lo, categories=cats)
         pool, f, relaxed = self._typed_pool(qs, res.models, f)
         if res.line_models:  # "apple watch": that line's models, when it has some here
             pool = [p for p in pool if p.model in res.line_models] or pool
@@ -692,8 +716,21 @@ class GroundedSearch:
             notes.append(self._constraint_note(cats, dropped, len(cons) > len(dropped)))
         found = self._named_first(found, pool, res.models)
         return SearchOutcome(products=found[:k], queries=qs, filters=f, corrected=corrected,
-                             relaxed=relaxed, notes=notes, requested=stated, categories=list(cats),
+                             relaxed=unsaid + relaxed, notes=notes, requested=stated,
+                             categories=list(cats),
                              constraints=[c for c in cons if c not in dropped], dropped=dropped)
+
+    def names_a_type(self, question: str) -> bool:
+        """Whether ``question`` names (or describes the need for) a product type of this
+        catalog (rufus/retrieval/taxonomy.py): a curated catalog only."""
+        tax = self.taxonomy
+        if not tax.curated():
+            return False
+        res = tax.resolve(self.spell(question, {}))
+        # a need, only when several of its words are the type's ("thanks, that's all i
+        # needed" shares one with humidifiers)
+        return bool(res.categories) and not res.accessory and (
+            not res.inferred or res.need_words >= NEED_WORDS_FOR_SEARCH)
 
     def _brands_named(self, text: str, cats: Sequence[str]) -> list[str]:
         """Catalog brands of these product types that ``text`` names ("ninja", "the north

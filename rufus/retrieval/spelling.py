@@ -122,3 +122,11 @@ def category_display(key: str) -> str:
     if not name or name.endswith("s"):
         return name
     return name + ("es" if name.endswith(("ch", "sh", "x")) else "s")
+
+
+# Contractions without their apostrophe ("whats", "thats"): words, never typos ("hats").
+CONTRACTIONS = frozenset("""
+whats thats hows whos wheres whens whys im ive id ill youre youve youd theyre theyve weve
+dont doesnt didnt cant couldnt wont wouldnt shouldnt isnt arent wasnt werent hasnt havent
+lets heres theres its itll shes hes
+""".split())

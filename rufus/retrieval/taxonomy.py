@@ -59,6 +59,7 @@ DESCRIPTION_WEIGHT = 0.5  # a model's words (its title, description and string s
 IDF_POWER = 1.0
 CLASSIFY_MIN = 2.0  # the nearest type's score, at least (tuned on the first held-out set)
 CLASSIFY_COVER = 0.0  # share of a need's words the type must have (0.34-0.6 measured worse)
+CLASSIFY_WORDS = 2  # and at least this many of them (one shared word is a coincidence)
 CLASSIFY_LEAD = 1.0  # and at least as high as the next type's (1.3 measured worse: docs/catalog.md)
 
 
@@ -108,6 +109,7 @@ class Resolution:
     accessory: bool = False
     inferred: bool = False  # the type is the nearest to a need, not named (Taxonomy.classify)
     brands: list[str] = field(default_factory=list)  # the brands of the product lines named
+    need_words: int = 0  # inferred: how many of the need's words the type has
     line_models: list[str] = field(default_factory=list)  # a line's models ("apple watch")
 
 
@@ -125,6 +127,7 @@ class Taxonomy:
         self._nouns: list[tuple[tuple[str, ...], str]] = []  # stemmed noun -> category, longest first
         self._noun_words: set[str] = set()  # the stems of every noun
         self._models: list[ModelName] = []
+        self.model_brand: dict[str, str] = {}  # model -> its brand
         self._first: dict[str, set[str]] = {}  # a model's first word -> brands using it
         self._line_words: dict[str, str] = {}  # a product line's word -> its one category
         self._line_brand: dict[str, str] = {}  # a product line's word -> its one brand
@@ -173,6 +176,7 @@ class Taxonomy:
         t._nouns = sorted(nouns.items(), key=lambda kv: -len(kv[0]))
         t._noun_words = {w for n in nouns for w in n}
         t._models = list(models.values())
+        t.model_brand = {m.model: m.brand for m in t._models}
         firsts: dict[str, Counter[str]] = {}
         for m in t._models:
             t._first.setdefault(m.words[0], set()).add(norm_brand(m.brand))
@@ -352,6 +356,8 @@ class Taxonomy:
         if not chosen and infer:  # a need ("boil water for tea"): the nearest type
             chosen = self.classify(ws)
             res.inferred = bool(chosen)
+            if chosen:
+                res.need_words = len({w for w in _content(ws) if w in self._doc[chosen[0]]})
         if not chosen:
             chosen = [c for _, c in kept]
         res.categories = list(dict.fromkeys(chosen))
@@ -366,8 +372,10 @@ class Taxonomy:
         # most of the need's words must be the type's: one shared word ("lawn" of "lawn
         # chair") does not make a lawn mower a camping chair
         content = set(_content(ws))
-        have = {w for w in content if w in self._doc[ranked[0][0]]}
-        if content and len(have) < CLASSIFY_COVER * len(content):
+        doc = self._doc[ranked[0][0]]
+        have = {w for w in content if w in doc}
+        if content and (len(have) < CLASSIFY_COVER * len(content)
+                        or len(have) < min(CLASSIFY_WORDS, len(content))):
             return []
         return [ranked[0][0]]
 

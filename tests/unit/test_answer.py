@@ -39,7 +39,7 @@ def product(i: int, brand: str = "Brooks", line: str = "Ghost 16", colour: str =
 PRODUCTS = [
     product(1, "Brooks", "Ghost 16", "Black", 129.99, 4.6, 900, "long runs"),
     product(2, "Nike", "Pegasus 41", "Blue", 99.95, 4.2, 5000, "daily training"),
-    product(3, "Saucony", "Kinvara 15", "Red", 89.00, 4.4, 30, "race day"),
+    product(3, "Saucony", "Guide 17", "Red", 89.00, 4.4, 30, "race day"),
     product(4, "Hoka", "Clifton 9", "Grey", 139.49, 4.3, 80, "long runs"),
 ]
 NAMES = CatalogNames.default()
@@ -109,7 +109,7 @@ def test_reason_check_names_and_repeats():
     assert check.check("built for long runs", p).reason == "built for long runs"
     assert check.check("built for long runs", p).dropped == "repeat"  # said already
     assert check.check("a black brooks shoe for the road", p).reason is not None
-    assert check.check("a smooth ride", p).reason is not None  # "Ride 17" is a Saucony line
+    assert check.check("a guide for easy days", p).reason is not None  # "Guide 17" is a Saucony line
 
 
 def test_grammar_shape():

@@ -43,7 +43,7 @@ ANKER = card("P000068", "Anker Soundcore Life Q30 Wireless Headphones, Midnight 
              "Anker", 79.99, 4.4)
 HEADPHONES = [SONY, BOSE, ANKER]
 GHOST = card("P000000", "Brooks Ghost 16 Men's Running Shoes, Blue, 10", "Brooks", 139.99, 4.6)
-NOVA = card("P000033", "ASICS Novablast 4 Men's Road Running Shoes, Black, 11", "ASICS", 119.95, 4.4)
+NOVA = card("P000033", "ASICS Gel-Nimbus 26 Men's Road Running Shoes, Black, 11", "ASICS", 119.95, 4.4)
 CLIFTON = card("P000066", "Hoka Clifton 9 Men's Running Sneakers, White, 10", "Hoka", 144.99, 4.5)
 SHOES = [GHOST, NOVA, CLIFTON]
 TV = card("P000005", "Samsung QLED Q60D 65 Inch 4K UHD QLED TV, 4K HDR", "Samsung", 897.99, 4.3)

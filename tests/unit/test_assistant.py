@@ -286,11 +286,12 @@ def test_planner_failure_falls_back_to_question(retriever):
 def test_history_reaches_planner_and_answer_model(retriever):
     history = [{"role": "user", "content": "I need running shoes"},
                {"role": "assistant", "content": "Here are some."}]
-    fake = FakeStreams(plan_of("product_search", ["any"], {"max_price": 60}), ["ok"])
-    evs = run(Assistant("x", retriever), fake, "any under $60?", history)
+    # $80: the catalog's cheapest running shoes (Nike Revolution 7) list at $70
+    fake = FakeStreams(plan_of("product_search", ["any"], {"max_price": 80}), ["ok"])
+    evs = run(Assistant("x", retriever), fake, "any under $80?", history)
     assert fake.calls[0][1]["history"] == history
     assert fake.calls[1][1]["messages"][1:3] == history
-    assert evs[1].products and all(c["price"] <= 60 for c in evs[1].products)
+    assert evs[1].products and all(c["price"] <= 80 for c in evs[1].products)
     assert any("Shoe" in c["title"] for c in evs[1].products)
 
 
@@ -363,7 +364,9 @@ def test_bad_input_raised_before_any_call(retriever):
 def test_renderer_links_product_names_written_out():
     from rufus.assistant.prompt import family
 
-    prods = [p for p in CATALOG if p.category == "headphones"][:2]
+    heads = [p for p in CATALOG if p.category == "headphones"]
+    # two models (the first listings are colours of one model: one family name)
+    prods = [heads[0], next(p for p in heads if family(p) != family(heads[0]))]
     name = family(prods[1])
     r = LinkRenderer(prods)
     text = f"1. {name}, great for travel. 2. Something else."
@@ -378,7 +381,9 @@ def test_renderer_never_holds_the_opening_words_for_a_name():
     later in the answer is linked."""
     from rufus.assistant.prompt import family
 
-    prods = [p for p in CATALOG if p.category == "headphones"][:2]
+    heads = [p for p in CATALOG if p.category == "headphones"]
+    # two models (the first listings are colours of one model: one family name)
+    prods = [heads[0], next(p for p in heads if family(p) != family(heads[0]))]
     name = family(prods[1])
     r = LinkRenderer(prods)
     first = r.feed(" " + name[:5])
@@ -461,6 +466,7 @@ def _adapter(monkeypatch, retriever, fake_streams):
     m = tm.AssistantModel.__new__(tm.AssistantModel)
     m.assistant = Assistant("x", retriever, admission=SloAdmission(AdmissionSettings(slo_s=0)))
     m.assistant.search.vocabulary  # noqa: B018 - built at load, as AssistantModel.start does
+    m.assistant.search.taxonomy  # noqa: B018 - built at load too (AssistantModel.start's warm-up)
     m.assistant.streams = lambda: fake_streams  # type: ignore[method-assign]
     m.watcher, m.tasks, m.metrics = CancelWatcher(interval=0.01), set(), NullMetrics()
     return m

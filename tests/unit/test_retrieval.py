@@ -1,4 +1,4 @@
-"""Catalog generator, loader errors, search filters and ranking (both embedded engines), and
+"""Default catalog, loader errors, search filters and ranking (both embedded engines), and
 the OpenSearch engine against a fake client (no server here)."""
 
 from __future__ import annotations
@@ -104,8 +104,8 @@ def test_query_terms_drop_prices_and_stopwords():
 @pytest.mark.parametrize("query,filters", [
     ("running shoes", Filters(max_price=80)),
     ("headphones", Filters(brand="sony")),
-    ("shoes", Filters(brand="Nike", max_price=60)),
-    ("", Filters(brand="levis", max_price=50)),
+    ("shoes", Filters(brand="Nike", max_price=80)),  # Nike's cheapest shoes are $70 now
+    ("", Filters(brand="levis", max_price=70)),  # Levi's cheapest jeans are $69.50 now
     ("tv", Filters(max_price=0)),
 ])
 def test_filters_are_hard_constraints(engine, query, filters):
@@ -124,14 +124,16 @@ def test_filters_are_hard_constraints(engine, query, filters):
 def test_ranking_sensible(engine):
     top = engine.search(["nike running shoes"], k=5)
     assert all(p.brand == "Nike" and p.category == "running_shoes" for p in top)
-    assert all(p.category == "tv" and p.attributes["screen_size"] == "65"
+    assert all(p.category == "tv" and p.attributes["screen_in"] == 65
                for p in engine.search(["65 inch tv"], k=5))
-    assert all(p.category == "earbuds" and p.price <= 50
-               for p in engine.search(["wireless earbuds"], Filters(max_price=50), k=5))
+    # five earbuds listings cost $150 or less now (four $19.99 JLab), none between $20 and $128
+    assert all(p.category == "earbuds" and p.price <= 150
+               for p in engine.search(["wireless earbuds"], Filters(max_price=150), k=5))
 
 
 def test_multi_query_fusion_keeps_each_query(engine):
-    res = engine.search(["bissell pet hair vacuum", "hoover pet hair vacuum"], k=6)
+    # the catalog's one Hoover vacuum is no pet-hair model: each brand's vacuums, no feature
+    res = engine.search(["bissell vacuum", "hoover vacuum"], k=6)
     assert {"Bissell", "Hoover"} <= {p.brand for p in res}
     assert len({p.id for p in res}) == len(res)
 
@@ -144,6 +146,8 @@ def test_bad_arguments(engine):
 
 
 def test_relevance_recorded_floor(catalog):
+    # recorded: recall@5 0.927, nDCG@5 0.939 (docs/benchmarks-history.md, "Product retrieval on
+    # the catalog of real models"; 0.971 / 0.971 on the generated catalog's set before it)
     eng = SqliteFtsRetriever.build(catalog)
     m = evaluate(lambda q, f: [p.id for p in eng.search([q], f)], load_relevance())
     assert m["recall@5"] >= 0.9 and m["ndcg@5"] >= 0.9
@@ -271,7 +275,9 @@ def test_opensearch_engine_against_fake_client(catalog):
 
     fake = FakeOpenSearch()
     eng = OpenSearchRetriever(fake, index="products")
-    assert eng.create_index(catalog[:500]) == 500
+    # 500 listings from the shoes on (the catalog's first 500 are electronics: no Nike)
+    start = next(i for i, p in enumerate(catalog) if p.category == "running_shoes")
+    assert eng.create_index(catalog[start:start + 500]) == 500
     assert fake.indices.created["products"] == INDEX_BODY
     res = eng.search(["running shoes", "sneakers"], Filters(brand="Nike", max_price=150), k=5)
     assert res and all(p.brand == "Nike" and p.price <= 150 for p in res)

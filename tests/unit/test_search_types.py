@@ -1,0 +1,209 @@
+"""Issue 57: product type first, stated constraints met, relaxation said, no-results replies
+that name what is near; the search eval's checks fail on bad outputs; typed attributes in a
+user's catalog. On the default catalog (data/catalog/), in memory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rufus.retrieval.catalog import CatalogError, Product, load_catalog
+from rufus.retrieval.catalog_data import default_catalog, default_categories
+from rufus.retrieval.constraints import Constraint, parse_price_range, relax
+from rufus.retrieval.grounding import GroundedSearch
+from rufus.retrieval.search_eval import meetable, misses, rates, score, wrong_type
+from rufus.retrieval.sqlite_fts import SqliteFtsRetriever
+
+
+@pytest.fixture(scope="module")
+def search() -> GroundedSearch:
+    return GroundedSearch(SqliteFtsRetriever.build(list(default_catalog()), categories=default_categories()))
+
+
+def found(search: GroundedSearch, q: str, k: int = 8, filters: dict | None = None):
+    return search.search([q], filters or {}, q, k)
+
+
+@pytest.mark.parametrize("q, category", [
+    ("weber spirit or traeger pro, which grill is easier to clean?", "grill"),  # not kettlebells ("Pro")
+    ("crocs kids clogs size 13", "clogs"),  # not keyboards ("Full Size")
+    ("how does the vitamix 5200 compare to the blendtec classic 575?", "blender"),  # not backpacks
+    ("best laptop for video editing under 1500", "laptop"),
+    ("laptop backpack", "backpack"),
+    ("backpack for my laptop", "backpack"),
+    ("apple watch ultra 2", "smartwatch"),  # no analog watch
+    ("headphnes with noise cancelling", "headphones"),  # a typo
+    ("macbook with 1tb storage", "laptop"),  # a product line names its type
+    ("hydro flask 32 oz", "water_bottle"),  # a brand of one type
+    ("boil water for tea", "electric_kettle"),  # a need
+])
+def test_cards_are_of_the_type_asked_for(search, q, category):
+    out = found(search, q)
+    assert out.products and {p.category for p in out.products} == {category}, \
+        (q, [p.title for p in out.products])
+
+
+def test_named_models_come_first_and_all_are_shown(search):
+    out = found(search, "weber spirit or traeger pro, which grill is easier to clean?")
+    assert out.products[0].model == "Weber Spirit II E-310"
+    assert out.products[1].model.startswith("Traeger Pro")
+    out = found(search, "airpods pro vs galaxy buds 2 pro")
+    assert [p.model for p in out.products[:2]] == ["Apple AirPods Pro 2", "Samsung Galaxy Buds2 Pro"]
+    out = found(search, "which lasts longer on a charge: jbl flip 6, bose soundlink flex or ue wonderboom 3?")
+    assert {p.model for p in out.products[:3]} == {"JBL Flip 6", "Bose SoundLink Flex",
+                                                   "Ultimate Ears WONDERBOOM 3"}
+
+
+@pytest.mark.parametrize("q, ok", [
+    ("a tent that sleeps 4 people", lambda p: p.attributes["capacity_people"] == 4),
+    ("4 person tent", lambda p: p.attributes["capacity_people"] == 4),
+    ("tent for a family of 6", lambda p: p.attributes["capacity_people"] == 6),
+    ("crocs kids clogs size 13",
+     lambda p: p.attributes["gender"] == "Kids'" and "13C" in p.attributes["sizes"]),
+    ("women's running shoes size 8",
+     lambda p: p.attributes["gender"] == "Women's" and "8" in p.attributes["sizes"]),
+    ("running shoes for flat feet", lambda p: p.attributes["support"] == "stability"),
+    ("65 inch oled tv", lambda p: p.attributes["screen_in"] == 65 and p.attributes["panel"] == "OLED"),
+    ("waterproof bluetooth speaker", lambda p: p.attributes.get("water_rating") in ("IPX7", "IP67", "IP68")
+     or p.attributes.get("waterproof") is True),
+    ("dishwasher safe cookware set", lambda p: p.attributes["dishwasher_safe"] is True),
+    ("12 inch cast iron skillet", lambda p: p.attributes["diameter_in"] == 12),
+    ("headphones over $300", lambda p: p.price >= 300),
+    ("air fryer between $100 and $150", lambda p: 100 <= p.price <= 150),
+    ("lego set for an 8 year old", lambda p: p.attributes["min_age_years"] <= 8),
+    ("car seat rated up to 65 lbs", lambda p: p.attributes["max_weight_lb"] >= 65),
+])
+def test_stated_constraints_are_met_by_every_card(search, q, ok):
+    out = found(search, q)
+    assert out.products and not out.dropped, (q, out.notes)
+    assert all(ok(p) for p in out.products), (q, [p.title for p in out.products])
+
+
+def test_unmet_constraint_is_relaxed_and_said_ahead(search):
+    """No Ninja air fryer holds 6 qt: the closest Ninja sizes, with a system-written note."""
+    out = found(search, "air fryer 6 qt ninja")
+    assert out.products and all(p.brand == "Ninja" for p in out.products)
+    assert [c.text for c in out.dropped] == ["6 qt"]
+    assert out.notes == ['No air fryers in the catalog match "6 qt" with the rest of your search; '
+                         'showing the closest.']
+    sizes = [abs(p.attributes["capacity_qt"] - 6) for p in out.products]
+    assert sizes == sorted(sizes)
+
+
+def test_price_relaxed_last_and_said(search):
+    out = found(search, "4 person tent under $60")
+    assert out.products and all(p.attributes["capacity_people"] == 4 for p in out.products)
+    assert out.notes == ["No results under $60; showing results at any price."]
+
+
+@pytest.mark.parametrize("q, near", [
+    ("guitar strings", "guitars"),  # an accessory of a type we carry: no guitars as its cards
+    ("phone case", "smartphones"),
+])
+def test_accessories_get_the_nearest_types_not_their_cards(search, q, near):
+    out = found(search, q)
+    assert out.products == []
+    reply = search.no_results_reply(out, q)
+    assert near in reply and reply.startswith("I couldn't find any products for ")
+
+
+def test_no_results_reply_differs_with_the_question(search):
+    """The same few categories for every miss was the bug: a miss names what is near it, or
+    the catalog's departments when nothing is."""
+    replies = {q: search.no_results_reply(found(search, q), q)
+               for q in ("lawn mower", "powerbeats pro", "garden hose")}
+    assert all(found(search, q).products == [] for q in replies)
+    assert len(set(replies.values())) == len(replies), replies
+
+
+def test_price_ranges():
+    assert parse_price_range("headphones between $100 and $200") == (100.0, 200.0)
+    assert parse_price_range("a tv $300-$500") == (300.0, 500.0)
+    assert parse_price_range("at least $50") == (50.0, None)
+    assert parse_price_range("over 20 hours battery") == (None, None)  # no price
+    assert parse_price_range("under $80") == (None, None)  # a cap: parse_price_cap
+
+
+def test_relax_drops_the_fewest_least_important_first():
+    base = next(p for p in default_catalog() if p.category == "tent")
+    def tent(n, colour):
+        return Product(**{**base.to_json(), "id": f"T{n}{colour}",
+                          "attributes": {"capacity_people": n, "color": colour}})
+    ps = [tent(2, "Green"), tent(4, "Blue")]
+    four = Constraint("number", ("capacity_people",), 4.0, "=", "sleeps 4")
+    green = Constraint("colour", ("color",), "green", "=", "green")
+    got, dropped = relax(ps, [four, green])
+    assert got == [ps[1]] and dropped == [green]  # the colour goes before the size
+
+
+# ------------------------------------------------------------------ the eval's checks
+
+def test_eval_checks_fail_hand_written_bad_outputs():
+    cat = list(default_catalog())
+    item = {"q": "a tent that sleeps 4", "kind": "constraint", "category": "tent",
+            "constraints": [{"unit": "people", "op": "=", "value": 4}]}
+    tents = [p for p in cat if p.category == "tent"]
+    good = [p for p in tents if p.attributes.get("capacity_people") == 4][:3]
+    six = next(p for p in tents if p.attributes.get("capacity_people") == 6)
+    bell = next(p for p in cat if p.category == "kettlebell")
+    assert meetable(item, cat)
+    assert wrong_type(good, item) == [] and misses(good, item) == []
+    assert wrong_type([*good, bell], item) == [3]  # another product type
+    assert misses([six, *good], item) == [0]  # a stated constraint missed
+    rows = [score(item, good, True), score(item, [six], True)]
+    r = rates(rows)
+    assert r["constraints_met"] == 0.5 and r["type_relevance"] == 1.0
+    assert rates([score({**item, "kind": "type"}, [bell], True)])["type_relevance"] == 0.0
+
+
+def test_eval_cards_as_clients_receive_them():
+    """Live mode scores the JSON cards of the products event (attributes included)."""
+    p = next(x for x in default_catalog() if x.category == "air_fryer")
+    card = json.loads(json.dumps(p.card()))
+    item = {"q": "x", "kind": "constraint", "category": "air_fryer",
+            "constraints": [{"unit": "qt", "op": "=", "value": p.attributes["capacity_qt"]}]}
+    assert misses([card], item) == [] and wrong_type([card], item) == []
+
+
+# ------------------------------------------------------------------ a user's own catalog
+
+def test_user_catalog_keeps_typed_attributes_and_refuses_bad_ones(tmp_path: Path):
+    good = {"id": "u1", "title": "Acme Tent", "brand": "Acme", "price": 99, "url": "https://x/1",
+            "category": "tent", "model": "Acme Dome",
+            "attributes": {"capacity_people": 4, "waterproof": True, "sizes": ["S", "M"]}}
+    f = tmp_path / "c.jsonl"
+    f.write_text(json.dumps(good) + "\n")
+    (p,) = load_catalog(f)
+    assert p.attributes == {"capacity_people": 4, "waterproof": True, "sizes": ["S", "M"]}
+    assert p.model == "Acme Dome" and p.card()["attributes"]["waterproof"] is True
+    bad = {**good, "id": "u2", "attributes": {"capacity_people": {"n": 4}}}
+    f.write_text(json.dumps(good) + "\n" + json.dumps(bad) + "\n")
+    with pytest.raises(CatalogError) as ei:
+        load_catalog(f)
+    assert ei.value.row == 2 and ei.value.field == "attributes.capacity_people"
+
+
+def test_follow_up_narrows_the_earlier_type(search):
+    """A follow-up naming no type searches the type of the customer's earlier turn, with the
+    follow-up's constraints and the earlier turn's ("men's")."""
+    q = "any of those under $100 in size 9?"
+    out = search.search([q], {}, q, 8, earlier=["men's running shoes"])
+    assert out.products and all(p.category == "running_shoes" and p.price <= 100
+                                and p.attributes["gender"] == "Men's" and "9" in p.attributes["sizes"]
+                                for p in out.products), [p.title for p in out.products]
+    blue = search.search(["any in blue?"], {}, "any in blue?", 8, earlier=["I need running shoes"])
+    assert blue.products and all("blue" in p.attributes["color"].lower() for p in blue.products)
+
+
+def test_user_catalog_searches_by_its_own_keys():
+    """A user's catalog without category lines: its category keys are its nouns, and a number
+    finds the key by its unit suffix."""
+    def tent(i, n):
+        return Product(id=f"u{i}", title=f"Acme Dome {n}P Tent", brand="Acme", category="tent",
+                       price=100.0 + i, rating=4.5, review_count=10, description="", url=f"https://x/{i}",
+                       image_url="", attributes={"capacity_people": n}, model=f"Acme Dome {n}P")
+    s = GroundedSearch(SqliteFtsRetriever.build([tent(1, 2), tent(2, 4), tent(3, 6)], categories=[]))
+    out = s.search(["tent that sleeps 4"], {}, "tent that sleeps 4", 5)
+    assert [p.id for p in out.products] == ["u2"]
