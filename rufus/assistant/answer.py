@@ -61,6 +61,15 @@ def built_for(p: Product) -> str:
     return m.group(1) if m else ""
 
 
+def _use_items(use: str) -> list[str]:
+    """"long runs, daily training and races" -> ["long runs", "daily training", "races"]."""
+    return [u.strip() for u in re.split(r",\s*|\s+and\s+", use) if u.strip()]
+
+
+def _joined(items: Sequence[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
 def _clean(text: str) -> str:
     """A menu entry as the grammar spells it: letters, spaces and light punctuation, at most
     :data:`MAX_REASON_CHARS`, cut at a word ("pressure relie" was cut mid-word)."""
@@ -98,6 +107,10 @@ def reason_options(products: Sequence[Product], question: str) -> list[list[str]
     out: list[list[str]] = []
     lowest = min(p.price for p in products) if products else 0.0
     best = max(p.rating for p in products) if products else 0.0
+    # what each product is built for, less what another shown product is built for too:
+    # three hiking boots "built for day hikes and ..." read as a loop, and say nothing apart
+    uses = [_use_items(built_for(p)) for p in products]
+    common = Counter(u for us in uses for u in set(us))
     most = max(p.review_count for p in products) if products else 0
     for p in products:
         opts: list[str] = []
@@ -106,9 +119,10 @@ def reason_options(products: Sequence[Product], question: str) -> list[list[str]
             opts.append(_clean(f"in {colour.lower()}"))
         if p.brand and f" {p.brand.lower()} " in q:
             opts.append(_clean(f"from {p.brand}"))
-        use = built_for(p)
-        if use:
-            opts.append(_clean(f"built for {use}"))
+        mine = uses[products.index(p)]
+        own = [u for u in mine if common[u] == 1] or mine[:1]
+        if own:
+            opts.append(_clean(f"built for {_joined(own)}"))
         if len(products) > 1:
             if p.price == lowest:
                 opts.append(LOWEST)

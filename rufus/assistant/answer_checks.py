@@ -163,6 +163,8 @@ class CatalogFacts:
         self._names_cs = _name_pattern((sources[n] for n in exact), 0)
         self._colors = _name_pattern((re.escape(c) for c in self.colors), re.I)
 
+    type_names: re.Pattern[str] | None = None  # the catalog's product types, as a pattern
+
     def _is_ordinary(self, name: str) -> bool:
         """Only ordinary words ("Pet Hair Eraser"), or only a number ("574")."""
         words = _words(name)
@@ -200,7 +202,15 @@ class CatalogFacts:
             if x:
                 lines.add(f"{brand} {x}" if re.search(r"\d", x) and _only_ordinary(
                     re.sub(r"\d+", " ", x), vocab) else x)
-        return cls(brands, lines, colors, ordinary)
+        facts = cls(brands, lines, colors, ordinary)
+        brand_keys = {re.sub(r"[^a-z0-9]", "", b.lower()) for b in brands}
+        names = sorted({n for c in cats for n in (c.name, *c.nouns)
+                        if re.sub(r"[^a-z0-9]", "", n.lower()) not in brand_keys},  # "crocs"
+                       key=len, reverse=True)
+        if names:
+            facts.type_names = re.compile(
+                r"(?<![\w'-])(?:" + "|".join(re.escape(n) for n in names) + r")(?![\w'-])", re.I)
+        return facts
 
     def names_in(self, text: str) -> list[str]:
         """Catalog brands and product lines named in ``text``, as written there."""
@@ -430,8 +440,11 @@ def check_answer(text: str, cards: list[dict[str, Any]], facts: CatalogFacts,
     d.loop_detail = _find_loop(items, urls)
     d.loop = bool(d.loop_detail)
 
-    # names outside links and outside quotes (a note quoting the customer's words)
+    # names outside links and outside quotes (a note quoting the customer's words), and
+    # outside the names of the catalog's product types ("dash cams" names no brand Dash)
     free = _blank(_blank(body, _PH), _QUOTED)
+    if facts.type_names is not None:
+        free = _blank(free, facts.type_names)
     for name in dict.fromkeys(facts.names_in(free)):
         pat = re.compile(rf"(?<![\w'-]){re.escape(name)}(?![\w'-])", re.I)
         if not pat.search(question) and not any(

@@ -121,14 +121,15 @@ def family(p: Product) -> str:
 
 
 def diversify(products: Sequence[Product], k: int) -> list[Product]:
-    """Top k with one listing per product family first (five colours of one shoe are one
-    choice for the customer), then the rest in rank order."""
+    """Top k with one listing per product model first (five colours of one shoe, or its men's
+    and women's versions, are one choice for the customer), then the rest in rank order."""
     out: list[Product] = []
     seen: set[str] = set()
     for p in products:
-        if family(p) not in seen and len(out) < k:
+        key = p.model or family(p)
+        if key not in seen and len(out) < k:
             out.append(p)
-            seen.add(family(p))
+            seen.add(key)
     for p in products:
         if len(out) >= k:
             break

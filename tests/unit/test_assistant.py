@@ -401,9 +401,12 @@ def test_diversify_prefers_distinct_families():
 
     shoes = [p for p in CATALOG if p.category == "running_shoes"]
     same = [p for p in shoes if family(p) == family(shoes[0])][:4]
-    other = [p for p in shoes if family(p) != family(shoes[0])][:2]
+    # another model: a model's men's and women's listings are one choice too (one model)
+    other = [p for p in shoes if p.model != shoes[0].model][:2]
     out = diversify(same + other, 3)
     assert out[:2] == [same[0], other[0]] and len(out) == 3
+    women = next(p for p in shoes if p.model == shoes[0].model and family(p) != family(shoes[0]))
+    assert diversify([shoes[0], women, *other], 2) == [shoes[0], other[0]]
 
 
 def test_stated_price_cap_added_when_planner_drops_it(retriever):
