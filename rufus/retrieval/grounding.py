@@ -403,7 +403,7 @@ class Vocabulary:
 
 # A question the planner took for small talk is searched when it names a product type, or
 # describes a need with this many of a type's words (Taxonomy.classify).
-NEED_WORDS_FOR_SEARCH = 3
+NEED_WORDS_FOR_SEARCH = 2
 
 
 @dataclass(frozen=True)

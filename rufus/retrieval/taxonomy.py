@@ -52,7 +52,8 @@ _NEED_STOP = frozenset("""
 something thing things want need looking get buy good best great new old really time day days
 help make makes keep like just also even every home house room use used using one two work
 tired paying pay whats easiest easy way always lot lots stuff right now people who whos
-someone somebody love loves starting start every
+someone somebody love loves starting start every thanks thank needed please hello write tell
+joke question answer
 """.split())
 NOUN_WEIGHT, NEED_WEIGHT = 3, 2  # a noun's head word; a use's, a need's or a noun's other words
 DESCRIPTION_WEIGHT = 0.5  # a model's words (its title, description and string specs)
