@@ -55,7 +55,7 @@ def clip(text: str, n: int) -> str:
 
 
 def product_lines(products: Sequence[Product], question: str) -> str:
-    """One line per product: its number, its name (:func:`family`: brand, line and kind) and
+    """One line per product: its number, its name (its model, else :func:`family`) and
     its reason menu (rufus.assistant.answer.reason_options), ``[1] Hoka Bondi 8 Women's
     Running Shoes: built for long runs; best rating``. The menu is what the
     grammar lets the model say of that product, so the model reads exactly the facts it
@@ -64,7 +64,7 @@ def product_lines(products: Sequence[Product], question: str) -> str:
     exact figures are on the card and in the system-rendered pick line; the menu says which
     product is the cheapest or best rated). docs/benchmarks-history.md, "Menu lines"."""
     menus = reason_options(products, question)
-    return "\n".join(f"[{i}] {family(p)}: {'; '.join(menu)}"
+    return "\n".join(f"[{i}] {p.model or family(p)}: {'; '.join(menu)}"
                       for i, (p, menu) in enumerate(zip(products, menus, strict=True), start=1))
 
 

@@ -206,7 +206,7 @@ def test_product_path_event_order_filters_and_links(retriever):
     text = "".join(e.text for e in evs if e.type == "text")
     assert f"({cards[0]['url']})" in text and f"({cards[1]['url']})" in text and "x.example" not in text
     msgs = fake.calls[1][1]["messages"]
-    assert cards[0]["title"].split(",")[0] in msgs[-1]["content"]  # its name (prompt.family)
+    assert f"[1] {cards[0]['model']}:" in msgs[-1]["content"]  # its name (its model: fewer tokens)
     assert {"plan_s", "retrieval_s", "cards_s", "answer_ttft_s", "first_token_s", "total_s"} <= \
         set(evs[-1].timings)
     assert evs[-1].finish_reason == "stop" and fake.closed == ["rufus_qp_medusa", "rufus_llm"]
@@ -548,15 +548,16 @@ def test_the_plan_request_accepts_the_turns_plan_time_limit(retriever):
 
 
 def test_product_lines_are_names_and_their_reason_menus():
-    """A product line is its number, its name without colour or size variants, and the
-    menu of reasons the grammar allows for it (the facts the model chooses among); no
-    digits of price or rating (prefill tokens; the card and the pick line show them)."""
+    """A product line is its number, its name without colour or size variants (its model:
+    the product type is the cards', fewer prefill tokens), and the menu of reasons the
+    grammar allows for it (the facts the model chooses among); no digits of price or rating
+    (prefill tokens; the card and the pick line show them)."""
     ps = list(default_catalog())[:3]
     menus = reason_options(ps, "running shoes")
     lines = product_lines(ps, "running shoes").split("\n")
     assert len(lines) == 3
     for i, (p, line, menu) in enumerate(zip(ps, lines, menus, strict=True), start=1):
-        assert line == f"[{i}] {family(p)}: {'; '.join(menu)}"
+        assert line == f"[{i}] {p.model}: {'; '.join(menu)}" and p.model in family(p)
         assert f"{p.price:.2f}" not in line
 
 
