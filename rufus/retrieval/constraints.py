@@ -100,6 +100,10 @@ FEATURE_WORDS: dict[str, tuple[str, ...]] = {
     "self_empty": ("self emptying", "empties itself", "self empty", "auto empty"),
     "wireless_charging": ("wireless charging", "charges wirelessly", "qi charging"),
     "variable_temperature": ("variable temperature", "temperature control", "adjustable temperature"),
+    "rear_camera": ("rear camera", "front and rear", "rear cam", "backup camera"),
+    "back_buttons": ("back buttons", "back paddles", "paddles"),
+    "straw_lid": ("straw lid", "straw"), "self_cleaning": ("self cleaning", "cleans itself"),
+    "pressure_sensor": ("pressure sensor", "brush too hard", "brushing too hard"),
 }
 # Words of a feature key that the customer need not say ("works_with_homekit": "homekit").
 _KEY_GLUE = frozenset({"works", "with", "has", "have", "is", "included", "built", "in", "mode",
@@ -120,6 +124,16 @@ def _norm(text: str) -> str:
     t = text.lower().replace("\u2019", "'").replace("-", " ").replace("_", " ")
     t = t.replace("canceling", "cancelling").replace("shut off", "shutoff")
     return " " + " ".join(re.findall(r"[a-z0-9.'+]+|\"", t)) + " "
+
+
+def _compact(text: str) -> str:
+    """Letters and digits only ("Wi-Fi 6" and "wifi 6" are "wifi6")."""
+    return re.sub(r"[^a-z0-9]", "", text.lower())
+
+
+def _stem(w: str) -> str:
+    """Porter step 1 and a final "e" ("charge" and "charging" are one word here)."""
+    return stem1(w).removesuffix("e")
 
 
 def _has(q: str, phrase: str) -> bool:
@@ -263,8 +277,11 @@ def parse(question: str, cats: Sequence[str], tax: Taxonomy,
         if limits and _LIMIT.search(before):  # "rated up to 65 lbs", "for a 70 lb dog": the
             # upper limit where there is one (a car seat's max_weight_lb, not its min_)
             keys = tuple(k for k in limits if k.startswith("max_")) or limits
-        elif limits and len(limits) < len(keys):  # "35 lb kettlebell": its own weight
-            keys = tuple(k for k in keys if k not in limits)
+        elif limits and len(limits) < len(keys):  # "35 lb kettlebell": its own weight, and
+            # "at least 50 lb" an adjustable one's top weight too; "under 10 lb" its lowest
+            op0 = _op(before, bool(m.group("plus")), low[m.end():m.end() + 20])
+            side = {">=": "max_", "<=": "min_"}.get(op0)
+            keys = tuple(k for k in keys if k not in limits or (side and k.startswith(side)))
         if unit == "tb":
             keys, value = _keys_with(tax, cats, "gb"), value * 1024
         if not keys:
@@ -292,7 +309,7 @@ def parse(question: str, cats: Sequence[str], tax: Taxonomy,
                 out.append(Constraint("gender", ("gender",), g, "=", m.group(0)))
                 break
     seen_features: set[str] = set()
-    q_stems = {stem1(w) for w in q.split()}
+    q_stems = {_stem(w) for w in q.split()}
     for k, t in types.items():
         if t != "boolean":
             continue
@@ -305,7 +322,7 @@ def parse(question: str, cats: Sequence[str], tax: Taxonomy,
             # the key's own words in any order ("quiet" for quiet_mode, "removes lead and
             # pfas" for removes_pfas), less the words that only glue a key's name together
             need = [w for w in k.split("_") if w not in _KEY_GLUE]
-            if need and all(stem1(w) in q_stems for w in need) and not any(
+            if need and all(_stem(w) in q_stems for w in need) and not any(
                     f" {neg} {need[0]}" in q for neg in ("not", "non", "no", "without")):
                 out.append(Constraint("feature", (k,), "true", "=", " ".join(need)))
                 seen_features.add(k)
@@ -316,13 +333,15 @@ def parse(question: str, cats: Sequence[str], tax: Taxonomy,
         if key in types and (m := rx.search(low)) is not None:
             out.append(Constraint("value", (key,), value, "=", m.group(0)))
     taken = {c.keys[0] for c in out if c.kind == "value"}
+    q_compact = _compact(question)
     for c in cats:
         for k, vals in tax.values.get(c, {}).items():
             if k in ("gender", "color") or k in taken:
                 continue
             for v in sorted(vals, key=len, reverse=True):
                 vn = v.lower()
-                if len(vn) >= 2 and vn not in STOPWORDS and vn not in _NOT_VALUES and _has(q, v):
+                if len(vn) >= 2 and vn not in STOPWORDS and vn not in _NOT_VALUES and (
+                        _has(q, v) or _compact(v) in q_compact):
                     out.append(Constraint("value", (k,), v, "=", v))
                     taken.add(k)
                     break

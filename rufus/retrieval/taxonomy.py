@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from rufus.retrieval.base import STOPWORDS, norm_brand
 from rufus.retrieval.catalog import Product
 from rufus.retrieval.catalog_data import CategorySpec
-from rufus.retrieval.spelling import common_words, stem1
+from rufus.retrieval.spelling import common_words, edit_distance, max_typo_distance, stem1
 
 _TOKEN = re.compile(r"[a-z]+|\d+(?:\.\d+)?")
 # Words after a product noun that make it a modifier: the customer wants the accessory.
@@ -127,6 +127,7 @@ class Taxonomy:
         self._texts: list[tuple[str, str]] = []  # (category, a model's title and description)
         self._nouns: list[tuple[tuple[str, ...], str]] = []  # stemmed noun -> category, longest first
         self._noun_words: set[str] = set()  # the stems of every noun
+        self._fuzzy: dict[str, str] = {}  # one-word nouns (and "e reader" as "ereader")
         self._models: list[ModelName] = []
         self.model_brand: dict[str, str] = {}  # model -> its brand
         self._first: dict[str, set[str]] = {}  # a model's first word -> brands using it
@@ -176,6 +177,8 @@ class Taxonomy:
                     nouns[key] = c
         t._nouns = sorted(nouns.items(), key=lambda kv: -len(kv[0]))
         t._noun_words = {w for n in nouns for w in n}
+        t._fuzzy = {("".join(n) if len(n) > 1 else n[0]): c for n, c in nouns.items()
+                    if len("".join(n)) >= 5 and (len(n) == 1 or all(len(x) == 1 for x in n[:-1]))}
         t._models = list(models.values())
         t.model_brand = {m.model: m.brand for m in t._models}
         firsts: dict[str, Counter[str]] = {}
@@ -252,6 +255,16 @@ class Taxonomy:
                     out.append((i, i + n, cat))
                     for j in range(i, i + n):
                         taken[j] = True
+        # a typo of a one-word noun ("treadmil", "sandles", "ereder" for "e-reader"): a word
+        # no category's text has, within the typo distance of the noun's stem
+        for i, w in enumerate(st):
+            if taken[i] or len(w) < 5 or not w.isalpha() or w in self._df or w in common_words():
+                continue
+            best = min(((edit_distance(w, n), c) for n, c in self._fuzzy.items()
+                        if abs(len(n) - len(w)) <= 2), default=None)
+            if best is not None and best[0] <= max_typo_distance(w):
+                out.append((i, i + 1, best[1]))
+                taken[i] = True
         return sorted(out)
 
     def models_in(self, ws: Sequence[str]) -> list[tuple[int, int, ModelName, bool]]:
