@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from rufus.retrieval.base import STOPWORDS, norm_brand
 from rufus.retrieval.catalog import Product
 from rufus.retrieval.catalog_data import CategorySpec
-from rufus.retrieval.spelling import common_words, edit_distance, max_typo_distance, stem1
+from rufus.retrieval.spelling import common_words, edit_distance, stem1
 
 _TOKEN = re.compile(r"[a-z]+|\d+(?:\.\d+)?")
 # Words after a product noun that make it a modifier: the customer wants the accessory.
@@ -261,8 +261,9 @@ class Taxonomy:
             if taken[i] or len(w) < 5 or not w.isalpha() or w in self._df or w in common_words():
                 continue
             best = min(((edit_distance(w, n), c) for n, c in self._fuzzy.items()
-                        if abs(len(n) - len(w)) <= 2), default=None)
-            if best is not None and best[0] <= max_typo_distance(w):
+                        if abs(len(n) - len(w)) <= 1 and n[0] == w[0]), default=None)
+            # one edit only: "dehumidifier" is two from "humidifier", and no typo of it
+            if best is not None and best[0] <= 1:
                 out.append((i, i + 1, best[1]))
                 taken[i] = True
         return sorted(out)
