@@ -33,7 +33,8 @@ def offline(items: list[dict[str, Any]]) -> list[list[Any]]:
     return out
 
 
-async def live(url: str, items: list[dict[str, Any]], timeout: float) -> list[list[Any]]:
+async def live(url: str, items: list[dict[str, Any]], timeout: float,
+               plans: list[Any] | None = None) -> list[list[Any]]:
     from rufus.client import AsyncStreams, RequestFailed, output_str
 
     io = AsyncStreams(url)
@@ -41,15 +42,20 @@ async def live(url: str, items: list[dict[str, Any]], timeout: float) -> list[li
     try:
         for i, it in enumerate(items, start=1):
             cards: list[Any] = []
+            plan = None
             try:
                 async with contextlib.aclosing(io.stream("rufus_assistant", {"question": it["q"]},
                                                          timeout=timeout)) as s:
                     async for outs in s:
+                        if "plan" in outs:
+                            plan = json.loads(output_str(outs, "plan") or "null")
                         if "products" in outs:
                             cards = json.loads(output_str(outs, "products") or "[]")
             except (RequestFailed, TimeoutError) as exc:
                 print(f"  error: {str(exc)[:200]}")
             out.append(cards)
+            if plans is not None:
+                plans.append(plan)
             print(f"[{i}/{len(items)}] {len(cards)} cards: {it['q'][:60]}", flush=True)
     finally:
         await io.close()
@@ -116,9 +122,12 @@ def main(argv: list[str] | None = None, doc: str = __doc__) -> int:
         return 0
     catalog = catalog_products()
     t0 = time.monotonic()
-    cards = asyncio.run(live(a.url, items, a.timeout)) if a.url else offline(items)
+    plans: list[Any] = []
+    cards = asyncio.run(live(a.url, items, a.timeout, plans)) if a.url else offline(items)
     rows = [score(it, cs, meetable(it, catalog) if it["kind"] == "constraint" else True)
             for it, cs in zip(items, cards, strict=True)]
+    for row, plan in zip(rows, plans, strict=False):
+        row["plan"] = plan
     r = rates(rows)
     report = {"mode": f"live {a.url}" if a.url else "in-process search", "cpu": cpu(),
               "wall_s": time.monotonic() - t0, "rates": r, "records": rows}

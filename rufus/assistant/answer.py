@@ -204,8 +204,14 @@ class CatalogNames:
 
     @classmethod
     def default(cls) -> CatalogNames:
+        """From the default catalog's data (data/catalog/)."""
+        return cls.from_products(default_catalog())
+
+    @classmethod
+    def from_products(cls, products: Iterable[Product]) -> CatalogNames:
+        """From the catalog served (its index: the image carries no data/catalog/)."""
         names = cls()
-        for p in default_catalog():
+        for p in products:
             names.add(p.brand, "brand")
             if p.model:
                 line = p.model[len(p.brand):] if p.model.lower().startswith(p.brand.lower()) else p.model

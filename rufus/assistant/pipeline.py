@@ -57,7 +57,7 @@ from rufus.assistant.prompt import (
 from rufus.assistant.settings import AssistantSettings, PipelineSettings
 from rufus.client import AsyncStreams, RequestFailed, output_str
 from rufus.errors import RufusError
-from rufus.retrieval.base import MAX_QUERY_CHARS, Retriever, query_terms
+from rufus.retrieval.base import MAX_QUERY_CHARS, ProductSource, Retriever, query_terms
 from rufus.retrieval.catalog import Product
 from rufus.retrieval.grounding import GroundedSearch, SearchOutcome
 from rufus.serving.admission import SloAdmission, Ticket
@@ -173,7 +173,9 @@ class Assistant:
         self.url = url
         self.retriever = retriever
         self.search = GroundedSearch(retriever)
-        self.names = CatalogNames.default()
+        # the served catalog's names (a retriever that cannot list them: the default data's)
+        self.names = (CatalogNames.from_products(retriever.iter_products())
+                      if isinstance(retriever, ProductSource) else CatalogNames.default())
         self._catalog_names = False
         self.planner_model = planner_model
         self.answer_model = answer_model
