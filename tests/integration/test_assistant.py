@@ -146,9 +146,11 @@ def test_every_rendered_fact_equals_its_card(url, catalog, facts, question):
 
 
 def test_no_matching_product_gets_the_system_reply(url):
-    r = ask(url, "dewalt cordless drill")
+    # the catalog of real models has DeWalt drills now; it has no chainsaws
+    r = ask(url, "stihl cordless chainsaw")
     assert r["products"] == [] and r["finish_reason"] == "service", r
-    assert r["text"].startswith("I couldn't find any products for ") and "The catalog has: " in r["text"]
+    # the reply names the categories near the question, or the catalog's departments
+    assert r["text"].startswith("I couldn't find any products for ") and "The catalog has" in r["text"]
     assert "http" not in r["text"]
 
 
@@ -156,9 +158,10 @@ def test_multi_turn_carries_context(url, catalog):
     first = ask(url, "I need running shoes")
     history = [{"role": "user", "content": "I need running shoes"},
                {"role": "assistant", "content": first["text"]}]
-    r = ask(url, "any under $60?", history)
+    # $80: the catalog's cheapest running shoe is $70 (a $60 cap would be relaxed, and said)
+    r = ask(url, "any under $80?", history)
     assert r["products"], r["plan"]
-    assert all(c["price"] <= 60 for c in r["products"]), (r["plan"], r["products"])
+    assert all(c["price"] <= 80 for c in r["products"]), (r["plan"], r["products"])
     cats = [catalog.get(c["id"]).category for c in r["products"]]
     assert cats.count("running_shoes") >= len(cats) - 1, (r["plan"], cats)
     check_grounded(r, catalog)
@@ -321,10 +324,10 @@ def test_openai_streaming_cards_first_then_grounded_answer(openai_client, catalo
 def test_openai_multi_turn_and_non_streaming(openai_client, catalog):
     messages = [{"role": "user", "content": "I need running shoes"},
                 {"role": "assistant", "content": "Here are some running shoes."},
-                {"role": "user", "content": "any under $60?"}]
+                {"role": "user", "content": "any under $80?"}]  # the cheapest is $70
     resp = openai_client.chat.completions.create(model="rufus-assistant", messages=messages)
     cards = resp.model_extra["x_rufus_products"]
-    assert cards and all(c["price"] <= 60 for c in cards), resp.model_extra["x_rufus_plan"]
+    assert cards and all(c["price"] <= 80 for c in cards), resp.model_extra["x_rufus_plan"]
     cats = [catalog.get(c["id"]).category for c in cards]
     assert cats.count("running_shoes") >= len(cats) - 1, cats
     check_grounded({"products": cards, "text": resp.choices[0].message.content}, catalog)
