@@ -82,6 +82,20 @@ HTTP_RETRY = [
 ]
 
 
+# Panic routing (as Envoy's panic threshold): with every unit judged down at once, which on
+# a loaded host is a health-check flap far more often than a real fleet-wide outage (a
+# cell next door starting starves the other's agent), the deployment config sends traffic
+# to every unit regardless of health instead of answering 503 to all of it. A unit that is
+# really gone refuses the connection and the request is redispatched to another; with one
+# unit there is no other, so single-unit configs keep plain 503s.
+PANIC_SUFFIX = "_panic"
+PANIC_COMMENT = [
+    "    # panic routing: only while every unit above is DOWN (a health-check flap on a",
+    "    # loaded host, more often than not), each unit is tried regardless of health; one",
+    "    # that is really gone refuses the connection and the request goes to the next",
+]
+
+
 def documented_units(n: int, host: str = "127.0.0.1") -> list[Backend]:
     """The fixed port layout of ``make fleet --fixed-ports`` and proxy/haproxy/haproxy.cfg:
     unit i: gRPC 8101+10i, HTTP 8100+10i, metrics 8102+10i, agent 8190+i / 8290+i."""
@@ -417,6 +431,10 @@ def render_compose(n_units: int = 2, *, grpc_port: int = 8001, http_port: int = 
                                         ("units_http", "units_http_affinity", "HTTP", "")):
         servers = [f'    server unit{i} "${{RUFUS_UNIT{i}_{kind}}}"{proto} '
                    f"track unit_health/unit{i} {_DNS}" for i in range(n_units)]
+        if n_units > 1:
+            servers += [*PANIC_COMMENT, "    option allbackups"] + [
+                f'    server unit{i}{PANIC_SUFFIX} "${{RUFUS_UNIT{i}_{kind}}}"{proto} backup {_DNS}'
+                for i in range(n_units)]
         retry = HTTP_RETRY if kind == "HTTP" else []
         out += ["", f"backend {name}",
                 "    # least outstanding requests: HAProxy counts in-flight streams per unit itself",

@@ -18,7 +18,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from proxy.haproxy import stat_servers
+from proxy.haproxy import PANIC_SUFFIX, stat_servers
 
 ROOT = Path(__file__).resolve().parents[2]
 GRPC = "localhost:8001"
@@ -78,7 +78,15 @@ def ingress_state() -> dict[str, dict[str, str]]:
     """HAProxy's view, per server of the gRPC backend: status (UP/DOWN/...) and streams open."""
     with urllib.request.urlopen(STATS, timeout=5) as r:
         servers = stat_servers(r.read().decode(), "units_lor")
-    return {name: {"status": row["status"], "scur": row["scur"]} for name, row in servers.items()}
+    out = {name: {"status": row["status"], "scur": row["scur"]} for name, row in servers.items()
+           if not name.endswith(PANIC_SUFFIX)}
+    # streams sent by panic routing (proxy/haproxy.py) still run on the unit: count them,
+    # so a drain waits for them too
+    for name, row in servers.items():
+        unit = name.removesuffix(PANIC_SUFFIX)
+        if name != unit and unit in out:
+            out[unit]["scur"] = str(int(out[unit]["scur"] or 0) + int(row["scur"] or 0))
+    return out
 
 
 def in_rotation(strict: bool = False) -> set[str]:

@@ -66,6 +66,19 @@ def test_checked_in_config_is_the_compose_flavor(monkeypatch, tmp_path):
         check_config(repo_cfg)
 
 
+def test_compose_config_routes_in_panic_only_with_several_units():
+    """Every unit DOWN at once (a flap on a loaded host) sends traffic to all of them as
+    backups instead of 503s; a lone unit keeps plain 503s (nothing else to fall back on)."""
+    two = render_compose(2)
+    for backend in ("units_lor", "units_http", "units_affinity", "units_http_affinity"):
+        section = two.split(f"\nbackend {backend}\n", 1)[1].split("\nbackend ", 1)[0]
+        assert "option allbackups" in section, backend
+        assert section.count(" backup ") == 2 and "unit0_panic" in section, backend
+        assert "track" not in next(ln for ln in section.splitlines() if " backup " in ln)
+    one = render_compose(1)
+    assert "backup" not in one and "allbackups" not in one
+
+
 class Script:
     """Replaces one attempt: each call pops a plan: list of chunks, then an optional error."""
 
