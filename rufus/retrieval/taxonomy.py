@@ -43,8 +43,17 @@ WANT_OPENERS = frozenset({"for", "like"})
 # Words that end the first phrase of a question ("backpack | for my laptop").
 PHRASE_END = frozenset("""
 for with without under below over above in on to of by from near like than that who thats
-at into between compatible fits fit sleeps holds keeps works rated
+at into between compatible fits fit sleeps holds keeps works rated has whose
 """.split())
+# A noun right after these is not wanted: "without a watch", "no tv".
+NEGATIONS = frozenset({"without", "no", "not", "instead", "besides", "except"})
+# A noun that is what the product acts on, not the product: "carry my laptop", "pack clothes",
+# "keep my phone charged" (verb before it), "my phone dies" (after it).
+OBJECT_BEFORE = frozenset("""
+carry carrying pack packing store storing hold holding charge charging protect protecting
+organize clean cleaning mount hang
+""".split())
+OBJECT_AFTER = frozenset("dies died dying dead charged broke broken".split())
 
 
 # A need's words that say nothing of the product type (classify).
@@ -136,6 +145,8 @@ class Taxonomy:
         self._brand_words: dict[str, str] = {}  # a one-type brand's word -> its category
         self._doc: dict[str, Counter[str]] = {}  # category -> weighted stems (classify)
         self._df: dict[str, set[str]] = {}  # stem -> categories having it
+        # a need phrase's content stems -> its categories (resolve: a need said in full)
+        self._need_phrases: dict[frozenset[str], set[str]] = {}
 
     @classmethod
     def from_products(cls, products: Iterable[Product],
@@ -212,6 +223,10 @@ class Taxonomy:
                     doc[w] += NOUN_WEIGHT if i == len(ws) - 1 else NEED_WEIGHT
             for w in stems(tokens(" ".join(spec.uses + spec.needs) if spec else "")):
                 doc[w] += NEED_WEIGHT
+            for need in (spec.needs if spec else ()):
+                key = frozenset(_content(tokens(need)))
+                if key:
+                    t._need_phrases.setdefault(key, set()).add(c)
         for p_cat, text in t._texts:
             for w in set(stems(tokens(text))):
                 t._doc[p_cat][w] += DESCRIPTION_WEIGHT
@@ -342,7 +357,8 @@ class Taxonomy:
         for i, w in enumerate(ws):  # a line's word names its brand ("xbox" Microsoft's)
             if i not in in_model and w in self._line_brand and self._line_brand[w] not in res.brands:
                 res.brands.append(self._line_brand[w])
-        kept = []
+        kept, acted_on, negated = [], [], set()
+        ends = {s: e for s, e, _ in matches}
         for s, e, cat in matches:
             nxt = ws[e] if e < len(ws) else ""
             after = ws[e + 1] if e + 1 < len(ws) else ""
@@ -351,7 +367,22 @@ class Taxonomy:
                 if phrase[s] == 0:
                     res.accessory = True
                 continue
+            before = ws[max(s - 3, 0):s]
+            if set(before) & NEGATIONS:
+                negated.update(range(s, e))
+                continue  # "without wearing a watch": not the watch
+            same_phrase = [w for i, w in enumerate(ws[:s]) if phrase[i] == phrase[s]]
+            if set(same_phrase) & OBJECT_BEFORE or set(ws[e:e + 3]) & OBJECT_AFTER:
+                acted_on.append((s, cat))  # "carry my laptop": the laptop is carried
+                continue
             kept.append((s, cat))
+        # a negated noun's words count toward no need either
+        need_ws = [w for i, w in enumerate(ws) if i not in negated]
+        need, need_key = self._need_said(stems(need_ws))
+        # a need said in full that holds the noun ("my phone dies", "netflix on an old tv")
+        # names the type instead of the noun
+        if need and len(need_key) > 1:
+            kept = [(s, c) for s, c in kept if c == need or not set(st[s:ends[s]]) <= need_key]
         firsts = [c for s, c in kept if phrase[s] == 0] + [m.category for s, _, m in models
                                                            if phrase[s] == 0]
         if res.accessory and not [c for s, c in kept if phrase[s] == 0]:
@@ -369,14 +400,35 @@ class Taxonomy:
                 if c:
                     chosen.append(c)
         if not chosen and infer:  # a need ("boil water for tea"): the nearest type
-            chosen = self.classify(ws)
+            chosen = self.classify(need_ws)
             res.inferred = bool(chosen)
             if chosen:
-                res.need_words = len({w for w in _content(ws) if w in self._doc[chosen[0]]})
+                res.need_words = len({w for w in _content(need_ws) if w in self._doc[chosen[0]]})
+        if not chosen and need:  # "allergies", "starting to shave": a need said in full
+            chosen = [need]
+            res.inferred = True
+            res.need_words = 2
         if not chosen:
-            chosen = [c for _, c in kept]
+            chosen = [c for _, c in kept] or [c for _, c in acted_on]
         res.categories = list(dict.fromkeys(chosen))
         return res
+
+    def _need_said(self, st: Sequence[str]) -> tuple[str | None, frozenset[str]]:
+        """The one type whose need phrase the question says in full (every content word of
+        it), the longest such phrase first, and that phrase's stems; None when none is, or
+        two types tie."""
+        have = set(st)
+        best: tuple[int, set[str]] = (0, set())
+        best_key: frozenset[str] = frozenset()
+        for key, cats in self._need_phrases.items():
+            # one word is a need only when few types have it ("allergies", not "work")
+            if len(key) == 1 and len(self._df.get(next(iter(key)), ())) > 3:
+                continue
+            if len(key) >= best[0] and key <= have:
+                if len(key) > best[0]:
+                    best_key = key
+                best = (len(key), best[1] | cats) if len(key) == best[0] else (len(key), set(cats))
+        return (next(iter(best[1])), best_key) if len(best[1]) == 1 else (None, frozenset())
 
     def classify(self, ws: Sequence[str]) -> list[str]:
         ranked = self.classify_scores(ws)

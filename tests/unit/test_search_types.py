@@ -38,6 +38,11 @@ def found(search: GroundedSearch, q: str, k: int = 8, filters: dict | None = Non
     ("macbook with 1tb storage", "laptop"),  # a product line names its type
     ("hydro flask 32 oz", "water_bottle"),  # a brand of one type
     ("boil water for tea", "electric_kettle"),  # a need
+    ("a tablet instead of a laptop for school", "tablet"),  # a negated noun is not wanted
+    ("something to carry my laptop and lunch to work", "backpack"),  # what is carried is not
+    ("keep my phone charged at a music festival", "power_bank"),  # ... nor what is charged
+    ("my phone always dies when i'm traveling", "power_bank"),  # a need said in full holds the noun
+    ("what phone has the best camera right now", "smartphone"),  # the camera is the phone's
 ])
 def test_cards_are_of_the_type_asked_for(search, q, category):
     out = found(search, q)
