@@ -147,6 +147,7 @@ class Taxonomy:
         self._df: dict[str, set[str]] = {}  # stem -> categories having it
         # a need phrase's content stems -> its categories (resolve: a need said in full)
         self._need_phrases: dict[frozenset[str], set[str]] = {}
+        self._heads: dict[str, set[str]] = {}  # category -> its nouns' head stems
 
     @classmethod
     def from_products(cls, products: Iterable[Product],
@@ -187,6 +188,9 @@ class Taxonomy:
                 if key and key not in nouns:
                     nouns[key] = c
         t._nouns = sorted(nouns.items(), key=lambda kv: -len(kv[0]))
+        for key, c in nouns.items():
+            t._heads.setdefault(c, set()).add(key[-1])
+
         t._noun_words = {w for n in nouns for w in n}
         t._fuzzy = {("".join(n) if len(n) > 1 else n[0]): c for n, c in nouns.items()
                     if len("".join(n)) >= 5 and (len(n) == 1 or all(len(x) == 1 for x in n[:-1]))}
@@ -325,6 +329,10 @@ class Taxonomy:
             best = max(g[0] for g in group)
             out += [(s, e, m, len([g for g in group if g[0] == best]) > LINE_MODELS)
                     for sc, s, e, m in group if sc == best]
+        # a name inside a longer one is the longer one's ("flip 6" of "galaxy z flip 6",
+        # "series 9" of "oral-b io series 9")
+        out = [x for x in out if not any(o[0] <= x[0] and x[1] <= o[1] and o[1] - o[0] > x[1] - x[0]
+                                         for o in out)]
         return sorted(out, key=lambda x: x[0])
 
     def _namelike(self, w: str) -> bool:
@@ -383,11 +391,22 @@ class Taxonomy:
         # names the type instead of the noun
         if need and len(need_key) > 1:
             kept = [(s, c) for s, c in kept if c == need or not set(st[s:ends[s]]) <= need_key]
+        if need:  # "monitor so i can hear the baby": the need's own sense of the noun
+            kept = [(s, need if st[ends[s] - 1] in self._heads.get(need, ()) else c)
+                    for s, c in kept]
         firsts = [c for s, c in kept if phrase[s] == 0] + [m.category for s, _, m in models
                                                            if phrase[s] == 0]
         if res.accessory and not [c for s, c in kept if phrase[s] == 0]:
             return Resolution(accessory=True)
+        # said in the first phrase, its words together ("surround sound", not "moving our
+        # 2 year old out")
+        at = [i for i, w in enumerate(st) if w in need_key and phrase[i] == 0]
+        first_said = bool(at) and need_key <= {st[i] for i in at} and (
+            max(at) - min(at) < len(need_key) + 1)
         chosen = (firsts or [m.category for _, _, m in models]
+                  # "surround sound for the living room tv": the need said first, not the tv
+                  or ([need] if need and len(need_key) > 1 and first_said else [])
+                  # "surround sound for the living room tv": the need said, not the tv
                   or [c for s, c in kept if opener[phrase[s]] in WANT_OPENERS])
         if not chosen:  # a product line ("macbook", "kindle") or a one-type brand ("vitamix")
             for i, w in enumerate(ws):
