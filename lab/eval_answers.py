@@ -43,7 +43,8 @@ def catalog_products() -> list[Any]:
     return load_catalog(src) if src else list(default_catalog())
 
 
-async def ask(io: Any, question: str, timeout: float) -> dict[str, Any]:
+async def ask(io: Any, question: str, timeout: float,
+              history: list[dict[str, str]] | None = None) -> dict[str, Any]:
     """One question through rufus_assistant: plan, cards, answer text, timings."""
     from rufus.client import RequestFailed, output_str
 
@@ -52,7 +53,10 @@ async def ask(io: Any, question: str, timeout: float) -> dict[str, Any]:
     t0 = time.monotonic()
     parts: list[str] = []
     try:
-        async with contextlib.aclosing(io.stream("rufus_assistant", {"question": question},
+        tensors: dict[str, Any] = {"question": question}
+        if history:
+            tensors["history"] = history
+        async with contextlib.aclosing(io.stream("rufus_assistant", tensors,
                                                  timeout=timeout)) as s:
             async for outs in s:
                 if "plan" in outs:
@@ -94,6 +98,65 @@ async def run(url: str, questions: list[dict[str, Any]], timeout: float) -> list
     return out
 
 
+async def run_kinds(url: str, items: list[dict[str, Any]], timeout: float) -> list[dict[str, Any]]:
+    """Issue 58's held-out items (attribute, comparison, followup): each asked as a customer
+    would, a follow-up's second turn with the first turn and its answer as history, and
+    checked by rufus.assistant.card_eval."""
+    from rufus.assistant import card_eval
+    from rufus.client import AsyncStreams
+
+    model_of = {p.url: p.model for p in catalog_products()}
+    io = AsyncStreams(url)
+    out = []
+    try:
+        for i, it in enumerate(items, start=1):
+            rec: dict[str, Any] = dict(it)
+            if it["kind"] == "followup":
+                first = await ask(io, it["turns"][0], timeout)
+                hist = [{"role": "user", "content": it["turns"][0]},
+                        {"role": "assistant", "content": first["answer"]}]
+                second = await ask(io, it["turns"][1], timeout, hist)
+                rec |= {"first": first, **second}
+                rec["problems"] = ([second["error"]] if second["error"] else card_eval.check_followup(
+                    it, first["answer"], second["cards"], model_of))
+            else:
+                rec |= await ask(io, it["q"], timeout)
+                check = (card_eval.check_attribute if it["kind"] == "attribute"
+                         else card_eval.check_comparison)
+                rec["problems"] = [rec["error"]] if rec["error"] else check(it, rec["answer"], rec["cards"])
+            out.append(rec)
+            print(f"[{i}/{len(items)}] {it['kind']}: {'ok' if not rec['problems'] else rec['problems']}"
+                  f": {str(it.get('q') or it.get('turns'))[:70]}", flush=True)
+    finally:
+        await io.close()
+    return out
+
+
+def kinds_main(a: argparse.Namespace, items: list[dict[str, Any]]) -> int:
+    from rufus.assistant import card_eval
+    from rufus.assistant.answer_eval import pct
+
+    t0 = time.time()
+    records = asyncio.run(run_kinds(a.url, items, a.timeout))
+    rates = card_eval.rates(records)
+    firsts = [r["first_token_s"] for r in records if isinstance(r.get("first_token_s"), float)]
+    report = {"url": a.url, "questions_file": str(a.questions), "cpu": cpu(),
+              "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t0)),
+              "wall_s": time.time() - t0, "rates": rates,
+              "first_token_p50_s": pct(firsts, 0.5), "first_token_p99_s": pct(firsts, 0.99),
+              "records": records}
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(_finite(report), indent=1), encoding="utf-8")
+    for kind, r in rates.items():
+        print(f"{kind:<11} {r['right']}/{r['questions']} right ({r['rate']:.1%})")
+        for w in r["wrong"][:a.show]:
+            print(f"    {w['problems']}: {str(w['q'])[:90]}")
+    print(f"first text p50 / p99 (every turn asked): {report['first_token_p50_s'] * 1e3:.0f} / "
+          f"{report['first_token_p99_s'] * 1e3:.0f} ms; cpu {report['cpu']['flags']}")
+    print(f"report: {a.out}")
+    return 0
+
+
 def write_questions(path: Path) -> int:
     from rufus.qp.plan import load_eval
 
@@ -131,6 +194,7 @@ def main(argv: list[str] | None = None, doc: str = __doc__) -> int:
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per question")
     ap.add_argument("--offline-file", type=Path,
                     help="re-score the records of an earlier report (no server)")
+    ap.add_argument("--show", type=int, default=10, help="held-out kinds: wrong answers to print")
     ap.add_argument("--write-questions", action="store_true",
                     help="rebuild --questions from data/qp/eval.jsonl and the hand-written cases")
     a = ap.parse_args(argv)
@@ -149,6 +213,8 @@ def main(argv: list[str] | None = None, doc: str = __doc__) -> int:
                      if line.strip()]
         if a.limit:
             questions = questions[:a.limit]
+        if questions and "kind" in questions[0]:  # issue 58's held-out kinds
+            return kinds_main(a, questions)
         records = asyncio.run(run(a.url, questions, a.timeout))
         meta = {"url": a.url, "questions_file": str(a.questions), "cpu": cpu(),
                 "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t0)),

@@ -7,6 +7,8 @@ answers citing no shown product, questions left without cards the catalog has.
     python scripts/eval_answers.py --limit 20 --out build/a.json
     python scripts/eval_answers.py --offline-file build/eval_answers.json   # re-score, no server
     python scripts/eval_answers.py --write-questions            # rebuild the question set
+    python scripts/eval_answers.py --questions data/assistant/answers_heldout.jsonl  # attribute,
+        # comparison and follow-up questions (rufus.assistant.card_eval), per kind
 
 Each question of data/assistant/answers_eval.jsonl goes through ``rufus_assistant`` over
 gRPC, one at a time; the plan, cards, whole answer and timings are kept per question and

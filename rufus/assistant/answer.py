@@ -31,7 +31,7 @@ from __future__ import annotations
 import itertools
 import re
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from rufus.assistant.answer_checks import is_colour_name
@@ -276,9 +276,11 @@ def _repeats(words: Sequence[str]) -> bool:
     return len(pairs) != len(set(pairs))
 
 
-def pick_line(i: int, p: Product) -> str:
+def pick_line(i: int, p: Product, met: str = "") -> str:
+    """A pick's system-rendered line; ``met``: what of the question its card meets, in the
+    card's words ("capacity 6 qt", "stability support for flat feet")."""
     title = p.title.replace("[", "(").replace("]", ")")
-    return f"{i}. [{title}]({p.url}) — ${p.price:.2f}, {p.rating:.1f} stars"
+    return f"{i}. [{title}]({p.url}) — ${p.price:.2f}, {p.rating:.1f} stars" + (f", {met}" if met else "")
 
 
 # A pick's number is one digit (at most 9 products: answer_grammar), so its line is rendered
@@ -299,8 +301,10 @@ class PickRenderer:
 
     def __init__(self, products: Sequence[Product], names: CatalogNames,
                  options: Sequence[Sequence[str]] | None = None,
-                 on_drop: Callable[[str], None] | None = None) -> None:
+                 on_drop: Callable[[str], None] | None = None,
+                 met: Mapping[str, str] | None = None) -> None:
         self.products = list(products)
+        self.met = dict(met or {})  # product id -> what of the question its card meets
         self.options = [list(o) for o in options] if options is not None else None
         self.check = ReasonCheck(names)
         self.on_drop = on_drop or (lambda kind: None)
@@ -352,7 +356,7 @@ class PickRenderer:
                 p = self.products[n - 1]
                 self.picked.append(p)
                 self.current = p
-                out.append(pick_line(len(self.picked), p))
+                out.append(pick_line(len(self.picked), p, self.met.get(p.id, "")))
             else:
                 nl = self.buf.find("\n")
                 if nl < 0:

@@ -37,7 +37,9 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 
+from rufus.assistant import card_answers
 from rufus.assistant.answer import (
+    MAX_PICKS,
     REPETITION_PENALTY,
     CatalogNames,
     PickRenderer,
@@ -57,7 +59,7 @@ from rufus.assistant.prompt import (
 from rufus.assistant.settings import AssistantSettings, PipelineSettings
 from rufus.client import AsyncStreams, RequestFailed, output_str
 from rufus.errors import RufusError
-from rufus.retrieval.base import MAX_QUERY_CHARS, ProductSource, Retriever, query_terms
+from rufus.retrieval.base import MAX_QUERY_CHARS, ProductSource, Retriever, norm_brand, query_terms
 from rufus.retrieval.catalog import Product
 from rufus.retrieval.grounding import GroundedSearch, SearchOutcome
 from rufus.serving.admission import SloAdmission, Ticket
@@ -173,9 +175,16 @@ class Assistant:
         self.url = url
         self.retriever = retriever
         self.search = GroundedSearch(retriever)
-        # the served catalog's names (a retriever that cannot list them: the default data's)
-        self.names = (CatalogNames.from_products(retriever.iter_products())
-                      if isinstance(retriever, ProductSource) else CatalogNames.default())
+        # the served catalog's names (a retriever that cannot list them: the default data's),
+        # and its listings by URL and model: what an earlier answer linked, a model's colours
+        listed = list(retriever.iter_products()) if isinstance(retriever, ProductSource) else []
+        self.names = CatalogNames.from_products(listed) if listed else CatalogNames.default()
+        self.by_url = {p.url: p for p in listed}
+        self.by_model: dict[str, list[Product]] = {}
+        for p in listed:
+            if p.model:
+                self.by_model.setdefault(p.model, []).append(p)
+        self.catalog_keys = frozenset(k for p in listed for k in p.attributes)
         self._catalog_names = False
         self.planner_model = planner_model
         self.answer_model = answer_model
@@ -280,6 +289,37 @@ class Assistant:
                                    plan.get("filters"), question, 4 * self.k, earlier[-2:])
         return dataclasses.replace(found, products=diversify(found.products, self.k))
 
+    def _by_reference(self, question: str, turns: list[dict[str, str]]
+                      ) -> card_answers.CardAnswer | None:
+        """A follow-up about the products the previous answer listed ("the first two", "the
+        second one", "does it come in blue?"), answered from their cards; None otherwise."""
+        urls = card_answers.previous_links(turns)
+        if not urls or not self.by_url:
+            return None
+        at = card_answers.positions(question, len(urls))
+        if not at and card_answers.refers_to_it(question) and not self.search.names_a_type(question):
+            at = [0]
+        products = [self.by_url[urls[i]] for i in at if urls[i] in self.by_url]
+        if not products:
+            return None
+        return card_answers.plan(question, products, self.catalog_keys, by_reference=True)
+
+    def _card_lines(self, card: card_answers.CardAnswer, question: str
+                    ) -> tuple[list[str], list[Product]]:
+        """The system-written lines of a card answer, and the products they show."""
+        if card.kind == "compare":
+            lines = card_answers.render_table(card)
+            decided = card_answers.decide(card, question) if card.which else None
+            return lines + ([decided] if decided else []), card.products
+        if card.kind == "colour":
+            p = card.products[0]
+            lines = card_answers.render_colour(card, self.by_model.get(p.model, [p]))
+            shown = [x for x in self.by_model.get(p.model, [p]) if x.url in lines[-1]] or [p]
+            return lines, shown
+        if card.kind == "details":
+            return card_answers.render_details(card), card.products
+        return card_answers.render_attribute(card), card.products
+
     def admit(self) -> Ticket:
         """Admission for a new turn (rufus/serving/admission.py): a ticket, or a retryable
         :class:`~rufus.errors.Unavailable` (counted) when its first answer text is estimated
@@ -320,23 +360,56 @@ class Assistant:
             intent = plan.get("intent", "other")
             products: list[Product] = []
             found: SearchOutcome | None = None
-            if intent == "other" and self.search.names_a_type(question):
+            # "compare the first two", "does the second one come in blue?": the products the
+            # previous answer listed, answered from their cards
+            card = self._by_reference(question, turns)
+            if card is None and intent == "other" and self.search.names_a_type(question):
                 # a need the planner took for small talk ("keep an eye on the baby while she
                 # naps"): the catalog has its product type, so it is searched
                 intent = "product_search"
-            if fallback or intent in PRODUCT_INTENTS:
+            if card is not None:
+                path = "products"
+            elif fallback or intent in PRODUCT_INTENTS:
                 path = "products"
                 t = time.monotonic()
                 found = await asyncio.to_thread(self._retrieve, plan, question, turns)
                 products = found.products
                 timings["retrieval_s"] = time.monotonic() - t
+                named = [next(p for p in found.products if p.model == m)
+                         for m in found.models if any(p.model == m for p in found.products)]
+                if not named and found.products and len({p.model for p in found.products}) == 1 \
+                        and found.products[0].model and norm_brand(found.products[0].brand) \
+                        in norm_brand(question):
+                    named = found.products[:1]  # "the le creuset dutch oven": its only one
+                card = card_answers.plan(question, named, self.catalog_keys) if named else None
             else:
                 path = "service" if intent in SERVICE_REPLIES else "general"
+            lines: list[str] = []
+            if card is not None:
+                lines, products = self._card_lines(card, question)
             timings["cards_s"] = time.monotonic() - t0
             yield AssistantEvent("products", products=cards(products), path=path)
 
             finish = "service"
-            if path == "service" or (found is not None and not products):
+            if card is not None:
+                finish = "stop"
+                # system-written from the cards, each line out as soon as it is known
+                for line in lines:
+                    timings.setdefault("first_token_s", time.monotonic() - t0)
+                    yield AssistantEvent("text", text=line)
+                if card.kind == "compare" and card.which and lines and not lines[-1].startswith("\n"):
+                    # "which is better for flights, A or B?": the model picks one of them
+                    # from a menu of their differences
+                    menus = card_answers.difference_menus(card.products, question)
+                    async with contextlib.aclosing(self._answer(
+                            question, card.products, turns, False, t0, timings, conversation,
+                            ["\nMy pick:"], ticket, menus=menus, max_picks=1)) as answer:
+                        async for ev in answer:
+                            if ev.type == "done":
+                                finish = ev.finish_reason
+                            else:
+                                yield ev
+            elif path == "service" or (found is not None and not products):
                 # system-written: a fixed reply, or what was searched and what the catalog has
                 reply = SERVICE_REPLIES[intent] if path == "service" else \
                     self.search.no_results_reply(found, question)  # type: ignore[arg-type]
@@ -346,9 +419,11 @@ class Assistant:
                 finish = ""
                 # aclosing: closing this generator must close the answer stream at once
                 # (an unclosed async generator is only finalized by the garbage collector)
+                met = ({p.id: card_answers.met_text(found.constraints, p) for p in products}
+                       if found is not None else {})
                 async with contextlib.aclosing(self._answer(
                         question, products, turns, path == "general", t0, timings,
-                        conversation, found.notes if found else [], ticket)) as answer:
+                        conversation, found.notes if found else [], ticket, met=met)) as answer:
                     async for ev in answer:
                         if ev.type == "done":
                             finish = ev.finish_reason
@@ -372,7 +447,9 @@ class Assistant:
     async def _answer(self, question: str, products: list[Product], turns: list[dict[str, str]],
                       general: bool, t0: float, timings: dict[str, float],
                       conversation: str | None = None, notes: Sequence[str] = (),
-                      ticket: Ticket | None = None) -> AsyncIterator[AssistantEvent]:
+                      ticket: Ticket | None = None, menus: list[list[str]] | None = None,
+                      max_picks: int = MAX_PICKS, met: dict[str, str] | None = None
+                      ) -> AsyncIterator[AssistantEvent]:
         """The answer model's stream, rendered. With products: picks under the answer
         grammar (rufus.assistant.answer), every fact rendered from the cards, the search's
         notes ahead of the first pick. Off-topic: the model's short reply, links removed."""
@@ -384,11 +461,12 @@ class Assistant:
             renderer = LinkRenderer(products)
             sampling["max_tokens"] = min(self.max_tokens, GENERAL_MAX_TOKENS)
         else:
-            options = reason_options(products, question)
-            renderer = PickRenderer(products, self.names, options, on_drop=self.metrics.dropped)
-            sampling["structured_outputs"] = {"grammar": answer_grammar(options)}
+            options = reason_options(products, question) if menus is None else menus
+            renderer = PickRenderer(products, self.names, options, on_drop=self.metrics.dropped,
+                                    met=met)
+            sampling["structured_outputs"] = {"grammar": answer_grammar(options, max_picks)}
         tensors = {
-            "messages": answer_messages(question, products, turns, general=general),
+            "messages": answer_messages(question, products, turns, general=general, menus=menus),
             "stream": True, "exclude_input_in_output": True, "return_finish_reason": True,
             "return_num_output_tokens": True, "return_num_input_tokens": True,
             "sampling_parameters": sampling,

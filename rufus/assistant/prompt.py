@@ -54,7 +54,8 @@ def clip(text: str, n: int) -> str:
     return text if len(text) <= n else text[: n - 3] + "..."
 
 
-def product_lines(products: Sequence[Product], question: str) -> str:
+def product_lines(products: Sequence[Product], question: str,
+                  menus: Sequence[Sequence[str]] | None = None) -> str:
     """One line per product: its number, its name (its model, else :func:`family`) and
     its reason menu (rufus.assistant.answer.reason_options), ``[1] Hoka Bondi 8 Women's
     Running Shoes: built for long runs; best rating``. The menu is what the
@@ -63,7 +64,7 @@ def product_lines(products: Sequence[Product], question: str) -> str:
     tokenizer and a new prompt's prefill is most of the answer engine's work under load (the
     exact figures are on the card and in the system-rendered pick line; the menu says which
     product is the cheapest or best rated). docs/benchmarks-history.md, "Menu lines"."""
-    menus = reason_options(products, question)
+    menus = reason_options(products, question) if menus is None else menus
     return "\n".join(f"[{i}] {p.model or family(p)}: {'; '.join(menu)}"
                       for i, (p, menu) in enumerate(zip(products, menus, strict=True), start=1))
 
@@ -85,14 +86,14 @@ def answer_prefix_messages(history: Sequence[dict[str, str]] | None) -> list[dic
 
 
 def answer_messages(question: str, products: Sequence[Product],
-                    history: Sequence[dict[str, str]] | None, general: bool = False
-                    ) -> list[dict[str, str]]:
+                    history: Sequence[dict[str, str]] | None, general: bool = False,
+                    menus: Sequence[Sequence[str]] | None = None) -> list[dict[str, str]]:
     """Chat messages for rufus_llm: system, previous turns, then products + question."""
     if general or not products:  # no products: the pipeline replies itself (no_results_reply)
         system, user = SYSTEM_GENERAL, question
     else:
         system = SYSTEM_PRODUCTS
-        user = f"{PRODUCTS_HEADER}{product_lines(products, question)}\n\nQuestion: {question}"
+        user = f"{PRODUCTS_HEADER}{product_lines(products, question, menus)}\n\nQuestion: {question}"
     return [{"role": "system", "content": system}, *previous_turns(history),
             {"role": "user", "content": user}]
 

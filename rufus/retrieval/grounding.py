@@ -418,6 +418,7 @@ class SearchOutcome:
     categories: list[str] = field(default_factory=list)  # product types searched (empty: any)
     constraints: list[Constraint] = field(default_factory=list)  # stated, and met by every card
     dropped: list[Constraint] = field(default_factory=list)  # stated, relaxed: no card met them
+    models: list[str] = field(default_factory=list)  # the models the question names, in order
 
 
 def _money(usd: float) -> str:
@@ -718,7 +719,8 @@ class GroundedSearch:
         return SearchOutcome(products=found[:k], queries=qs, filters=f, corrected=corrected,
                              relaxed=unsaid + relaxed, notes=notes, requested=stated,
                              categories=list(cats),
-                             constraints=[c for c in cons if c not in dropped], dropped=dropped)
+                             constraints=[c for c in cons if c not in dropped], dropped=dropped,
+                             models=list(res.models))
 
     def names_a_type(self, question: str) -> bool:
         """Whether ``question`` names (or describes the need for) a product type of this

@@ -1,0 +1,324 @@
+"""Answers the system writes from the cards alone: a product's attribute, a comparison table,
+the products an earlier answer showed.
+
+- **An attribute question** ("bose quietcomfort 45 battery life", "is the manduka prolite
+  latex free?", "does the second one come in blue?"): the first line states the card's value
+  for the model asked about (rufus.retrieval.attributes maps the words to the key), or says
+  the card does not state it. Never a guess; no model call.
+- **A comparison** ("A vs B", "compare the first two", "which lasts longer, A or B?"): every
+  named product shown and linked, a markdown table of price, rating and the specs where they
+  differ; where the question asks "which" and names what decides it ("lasts longer",
+  "lighter"), the pick and that spec. A "which" with no deciding spec ("which is better for
+  flights") is the answer model's: it picks one of the compared products from a menu of
+  their differences (:func:`difference_menus`), under the answer grammar.
+- **Follow-ups by position** ("the first two", "the second one", "the last one", "both"):
+  the products the previous answer listed, read back from its links (the client sends the
+  history as it does today, with the answer's text).
+
+:func:`plan` decides which applies (None: the usual picks); the renderers return the lines.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from rufus.assistant.answer import pick_line
+from rufus.retrieval.attributes import asked_keys, better, differing, label, value_text
+from rufus.retrieval.catalog import Product
+from rufus.retrieval.constraints import COLOURS, Constraint
+
+Kind = Literal["attribute", "colour", "details", "compare"]
+MAX_COMPARED = 4
+MAX_ROWS = 8  # spec rows of a comparison table (price and rating besides)
+
+_LINK = re.compile(r"\[([^\]\n]{1,300})\]\((https?://[^)\s]+)\)")
+_ORD = {"first": 1, "1st": 1, "second": 2, "2nd": 2, "third": 3, "3rd": 3, "fourth": 4,
+        "4th": 4, "fifth": 5, "5th": 5, "last": -1, "top": 1}
+_COUNT = {"two": 2, "2": 2, "three": 3, "3": 3, "four": 4, "4": 4}
+# After "the second": what makes it a reference to a listed product, not "the first time".
+_REF_NEXT = frozenset("""
+one ones pick option product item listing choice of and or vs is does do has have come comes
+weigh weighs cost costs last lasts work works support supports in with better worth good
+""".split())
+# "is the first waterproof", "the second lighter": an attribute word right after it.
+_ATTRIBUTE_NEXT = frozenset("""
+waterproof lighter heavier cheaper better quieter louder bigger smaller available worth
+""".split())
+_ORDINAL = re.compile(r"\b(?P<the>the\s+|your\s+)?(?P<ord>first|second|third|fourth|fifth|last|"
+                      r"1st|2nd|3rd|4th|5th|top)\b(?:\s+(?P<n>two|three|four|2|3|4)\b)?"
+                      r"(?:\s+(?P<next>[a-z]+))?")
+_NUMBERED = re.compile(r"\b(?:number|no\.?|#|option|pick|item)\s*(?P<n>[1-5])\b")
+_PAIR = re.compile(r"\b(?:compare|between|of)\s+(?:#|number\s+)?([1-5])\s*(?:and|&|vs\.?|or|,)\s*"
+                   r"(?:#|number\s+)?([1-5])\b")
+_BOTH = re.compile(r"\b(?:both(?:\s+of\s+(?:them|those|these))?|those\s+two|these\s+two|the\s+two|"
+                   r"all\s+(?:three|3)|those\s+three)\b")
+_IT = re.compile(r"\b(?:it|that\s+one|this\s+one|that|this)\b")
+_COMPARE = re.compile(r"\b(?:vs\.?|versus|compare[ds]?|comparison|comparing|difference|differences|"
+                      r"differ|better|which|or|between)\b")
+_WHICH = re.compile(r"\b(?:which|better|should\s+i\s+(?:get|buy|go\s+with|pick|choose)|"
+                    r"what\s+(?:one|would\s+you))\b")
+# A question that wants other products, not a fact about the one named.
+_SEARCHING = re.compile(r"\b(?:alternatives?|similar|like\s+the|instead|cheaper|other|others|"
+                        r"than|recommend|suggest|show\s+me|options|cases?|accessor\w+)\b")
+_DETAILS = re.compile(r"\b(?:tell\s+me\s+(?:more|about)|more\s+about|details?|specs?|"
+                      r"specifications|what\s+about|info(?:rmation)?)\b")
+_COLOUR_ASK = re.compile(r"\b(?:come|comes|available|sold|get\s+it|have\s+it|in)\b")
+
+
+def previous_links(history: Sequence[Mapping[str, str]]) -> list[str]:
+    """The product URLs the last assistant turn linked, in order, each once."""
+    for turn in reversed(history):
+        if turn.get("role") == "assistant":
+            return list(dict.fromkeys(url for _, url in _LINK.findall(turn.get("content", ""))))
+    return []
+
+
+def positions(question: str, shown: int) -> list[int]:
+    """0-based positions of the previous answer's products that ``question`` refers to
+    ("compare the first two" -> [0, 1]; "the last one" -> [shown - 1]); [] when none."""
+    if shown <= 0:
+        return []
+    q = question.lower()
+    out: list[int] = []
+    for m in _ORDINAL.finditer(q):
+        ordinal, n, nxt = _ORD[m.group("ord")], m.group("n"), m.group("next") or ""
+        if n:  # "the first two", "top 3"
+            count = _COUNT[n]
+            out += list(range(count)) if ordinal > 0 else list(range(shown - count, shown))
+            continue
+        # "the second one", "the first?", "is the last waterproof": the; "first one": a
+        # product noun after it; not "the first time", "my first apartment"
+        if m.group("the"):
+            ok = not nxt or nxt in _REF_NEXT or nxt in _ATTRIBUTE_NEXT
+        else:
+            ok = nxt in ("one", "pick", "option", "product", "item", "choice")
+        if ok:
+            out.append(shown - 1 if ordinal < 0 else ordinal - 1)
+    out += [int(m.group("n")) - 1 for m in _NUMBERED.finditer(q)]
+    for m in _PAIR.finditer(q):  # "compare 1 and 3"
+        out += [int(m.group(1)) - 1, int(m.group(2)) - 1]
+    if not out and _BOTH.search(q):
+        out = list(range(min(3 if re.search(r"\b(?:three|3)\b", q) else 2, shown)))
+    return [i for i in dict.fromkeys(out) if 0 <= i < shown]
+
+
+def refers_to_it(question: str) -> bool:
+    """"does it come in blue?", "how much does that one weigh?": the one product before."""
+    return bool(_IT.search(question.lower()))
+
+
+def colour_asked(question: str) -> str | None:
+    """The colour a "does it come in blue?" asks about, or None."""
+    q = question.lower()
+    for c in COLOURS:
+        if re.search(rf"\b{c}\b", q) and _COLOUR_ASK.search(q):
+            return "grey" if c == "gray" else c
+    return None
+
+
+@dataclass
+class CardAnswer:
+    """What the system answers from the cards: ``products`` to show (in order), the keys
+    asked (best first), and for a comparison whether it asks "which"."""
+
+    kind: Kind
+    products: list[Product]
+    keys: list[str] = field(default_factory=list)
+    colour: str = ""
+    which: bool = False
+    asked: str = ""  # the attribute as asked, when no card states it
+
+
+def _name(p: Product) -> str:
+    return p.model or p.title.split(",")[0]
+
+
+def plan(question: str, targets: Sequence[Product], catalog_keys: Iterable[str],
+         by_reference: bool = False) -> CardAnswer | None:
+    """Whether ``question`` about ``targets`` (the models it names, or the earlier answer's
+    products it refers to) is answered from the cards, and how; None: the usual picks."""
+    q = question.lower()
+    targets = list(dict.fromkeys(targets))[:MAX_COMPARED]
+    if not targets:
+        return None
+    ignore = [_name(p) for p in targets] + [p.category.replace("_", " ") for p in targets]
+    own = list(dict.fromkeys(k for p in targets for k in p.attributes))
+    keys = asked_keys(question, own, ignore)
+    if len(targets) >= 2:
+        if not (by_reference or _COMPARE.search(q) or keys or " and " in f" {q} "):
+            return None
+        return CardAnswer("compare", targets, keys, which=bool(_WHICH.search(q)))
+    if _SEARCHING.search(q) and not by_reference:
+        return None
+    colour = colour_asked(question)
+    if colour:
+        return CardAnswer("colour", targets, colour=colour)
+    if keys:
+        return CardAnswer("attribute", targets, keys)
+    elsewhere = asked_keys(question, set(catalog_keys) - set(own), ignore)
+    if elsewhere:  # asked about what this card does not state
+        return CardAnswer("attribute", targets, [], asked=label(elsewhere[0]))
+    if by_reference and _DETAILS.search(q):
+        return CardAnswer("details", targets)
+    return None
+
+
+def render_attribute(a: CardAnswer) -> list[str]:
+    p = a.products[0]
+    if not a.keys:
+        what = a.asked or "that"
+        first = f"The product card for **{_name(p)}** does not state its {what}."
+    else:
+        k = a.keys[0]
+        first = f"**{_name(p)}** — {label(k)}: **{value_text(k, p.attributes[k])}** (from its product card)."
+    return [first + "\n\n", pick_line(1, p) + ".\n"]
+
+
+def render_colour(a: CardAnswer, listings: Sequence[Product]) -> list[str]:
+    """``listings``: every listing of the product's model (its colours)."""
+    p = a.products[0]
+    mine = [x for x in listings if x.model == p.model] or [p]
+    want = a.colour
+    hit = [x for x in mine if want in str(x.attributes.get("color", "")).lower().replace("gray", "grey")]
+    colours = list(dict.fromkeys(str(x.attributes.get("color", "")) for x in mine
+                                 if x.attributes.get("color")))
+    if hit:
+        c = hit[0].attributes.get("color", want)
+        return [f"Yes: **{_name(p)}** comes in {c}.\n\n", pick_line(1, hit[0]) + ".\n"]
+    listed = ", ".join(colours) if colours else "no colours"
+    return [f"No: **{_name(p)}** does not come in {want}; its listings are in {listed}.\n\n",
+            pick_line(1, p) + ".\n"]
+
+
+def render_details(a: CardAnswer) -> list[str]:
+    p = a.products[0]
+    specs = "; ".join(f"{label(k)}: {value_text(k, v)}" for k, v in p.attributes.items()
+                      if k not in ("color",))
+    return [f"**{_name(p)}** — {specs or 'no specs on its card'}.\n\n", pick_line(1, p) + ".\n"]
+
+
+def _cell(p: Product, k: str) -> str:
+    v = p.attributes.get(k)
+    return "not stated" if v is None else value_text(k, v)
+
+
+def _row_label(k: str) -> str:
+    s = label(k)
+    return s[:1].upper() + s[1:]
+
+
+def render_table(a: CardAnswer) -> list[str]:
+    """The comparison's header line and markdown table (price, rating, the differing specs,
+    the asked ones first)."""
+    ps = a.products
+    names = [_name(p) for p in ps]
+    head = "Comparing " + ", ".join(f"**{n}**" for n in names[:-1]) + f" and **{names[-1]}**:\n\n"
+    rows = [k for k in a.keys if any(k in p.attributes for p in ps)]
+    rows += [k for k in differing([p.attributes for p in ps], skip=("sizes", "gender")) if k not in rows]
+    lines = ["| | " + " | ".join(f"[{n}]({p.url})" for n, p in zip(names, ps, strict=True)) + " |",
+             "|---|" + "---|" * len(ps),
+             "| Price | " + " | ".join(f"${p.price:.2f}" for p in ps) + " |",
+             "| Rating | " + " | ".join(f"{p.rating:.1f} stars" for p in ps) + " |"]
+    lines += ["| " + _row_label(k) + " | " + " | ".join(_cell(p, k) for p in ps) + " |"
+              for k in rows[:MAX_ROWS]]
+    return [head, "\n".join(lines) + "\n"]
+
+
+def decide(a: CardAnswer, question: str) -> str | None:
+    """A "which" the question's own words decide ("lasts longer", "lighter", "cheaper"):
+    the pick line and the spec that decides it; None when no asked spec tells them apart."""
+    ps = a.products
+    q = question.lower()
+    if re.search(r"\b(?:cheaper|cheapest|less\s+expensive|lower\s+price|best\s+value)\b", q):
+        prices = [p.price for p in ps]
+        if len(set(prices)) > 1:
+            i = prices.index(min(prices))
+            vs = " vs ".join(f"${x:.2f}" for x in prices)
+            return f"\nThe lower price: **[{_name(ps[i])}]({ps[i].url})**, {vs}.\n"
+    for k in a.keys:
+        vals = [p.attributes.get(k) for p in ps]
+        if all(v is None for v in vals):
+            continue
+        if all(isinstance(v, bool) or v is None for v in vals):
+            if len({bool(v) for v in vals}) == 1:
+                continue
+            i = next(j for j, v in enumerate(vals) if v is True)
+            who = f"**[{_name(ps[i])}]({ps[i].url})**"
+            return f"\n{who} has {label(k)}; " + ", ".join(
+                f"{_name(p)}: {_cell(p, k)}" for j, p in enumerate(ps) if j != i) + ".\n"
+        nums = [float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+                for v in vals]
+        known = [x for x in nums if x is not None]
+        if len(known) < 2 or len(set(known)) == 1:
+            continue
+        sign = better(k, question)
+        best = max(known) if sign > 0 else min(known)
+        i = nums.index(best)
+        vs = " vs ".join(f"{_cell(p, k)} ({_name(p)})" for p in ps)
+        return f"\nThe pick on {label(k)}: **[{_name(ps[i])}]({ps[i].url})** — {vs}.\n"
+    return None
+
+
+def difference_menus(products: Sequence[Product], question: str) -> list[list[str]]:
+    """Per compared product, what sets it apart from the others (menu keys for the answer
+    grammar, as rufus.assistant.answer.reason_options): "more battery life", "lighter",
+    "has noise cancelling", "lowest price" ... Every product has at least one."""
+    menus: list[list[str]] = [[] for _ in products]
+    for k in differing([p.attributes for p in products], skip=("sizes", "gender")):
+        vals = [p.attributes.get(k) for p in products]
+        if all(isinstance(v, bool) or v is None for v in vals):
+            for j, v in enumerate(vals):
+                if v is True and any(x is not True for x in vals):
+                    menus[j].append(f"has {label(k)}")
+            continue
+        nums = [float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+                for v in vals]
+        known = [x for x in nums if x is not None]
+        if len(known) < 2 or len(set(known)) == 1:
+            continue
+        sign = better(k)
+        best = max(known) if sign > 0 else min(known)
+        j = nums.index(best)
+        word = "lighter" if "weight" in k else ("more " if sign > 0 else "less ") + label(k)
+        menus[j].append(word)
+    prices = [p.price for p in products]
+    ratings = [p.rating for p in products]
+    for j, p in enumerate(products):
+        if p.price == min(prices) and len(set(prices)) > 1:
+            menus[j].append("lowest price")
+        if p.rating == max(ratings) and len(set(ratings)) > 1:
+            menus[j].append("best rating")
+        if not menus[j]:
+            menus[j].append(f"a {p.category.replace('_', ' ')} to consider")
+        menus[j] = [re.sub(r"[^A-Za-z0-9 ,'-]", " ", m).strip()[:60] for m in dict.fromkeys(menus[j])]
+    return menus
+
+
+def met_text(constraints: Sequence[Constraint], p: Product) -> str:
+    """What of the question ``p``'s card meets, in the card's words ("6 qt", "sleeps 4
+    people", "stability support for flat feet", "waterproof"), for its pick line."""
+    out: list[str] = []
+    for c in constraints:
+        if not c.met(p) or c.kind in ("brand", "gender", "colour"):
+            continue
+        if c.kind == "number":
+            k = next((k for k in c.keys if isinstance(p.attributes.get(k), int | float)), None)
+            if k:
+                out.append(f"{label(k)} {value_text(k, p.attributes[k])}")
+        elif c.kind == "feature":
+            k = c.keys[0]
+            v = p.attributes.get(k)
+            out.append(str(v) if isinstance(v, str) else label(k))
+        elif c.kind == "size":
+            out.append(f"in size {c.value}")
+        elif c.kind == "value":
+            k = c.keys[0]
+            v = str(p.attributes.get(k, c.value))
+            words = f"{v} {label(k)}" if label(k) not in v.lower() else v
+            if c.text and c.text.lower() not in words.lower():
+                words += f" for {c.text}"
+            out.append(words)
+    return ", ".join(dict.fromkeys(out))

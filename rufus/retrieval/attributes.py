@@ -1,0 +1,203 @@
+"""Which of a card's attributes a question asks about, and how its value reads.
+
+"bose quietcomfort 45 battery life", "is the manduka prolite latex free?", "how heavy is the
+weber spirit", "does the sony wh-1000xm5 support multipoint?": the question's words are
+mapped to attribute keys in one place (:func:`asked_keys`), from
+
+- the key's own words (``dishwasher_safe``: "dishwasher" and "safe"; ``works_with_mac``:
+  "mac"), one typo allowed in a word of five letters or more ("dishwaser");
+- its unit (``battery_hours``: "how many hours");
+- the other ways customers say a feature (rufus.retrieval.constraints.FEATURE_WORDS) and
+  a question (:data:`ASK_WORDS`: "how long does it last", "how heavy", "made of").
+
+A value is written by :func:`value_text` ("24 hours", "1.2 lb", "yes"), its name by
+:func:`label` ("battery life"), and which way is better by :func:`better` (a comparison's
+"which lasts longer"). No per-category table: a user catalog whose keys follow
+data/catalog/SCHEMA.md (unit in the suffix, features as booleans) gets the same.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+
+from rufus.retrieval.catalog import AttrValue
+from rufus.retrieval.constraints import _KEY_GLUE, FEATURE_WORDS, UNITS
+from rufus.retrieval.spelling import edit_distance, stem1
+
+# Question phrases -> words of the keys they ask about (matched against a key's words).
+ASK_WORDS: dict[str, tuple[str, ...]] = {
+    "battery life": ("battery", "runtime"), "on a charge": ("battery", "runtime"),
+    "on one charge": ("battery", "runtime"), "on a single charge": ("battery", "runtime"),
+    "how long does it last": ("battery", "runtime"), "how long do they last": ("battery", "runtime"),
+    "how long does the battery": ("battery",), "battery last": ("battery",),
+    "playtime": ("battery",), "play time": ("battery",), "playback": ("battery",),
+    "run time": ("runtime", "battery"), "lasts longer": ("battery", "runtime"),
+    "last longer": ("battery", "runtime"), "longer lasting": ("battery", "runtime"),
+    "how heavy": ("weight",), "weigh": ("weight",), "weighs": ("weight",), "heavy": ("weight",),
+    "lighter": ("weight",), "lightest": ("weight",), "heavier": ("weight",),
+    "how much does it hold": ("capacity",), "how much can it hold": ("capacity",),
+    "how big": ("capacity", "screen", "size"), "how large": ("capacity", "screen", "size"),
+    "bigger": ("capacity", "screen"), "holds more": ("capacity",),
+    "screen size": ("screen",), "display size": ("screen", "display"),
+    "big is the screen": ("screen",), "guarantee": ("warranty",), "warrantee": ("warranty",),
+    "water resistant": ("waterproof", "water"), "water resistance": ("waterproof", "water"),
+    "swim": ("waterproof", "water"), "swimming": ("waterproof", "water"),
+    "ip rating": ("water",), "in the rain": ("waterproof", "water"),
+    "made of": ("material",), "made from": ("material",), "what material": ("material",),
+    "how powerful": ("wattage", "power", "motor"), "watts": ("wattage", "power"),
+    "how thick": ("thickness",), "thick": ("thickness",), "how tall": ("height",),
+    "how loud": ("noise", "decibel"), "how quiet": ("noise", "decibel", "quiet"),
+    "quieter": ("noise", "decibel", "quiet"), "memory": ("ram", "storage"),
+    "how much storage": ("storage",), "refresh rate": ("refresh",),
+    "megapixels": ("sensor",), "resolution": ("resolution",), "how bright": ("brightness", "lumens"),
+    "two devices": ("multipoint", "multi"), "2 devices": ("multipoint", "multi"),
+    "iphone": ("iphone",), "android": ("android",), "alexa": ("alexa",), "mac": ("mac",),
+    "macbook": ("mac",), "homekit": ("homekit",), "dishwasher": ("dishwasher",),
+    "oven": ("oven",), "induction": ("induction",), "latex": ("latex",),
+}
+# Units customers write for a key's unit suffix, plus words a number key may be asked by.
+_UNIT_WORDS = {u: set(al) for u, al in UNITS.items()}
+# A key's words that a question need not say ("battery_hours" is asked as "battery").
+_GLUE = _KEY_GLUE | {"count", "size", "rating", "type", "level", "max", "min"}
+# How a unit reads after a number.
+UNIT_TEXT = {
+    "in": " inches", "ft": " ft", "mm": " mm", "cm": " cm", "qt": " qt", "oz": " oz",
+    "l": " L", "cups": " cups", "lb": " lb", "lbs": " lb", "g": " g", "hours": " hours",
+    "minutes": " minutes", "people": " people", "gb": " GB", "tb": " TB", "w": " W", "v": " V",
+    "mah": " mAh", "hz": " Hz", "mp": " MP", "years": " years", "btu": " BTU",
+    "sqft": " sq ft", "cuft": " cu ft", "f": "°F", "mph": " mph", "hp": " hp",
+    "lumens": " lumens", "km": " km", "days": " days", "weeks": " weeks",
+    "gallons": " gallons", "percent": "%", "rpm": " rpm", "ms": " ms", "dpi": " DPI",
+    "ppm": " ppm", "mbps": " Mbps", "s": " s", "pa": " Pa", "cfm": " CFM", "nights": " nights",
+    "gsm": " gsm", "bar": " bar", "sqin": " sq in", "deg": "°", "count": "",
+}
+# Names that read better than the key's words.
+LABELS = {"battery": "battery life", "weight": "weight", "screen": "screen size",
+          "capacity": "capacity", "warranty": "warranty", "water rating": "water rating",
+          "runtime": "run time", "ram": "RAM", "storage": "storage", "refresh": "refresh rate",
+          "sensor": "sensor resolution", "noise cancelling": "noise cancelling"}
+# Keys whose smaller value is better (a comparison's pick): weights, noise, thickness of a
+# laptop, price. Everything else numeric: larger is better (battery, capacity, warranty).
+_LOWER_BETTER = ("weight", "noise", "decibel", "db", "price", "drop")
+# Comparative words and which way they point ("lighter": lower weight).
+_LOWER_WORDS = re.compile(r"\b(?:lighter|lightest|cheaper|cheapest|quieter|quietest|smaller|"
+                          r"thinner|compact|more\s+compact)\b")
+_HIGHER_WORDS = re.compile(r"\b(?:longer|longest|bigger|biggest|larger|largest|more|most|"
+                           r"heavier|louder|brighter|faster|higher)\b")
+_TOKEN = re.compile(r"[a-z0-9]+")
+
+
+def unit_of(key: str) -> str:
+    """A number key's unit suffix ("battery_hours" -> "hours"), "" when it has none."""
+    tail = key.rsplit("_", 1)[-1] if "_" in key else ""
+    return tail if tail in UNIT_TEXT else ""
+
+
+def key_words(key: str) -> list[str]:
+    """A key's own words, its unit suffix left out ("battery_hours" -> ["battery"])."""
+    ws = key.split("_")
+    if unit_of(key):
+        ws = ws[:-1]
+    return [w for w in ws if w]
+
+
+def label(key: str) -> str:
+    """A key as a customer reads it: "battery_hours" -> "battery life"."""
+    words = " ".join(key_words(key)) or key.replace("_", " ")
+    return LABELS.get(words, words)
+
+
+def _num(v: float) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def value_text(key: str, value: AttrValue) -> str:
+    """How a card's value reads: "24 hours", "1.2 lb", "yes"/"no", "IPX4", "7, 8, 9"."""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, list):
+        return ", ".join(str(v) for v in value)
+    if isinstance(value, int | float):
+        unit = unit_of(key)
+        if unit == "gb" and value >= 1024 and value % 1024 == 0:
+            return f"{int(value) // 1024} TB"
+        text = UNIT_TEXT.get(unit, "")
+        if value == 1 and text.endswith("s") and text not in (" lbs",):
+            text = text[:-1]  # "1 year", "1 hour"
+        return _num(value) + text
+    return str(value)
+
+
+def _stems(text: str) -> list[str]:
+    return [stem1(w) for w in _TOKEN.findall(text.lower())]
+
+
+def _has_word(words: set[str], w: str) -> bool:
+    """``w`` (a key's word, stemmed) in the question's stems, or one typo of it (5+ letters)."""
+    if w in words:
+        return True
+    return len(w) >= 5 and any(abs(len(q) - len(w)) <= 1 and q[:1] == w[:1]
+                               and edit_distance(q, w) <= 1 for q in words if len(q) >= 4)
+
+
+def asked_keys(question: str, keys: Iterable[str], ignore: Sequence[str] = ()) -> list[str]:
+    """The keys of ``keys`` (a card's attribute keys) that ``question`` asks about, the best
+    match first; ``ignore``: text whose words ask nothing (the product's own name, "jbl flip
+    6": no key is asked by a word of it)."""
+    q = " " + " ".join(_TOKEN.findall(question.lower())) + " "
+    skip = set(_stems(" ".join(ignore)))
+    words = {w for w in _stems(q) if w not in skip}
+    raw = {w for w in _TOKEN.findall(q) if stem1(w) not in skip}
+    hinted: set[str] = set()
+    for phrase, kws in ASK_WORDS.items():
+        if f" {phrase} " in q and not set(_stems(phrase)) <= skip:
+            hinted.update(kws)
+    scored: list[tuple[float, str]] = []
+    for key in keys:
+        if key in ("color", "colors", "sizes", "gender"):
+            continue  # variant axes: asked through colour and size words (rufus.assistant)
+        own = [stem1(w) for w in key_words(key) if w not in _GLUE]
+        score = 0.0
+        if own and all(_has_word(words, w) for w in own):
+            score = 2.0 + len(own)
+        elif own and all(w in {stem1(h) for h in hinted} for w in own):
+            score = 2.0  # "how heavy" -> weight_lb; "how loud" is no noise_cancelling
+        for phrase in FEATURE_WORDS.get(key, ()):
+            if f" {phrase} " in q:
+                score = max(score, 3.0 + len(phrase.split()))
+        unit = unit_of(key)
+        if score and unit and raw & _UNIT_WORDS.get(unit, set()):
+            score += 1.0  # "how many hours": the key in hours over the one in minutes
+        elif not score and unit and re.search(
+                r"\bhow\s+many\s+(?:" + "|".join(map(re.escape, _UNIT_WORDS.get(unit, ()))) + r")\b", q):
+            score = 1.5
+        if score:
+            scored.append((score, key))
+    return [k for _, k in sorted(scored, key=lambda x: -x[0])]
+
+
+def better(key: str, question: str = "") -> int:
+    """Which way is better for a comparison's pick on ``key``: +1 larger (or true), -1
+    smaller; the question's own comparative wins ("lighter", "bigger")."""
+    q = question.lower()
+    if _LOWER_WORDS.search(q):
+        return -1
+    if _HIGHER_WORDS.search(q):
+        return 1
+    return -1 if any(w in key for w in _LOWER_BETTER) else 1
+
+
+def differing(attrs: Sequence[Mapping[str, AttrValue]], skip: Iterable[str] = ()) -> list[str]:
+    """Keys on which the cards differ (one stating it and another not counts), in the first
+    card's key order, then the others'; variant axes and ``skip`` left out."""
+    out: list[str] = []
+    skipped = set(skip) | {"color", "colors"}
+    for a in attrs:
+        for k in a:
+            if k in out or k in skipped:
+                continue
+            vals = [a2.get(k) for a2 in attrs]
+            if any(v != vals[0] for v in vals[1:]):
+                out.append(k)
+    return out
