@@ -30,7 +30,7 @@ from rufus.retrieval.attributes import asked_keys, better, differing, label, val
 from rufus.retrieval.catalog import Product
 from rufus.retrieval.constraints import COLOURS, Constraint
 
-Kind = Literal["attribute", "colour", "details", "compare"]
+Kind = Literal["attribute", "colour", "variant", "details", "compare", "picks"]
 MAX_COMPARED = 4
 MAX_ROWS = 8  # spec rows of a comparison table (price and rating besides)
 
@@ -55,14 +55,24 @@ _PAIR = re.compile(r"\b(?:compare|between|of)\s+(?:#|number\s+)?([1-5])\s*(?:and
                    r"(?:#|number\s+)?([1-5])\b")
 _BOTH = re.compile(r"\b(?:both(?:\s+of\s+(?:them|those|these))?|those\s+two|these\s+two|the\s+two|"
                    r"all\s+(?:three|3)|those\s+three)\b")
-_IT = re.compile(r"\b(?:it|that\s+one|this\s+one|that|this)\b")
+_IT = re.compile(r"\b(?:it|that\s+one|this\s+one)\b")
+# "any that empty themselves?", "ones with ...": a narrowing of the earlier search, not "it"
+_NARROWING = re.compile(r"\b(?:any|ones|those|these|others|them|they)\b")
 _COMPARE = re.compile(r"\b(?:vs\.?|versus|compare[ds]?|comparison|comparing|difference|differences|"
                       r"differ|better|which|or|between)\b")
-_WHICH = re.compile(r"\b(?:which|better|should\s+i\s+(?:get|buy|go\s+with|pick|choose)|"
+_WHICH = re.compile(r"\b(?:which|better|or|should\s+i\s+(?:get|buy|go\s+with|pick|choose)|"
                     r"what\s+(?:one|would\s+you))\b")
 # A question that wants other products, not a fact about the one named.
 _SEARCHING = re.compile(r"\b(?:alternatives?|similar|like\s+the|instead|cheaper|other|others|"
-                        r"than|recommend|suggest|show\s+me|options|cases?|accessor\w+)\b")
+                        r"than|recommend|suggest|show\s+me|options|accessor\w+)\b")
+# A question about the one product named: "is the x ...?", "how loud is the x", "x vegan?"
+_ASKS = re.compile(r"^\s*(?:is|are|does|do|can|could|will|would|how|what|whats|what's|which|has|"
+                   r"have|roughly|about)\b|\?\s*$")
+# ... but not a request for an opinion (the usual picks show it first)
+_OPINION = re.compile(r"\b(?:worth|good|best|recommend|review|reviews|like|love|buy|get)\b")
+# A size the question asks for ("size 8", "in a kids 12c", "in king").
+_SIZE_ASK = re.compile(r"\bsize\s+(?P<a>\d{1,2}(?:\.5)?\s*[ck]?|[a-z]{1,3})\b|"
+                       r"\b(?P<b>\d{1,2}(?:\.5)?c)\b")
 _DETAILS = re.compile(r"\b(?:tell\s+me\s+(?:more|about)|more\s+about|details?|specs?|"
                       r"specifications|what\s+about|info(?:rmation)?)\b")
 _COLOUR_ASK = re.compile(r"\b(?:come|comes|available|sold|get\s+it|have\s+it|in)\b")
@@ -107,7 +117,8 @@ def positions(question: str, shown: int) -> list[int]:
 
 def refers_to_it(question: str) -> bool:
     """"does it come in blue?", "how much does that one weigh?": the one product before."""
-    return bool(_IT.search(question.lower()))
+    q = question.lower()
+    return bool(_IT.search(q)) and not _NARROWING.search(q)
 
 
 def colour_asked(question: str) -> str | None:
@@ -130,6 +141,22 @@ class CardAnswer:
     colour: str = ""
     which: bool = False
     asked: str = ""  # the attribute as asked, when no card states it
+
+
+def brand_models(question: str, products: Sequence[Product]) -> list[Product]:
+    """The products of brands the question names whose shown listings are all one model
+    ("le creuset or staub dutch oven?": each brand's one dutch oven), in the question's order."""
+    ws = re.findall(r"[a-z0-9]+", question.lower())
+    text = " " + " ".join(ws) + " "
+    by_brand: dict[str, list[Product]] = {}
+    for p in products:
+        by_brand.setdefault(p.brand, []).append(p)
+    out = []
+    for brand, ps in by_brand.items():
+        bw = " ".join(re.findall(r"[a-z0-9]+", brand.lower()))
+        if bw and f" {bw} " in text and len({p.model for p in ps}) == 1 and ps[0].model:
+            out.append((text.index(f" {bw} "), ps[0]))
+    return [p for _, p in sorted(out, key=lambda x: x[0])]
 
 
 def _name(p: Product) -> str:
@@ -156,6 +183,10 @@ def plan(question: str, targets: Sequence[Product], catalog_keys: Iterable[str],
     colour = colour_asked(question)
     if colour:
         return CardAnswer("colour", targets, colour=colour)
+    size = _SIZE_ASK.search(q)
+    if size or re.search(r"\b(?:come|comes|available|make\s+(?:it|them))\s+in\b", q):
+        value = (size.group("a") or size.group("b")).replace(" ", "").upper() if size else ""
+        return CardAnswer("variant", targets, colour=value, asked=question)
     if keys:
         return CardAnswer("attribute", targets, keys)
     elsewhere = asked_keys(question, set(catalog_keys) - set(own), ignore)
@@ -163,14 +194,19 @@ def plan(question: str, targets: Sequence[Product], catalog_keys: Iterable[str],
         return CardAnswer("attribute", targets, [], asked=label(elsewhere[0]))
     if by_reference and _DETAILS.search(q):
         return CardAnswer("details", targets)
+    if _ASKS.search(q) and not _OPINION.search(q):
+        # "how loud is the dyson v8, in decibels?": nothing on the card says
+        return CardAnswer("attribute", targets, [], asked="")
+    if by_reference:  # "is the third one good for lattes?": the picks, over that product
+        return CardAnswer("picks", targets)
     return None
 
 
 def render_attribute(a: CardAnswer) -> list[str]:
     p = a.products[0]
     if not a.keys:
-        what = a.asked or "that"
-        first = f"The product card for **{_name(p)}** does not state its {what}."
+        first = (f"The product card for **{_name(p)}** does not state its {a.asked}." if a.asked
+                 else f"The product card for **{_name(p)}** does not state that.")
     else:
         k = a.keys[0]
         first = f"**{_name(p)}** — {label(k)}: **{value_text(k, p.attributes[k])}** (from its product card)."
@@ -191,6 +227,35 @@ def render_colour(a: CardAnswer, listings: Sequence[Product]) -> list[str]:
     listed = ", ".join(colours) if colours else "no colours"
     return [f"No: **{_name(p)}** does not come in {want}; its listings are in {listed}.\n\n",
             pick_line(1, p) + ".\n"]
+
+
+def _sizes(p: Product) -> list[str]:
+    v = p.attributes.get("sizes")
+    if isinstance(v, list):
+        return [str(x) for x in v]
+    one = p.attributes.get("size")
+    return [str(one)] if isinstance(one, str) and one else []
+
+
+def render_variant(a: CardAnswer, listings: Sequence[Product]) -> list[str]:
+    """"does the second one come in size 8?", "does the last one come in king?": which of
+    the model's listings has that size (or the value named), from their cards."""
+    p = a.products[0]
+    mine = [x for x in listings if x.model == p.model] or [p]
+    want = a.colour
+    q = f" {a.asked.lower()} "
+    for x in mine:
+        sizes = _sizes(x)
+        if (want and any(s.upper() == want for s in sizes)) or (
+                not want and any(f" {s.lower()} " in q for s in sizes)):
+            hit = want or next(s for s in sizes if f" {s.lower()} " in q)
+            return [f"Yes: **{_name(p)}** comes in size {hit}.\n\n", pick_line(1, x) + ".\n"]
+    have = list(dict.fromkeys(s for x in mine for s in _sizes(x)))
+    if not have:
+        return [f"The product card for **{_name(p)}** lists no sizes.\n\n", pick_line(1, p) + ".\n"]
+    what = f"size {want}" if want else "that size"
+    return [f"No: **{_name(p)}** does not come in {what}; its listings come in "
+            f"{', '.join(have[:14])}.\n\n", pick_line(1, p) + ".\n"]
 
 
 def render_details(a: CardAnswer) -> list[str]:

@@ -42,6 +42,8 @@ def _first_line(answer: str) -> str:
 def _card_numbers(card: Card) -> set[float]:
     nums = {float(card.get("price", 0)), float(card.get("rating", 0))}
     for v in (card.get("attributes") or {}).values():
+        if isinstance(v, str):
+            nums |= {float(x) for x in re.findall(r"\d+(?:\.\d+)?", v)}  # "100m", "IPX7"
         if isinstance(v, int | float) and not isinstance(v, bool):
             nums.add(float(v))
             if v >= 1024 and v % 1024 == 0:

@@ -311,9 +311,10 @@ class Assistant:
             lines = card_answers.render_table(card)
             decided = card_answers.decide(card, question) if card.which else None
             return lines + ([decided] if decided else []), card.products
-        if card.kind == "colour":
+        if card.kind in ("colour", "variant"):
             p = card.products[0]
-            lines = card_answers.render_colour(card, self.by_model.get(p.model, [p]))
+            render = card_answers.render_colour if card.kind == "colour" else card_answers.render_variant
+            lines = render(card, self.by_model.get(p.model, [p]))
             shown = [x for x in self.by_model.get(p.model, [p]) if x.url in lines[-1]] or [p]
             return lines, shown
         if card.kind == "details":
@@ -367,7 +368,10 @@ class Assistant:
                 # a need the planner took for small talk ("keep an eye on the baby while she
                 # naps"): the catalog has its product type, so it is searched
                 intent = "product_search"
-            if card is not None:
+            if card is not None and card.kind == "picks":
+                # "is the third one good for lattes?": the usual picks, over that product
+                path, products, card = "products", card.products, None
+            elif card is not None:
                 path = "products"
             elif fallback or intent in PRODUCT_INTENTS:
                 path = "products"
@@ -381,6 +385,10 @@ class Assistant:
                         and found.products[0].model and norm_brand(found.products[0].brand) \
                         in norm_brand(question):
                     named = found.products[:1]  # "the le creuset dutch oven": its only one
+                if len(named) < 2:  # "le creuset or staub dutch oven?": each brand's one model
+                    more = card_answers.brand_models(question, found.products)
+                    if len({p.model for p in [*named, *more]}) >= 2:
+                        named = list({p.model: p for p in [*named, *more]}.values())
                 card = card_answers.plan(question, named, self.catalog_keys) if named else None
             else:
                 path = "service" if intent in SERVICE_REPLIES else "general"

@@ -52,14 +52,24 @@ ASK_WORDS: dict[str, tuple[str, ...]] = {
     "how much storage": ("storage",), "refresh rate": ("refresh",),
     "megapixels": ("sensor",), "resolution": ("resolution",), "how bright": ("brightness", "lumens"),
     "two devices": ("multipoint", "multi"), "2 devices": ("multipoint", "multi"),
+    "at the same time": ("multipoint", "multi"), "phone and laptop": ("multipoint", "multi"),
+    "swivel": ("rotating", "swivel"), "rotate": ("rotating",), "spin around": ("rotating",),
+    "how deep": ("depth",), "deeper": ("depth",), "underwater": ("depth", "waterproof"),
+    "stays up": ("flight",), "stay up": ("flight",), "flight time": ("flight",),
+    "fly for": ("flight",), "how high": ("height",), "goes up to": ("height",),
+    "how many players": ("players",), "players": ("players",), "how many people": ("people", "capacity"),
     "iphone": ("iphone",), "android": ("android",), "alexa": ("alexa",), "mac": ("mac",),
     "macbook": ("mac",), "homekit": ("homekit",), "dishwasher": ("dishwasher",),
     "oven": ("oven",), "induction": ("induction",), "latex": ("latex",),
 }
+_ONE_WORD_ASKS = {p: k for p, k in ASK_WORDS.items() if " " not in p and len(p) >= 5}
+# "how long does the first one run", "how long will it last": battery or run time.
+_ASK_PATTERNS = ((re.compile(r"\bhow\s+long\s+(?:does|do|will|can|would)\b.{0,40}\b(?:run|last|go|play)\b"),
+                  ("battery", "runtime")),)
 # Units customers write for a key's unit suffix, plus words a number key may be asked by.
 _UNIT_WORDS = {u: set(al) for u, al in UNITS.items()}
 # A key's words that a question need not say ("battery_hours" is asked as "battery").
-_GLUE = _KEY_GLUE | {"count", "size", "rating", "type", "level", "max", "min"}
+_GLUE = _KEY_GLUE | {"count", "size", "rating", "type", "level", "max", "min", "required", "time"}
 # How a unit reads after a number.
 UNIT_TEXT = {
     "in": " inches", "ft": " ft", "mm": " mm", "cm": " cm", "qt": " qt", "oz": " oz",
@@ -81,10 +91,10 @@ LABELS = {"battery": "battery life", "weight": "weight", "screen": "screen size"
 # laptop, price. Everything else numeric: larger is better (battery, capacity, warranty).
 _LOWER_BETTER = ("weight", "noise", "decibel", "db", "price", "drop")
 # Comparative words and which way they point ("lighter": lower weight).
-_LOWER_WORDS = re.compile(r"\b(?:lighter|lightest|cheaper|cheapest|quieter|quietest|smaller|"
-                          r"thinner|compact|more\s+compact)\b")
-_HIGHER_WORDS = re.compile(r"\b(?:longer|longest|bigger|biggest|larger|largest|more|most|"
-                           r"heavier|louder|brighter|faster|higher)\b")
+_LOWER = ("lighter", "lightest", "cheaper", "cheapest", "quieter", "quietest", "smaller",
+          "smallest", "thinner", "compact")
+_HIGHER = ("longer", "longest", "bigger", "biggest", "larger", "largest", "more", "most",
+           "heavier", "louder", "brighter", "faster", "higher", "deeper", "taller", "stronger")
 _TOKEN = re.compile(r"[a-z0-9]+")
 
 
@@ -133,12 +143,15 @@ def _stems(text: str) -> list[str]:
     return [stem1(w) for w in _TOKEN.findall(text.lower())]
 
 
+def typo_of(q: str, w: str) -> bool:
+    """``q`` is ``w`` with one typo (words of five letters or more, same first letter)."""
+    return (len(w) >= 5 and len(q) >= 4 and abs(len(q) - len(w)) <= 1 and q[:1] == w[:1]
+            and edit_distance(q, w) <= 1)
+
+
 def _has_word(words: set[str], w: str) -> bool:
-    """``w`` (a key's word, stemmed) in the question's stems, or one typo of it (5+ letters)."""
-    if w in words:
-        return True
-    return len(w) >= 5 and any(abs(len(q) - len(w)) <= 1 and q[:1] == w[:1]
-                               and edit_distance(q, w) <= 1 for q in words if len(q) >= 4)
+    """``w`` (a key's word, stemmed) in the question's words, or one typo of it."""
+    return w in words or any(typo_of(q, w) for q in words)
 
 
 def asked_keys(question: str, keys: Iterable[str], ignore: Sequence[str] = ()) -> list[str]:
@@ -147,11 +160,18 @@ def asked_keys(question: str, keys: Iterable[str], ignore: Sequence[str] = ()) -
     6": no key is asked by a word of it)."""
     q = " " + " ".join(_TOKEN.findall(question.lower())) + " "
     skip = set(_stems(" ".join(ignore)))
-    words = {w for w in _stems(q) if w not in skip}
     raw = {w for w in _TOKEN.findall(q) if stem1(w) not in skip}
+    words = {w for w in _stems(q) if w not in skip} | raw
     hinted: set[str] = set()
     for phrase, kws in ASK_WORDS.items():
         if f" {phrase} " in q and not set(_stems(phrase)) <= skip:
+            hinted.update(kws)
+    for w in raw:  # "ligher", "wieght": one typo of a one-word phrase
+        for phrase, kws in _ONE_WORD_ASKS.items():
+            if w != phrase and typo_of(w, phrase):
+                hinted.update(kws)
+    for pat, kws in _ASK_PATTERNS:
+        if pat.search(q):
             hinted.update(kws)
     scored: list[tuple[float, str]] = []
     for key in keys:
@@ -164,13 +184,14 @@ def asked_keys(question: str, keys: Iterable[str], ignore: Sequence[str] = ()) -
         elif own and all(w in {stem1(h) for h in hinted} for w in own):
             score = 2.0  # "how heavy" -> weight_lb; "how loud" is no noise_cancelling
         for phrase in FEATURE_WORDS.get(key, ()):
-            if f" {phrase} " in q:
+            if f" {phrase} " in q and not set(_stems(phrase)) <= skip:  # not the name's words
                 score = max(score, 3.0 + len(phrase.split()))
         unit = unit_of(key)
-        if score and unit and raw & _UNIT_WORDS.get(unit, set()):
+        units = _UNIT_WORDS.get(unit, set())
+        if score and unit and (raw & units or {w.removesuffix("s") for w in raw} & units):
             score += 1.0  # "how many hours": the key in hours over the one in minutes
-        elif not score and unit and re.search(
-                r"\bhow\s+many\s+(?:" + "|".join(map(re.escape, _UNIT_WORDS.get(unit, ()))) + r")\b", q):
+        elif not score and units and re.search(
+                r"\bhow\s+many\s+(?:" + "|".join(map(re.escape, units)) + r")s?\b", q):
             score = 1.5
         if score:
             scored.append((score, key))
@@ -180,11 +201,12 @@ def asked_keys(question: str, keys: Iterable[str], ignore: Sequence[str] = ()) -
 def better(key: str, question: str = "") -> int:
     """Which way is better for a comparison's pick on ``key``: +1 larger (or true), -1
     smaller; the question's own comparative wins ("lighter", "bigger")."""
-    q = question.lower()
-    if _LOWER_WORDS.search(q):
-        return -1
-    if _HIGHER_WORDS.search(q):
-        return 1
+    ws = _TOKEN.findall(question.lower())
+    for w in ws:  # "ligher" too
+        if w in _LOWER or any(typo_of(w, x) for x in _LOWER):
+            return -1
+        if w in _HIGHER or any(typo_of(w, x) for x in _HIGHER if x not in ("more", "most")):
+            return 1
     return -1 if any(w in key for w in _LOWER_BETTER) else 1
 
 

@@ -67,6 +67,7 @@ _LIMIT = re.compile(r"(?:up\s+to|rated\s+(?:to|for)?|holds?|supports?|capacity|f
                     r"for\s+ages?|ages?|year\s+old|years?\s+old|old)\s*$")
 _SIZE = re.compile(r"\bsize\s*:?\s*(?P<v>\d{1,2}(?:\.5)?\s*[cyk]?|xxs|xs|xxl|xl|x-large|small|"
                    r"medium|large|s|m|l)(?![\w.])")
+_KIDS_SIZE = re.compile(r"(?<![\w.$])(?P<v>\d{1,2}(?:\.5)?c)(?![\w])")
 _SIZE_WORDS = {"small": "S", "medium": "M", "large": "L", "x-large": "XL"}
 _GENDER = (
     ("Kids'", re.compile(r"\b(?:kids?|kid's|kids'|children'?s?|child'?s|boys?'?|girls?'?|"
@@ -97,13 +98,16 @@ FEATURE_WORDS: dict[str, tuple[str, ...]] = {
     "insulated": ("insulated",), "orthopedic": ("orthopedic", "orthopaedic"),
     "multipoint": ("multipoint", "multi point", "two devices", "2 devices"),
     "induction_compatible": ("induction",), "oven_safe": ("oven safe", "ovenproof"),
-    "self_empty": ("self emptying", "empties itself", "self empty", "auto empty"),
+    "self_empty": ("self emptying", "empties itself", "self empty", "auto empty",
+                   "empty themselves", "empties", "empty itself"),
     "wireless_charging": ("wireless charging", "charges wirelessly", "qi charging"),
     "variable_temperature": ("variable temperature", "temperature control", "adjustable temperature"),
     "rear_camera": ("rear camera", "front and rear", "rear cam", "backup camera"),
     "back_buttons": ("back buttons", "back paddles", "paddles"),
     "straw_lid": ("straw lid", "straw"), "self_cleaning": ("self cleaning", "cleans itself"),
     "pressure_sensor": ("pressure sensor", "brush too hard", "brushing too hard"),
+    "viewing_window": ("viewing window", "window", "see the food", "see inside"),
+    "cooling": ("cooling", "sleep hot", "sleeps hot", "keeps me cool", "cool to the touch"),
 }
 # Words of a feature key that the customer need not say ("works_with_homekit": "homekit").
 _KEY_GLUE = frozenset({"works", "with", "has", "have", "is", "included", "built", "in", "mode",
@@ -303,6 +307,9 @@ def parse(question: str, cats: Sequence[str], tax: Taxonomy,
         if size_keys:
             v = m.group("v").replace(" ", "")
             out.append(Constraint("size", size_keys, _SIZE_WORDS.get(v, v.upper()), "=", m.group(0)))
+    if size_keys and not _SIZE.search(low):
+        for m in _KIDS_SIZE.finditer(low):  # "in a kids 12c": a kids' size without "size"
+            out.append(Constraint("size", size_keys, m.group("v").upper(), "=", m.group(0)))
     if "gender" in types:
         for g, rx in _GENDER:
             if (m := rx.search(low)) is not None:
@@ -361,6 +368,8 @@ _AMOUNT = r"\$?\s*(\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?\s*(k\b)?\s*(?:dollars|usd|b
 _BETWEEN = re.compile(rf"\bbetween\s+{_AMOUNT}\s*(?:and|to|-)\s*{_AMOUNT}")
 _RANGE = re.compile(r"\$\s*(\d{1,3}(?:,\d{3})+|\d+)\s*(k\b)?\s*(?:-|to)\s*\$?\s*"
                     r"(\d{1,3}(?:,\d{3})+|\d+)\s*(k\b)?")
+_AND_UP = re.compile(r"(?:\$\s*)(\d{1,3}(?:,\d{3})+|\d+)\s*(k\b)?\s*(?:dollars\s+)?"
+                     r"(?:and|or)\s+(?:up|above|over|more|higher)\b")
 _FLOOR = re.compile(r"\b(?:over|above|at\s+least|more\s+than|minimum\s+of|starting\s+at|"
                     r"no\s+less\s+than)\s+(?:\$\s*(\d{1,3}(?:,\d{3})+|\d+)\s*(k\b)?|"
                     r"(\d{1,3}(?:,\d{3})+|\d+)\s*(k\b)?\s*(?:dollars|usd|bucks)\b)")
@@ -379,6 +388,8 @@ def parse_price_range(text: str) -> tuple[float | None, float | None]:
         return (min(lo, hi), max(lo, hi)) if hi > 0 else (None, None)
     if (m := _FLOOR.search(low)) is not None:
         return (_amt(m.group(1) or m.group(3), m.group(2) or m.group(4)), None)
+    if (m := _AND_UP.search(low)) is not None:  # "$400 and up", "150 dollars or more"
+        return (_amt(m.group(1), m.group(2)), None)
     return (None, None)
 
 

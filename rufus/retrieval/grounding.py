@@ -406,6 +406,11 @@ class Vocabulary:
 NEED_WORDS_FOR_SEARCH = 2
 
 
+# A follow-up that refers to the earlier products ("any of those", "only ones that ...").
+_ANAPHOR = re.compile(r"\b(?:ones|those|these|them|they|any\s+of|any\s+(?:with|that|for|in)|"
+                      r"any\s+\w+\s+ones|just\s+the|only\s+the)\b")
+
+
 @dataclass(frozen=True)
 class SearchOutcome:
     products: list[Product]
@@ -566,6 +571,9 @@ class GroundedSearch:
             if cap.currency != "USD":
                 notes.append(f"Prices are in US dollars: {cap.amount:,g} {cap.currency} is about "
                              f"{_money(round(cap.usd))}.")
+        lo, _hi = parse_price_range(question)
+        if cap is None and lo is not None and max_price is not None and max_price <= lo:
+            max_price = None  # "$400 and up": the plan read the floor as a cap
         # 3. typos
         fixed: dict[str, str] = {}
         qs = [self.spell(q, fixed) for q in qs]
@@ -665,6 +673,9 @@ class GroundedSearch:
         # the customer's words first; spelling corrected only when they name no type
         # (a correction may turn a word the catalog lacks into one it has: "wrecking")
         spelled = self.spell(question, {})
+        if typo[0] and typo[1] in notes:  # "vitamx 5200": the brand as corrected, for its models
+            spelled = re.sub(rf"\b{re.escape(typo[0])}\b", corrected.get(typo[0], typo[0]).lower(),
+                             spelled, flags=re.I)
         # a keyword query whose product word the catalog has never seen ("lawn mower",
         # "books like the hunger games"): no nearest type for it, nor a noun further on
         head = product_phrase(question)[-1:]
@@ -674,6 +685,15 @@ class GroundedSearch:
             res, text = tax.resolve(" ".join(product_phrase(spelled)), infer=False), spelled
         else:
             res, text = tax.resolve(spelled), spelled
+        if earlier and res.categories and not res.named_first and not res.models and _ANAPHOR.search(
+                question.lower()):
+            # "any of those that work with an iphone?", "do they make them in a kids 12c?":
+            # a follow-up about the earlier turn's products, whatever type a side word names
+            for q in reversed(earlier):
+                r = tax.resolve(q)
+                if r.categories:
+                    res, text = r, f"{text} {q}"
+                    break
         if not res.categories and not res.accessory:
             for q in [*qs, *reversed(earlier)] if not unknown else ():
                 r = tax.resolve(q)
@@ -699,6 +719,12 @@ class GroundedSearch:
                 if typo[1] in notes:
                     notes.remove(typo[1])
             unsaid = ["brand"]  # the plan's filter, dropped
+            requested = dataclasses.replace(requested, brand=None)
+        if plan_brand and earlier and not said and norm_brand(plan_brand) not in norm_brand(
+                " ".join([question, *earlier])):
+            # a follow-up's plan brand the customer never wrote: the planner took it from
+            # the earlier answer's products ("any with wireless charging?" is no Jabra search)
+            plan_brand, unsaid = None, ["brand"]
             requested = dataclasses.replace(requested, brand=None)
         if plan_brand:
             named = []  # the plan's brand filters; the question's are the same

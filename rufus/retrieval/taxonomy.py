@@ -121,6 +121,7 @@ class Resolution:
     brands: list[str] = field(default_factory=list)  # the brands of the product lines named
     need_words: int = 0  # inferred: how many of the need's words the type has
     line_models: list[str] = field(default_factory=list)  # a line's models ("apple watch")
+    named_first: bool = False  # a type or model named in the first phrase ("tents for ...")
 
 
 class Taxonomy:
@@ -298,20 +299,25 @@ class Taxonomy:
         cands: dict[tuple[str, str], list[tuple[tuple[int, float], int, int, ModelName]]] = {}
         for m in self._models:
             first = m.words[0]
-            if first not in have:
-                continue
             bw = tokens(m.brand)
+            if first not in have:
+                # the brand, then the name's last words: "sony xm4" (WH-1000XM4), "lg c4"
+                # (OLED evo C4), "away carry-on" (The Carry-On)
+                tail = self._tail(ws, bw, m.words)
+                if tail is not None:
+                    cands.setdefault((norm_brand(m.brand), first), []).append(
+                        ((len(m.words), 1.0), tail[0], tail[1], m))
+                continue
             best_run, at, branded = 0, -1, False
             for i in starts[first]:
                 run = 0
                 while run < len(m.words) and i + run < len(ws) and ws[i + run] == m.words[run]:
                     run += 1
-                # the brand right before it ("jbl flip"): one word of the model is enough
-                if i >= len(bw) and ws[i - len(bw):i] == bw:
-                    best_run, at, branded = run, i, True
-                    break
-                if run > best_run:
-                    best_run, at = run, i
+                # the brand right before it ("jbl flip"): one word of the model is enough;
+                # the longest run wins ("dyson v8 vs v15 detect": V15 Detect is the second)
+                b = i >= len(bw) and ws[i - len(bw):i] == bw
+                if (run, b) > (best_run, branded):
+                    best_run, at, branded = run, i, b
             named_alone = (len(m.words) == 1 and len(first) > 4 and not first.isdigit()
                            and first not in common_words() and len(self._first.get(first, ())) == 1)
             # two words of the name in a row, one of them a name ("airpods pro"), not plain
@@ -320,20 +326,40 @@ class Taxonomy:
                 self._namelike(w) or w.isdigit() for w in m.words[:best_run])
             if not (branded or run_ok or named_alone):
                 continue
-            hits = sum(1 for w in m.words if w in have)
+            # the name's words said where it is named ("duo crisp" is no Duo 7-in-1 because
+            # "10-in-1" came earlier in the question)
+            near = set(ws[at:at + len(m.words) + 2])
+            hits = sum(1 for w in m.words if w in near)
             score = (hits, hits / len(m.words))  # most words named, then the fewest unnamed
             start = at - len(bw) if branded else at
             cands.setdefault((norm_brand(m.brand), first), []).append((score, start, at + best_run, m))
         out = []
         for group in cands.values():
-            best = max(g[0] for g in group)
-            out += [(s, e, m, len([g for g in group if g[0] == best]) > LINE_MODELS)
-                    for sc, s, e, m in group if sc == best]
+            # per place in the question, its best ("dyson v8 vs v15 detect": both)
+            for sc, s, e, m in group:
+                rivals = [g for g in group if g[1] < e and s < g[2]]
+                best = max(g[0] for g in rivals)
+                if sc == best:
+                    out.append((s, e, m, len([g for g in rivals if g[0] == best]) > LINE_MODELS))
         # a name inside a longer one is the longer one's ("flip 6" of "galaxy z flip 6",
         # "series 9" of "oral-b io series 9")
         out = [x for x in out if not any(o[0] <= x[0] and x[1] <= o[1] and o[1] - o[0] > x[1] - x[0]
                                          for o in out)]
         return sorted(out, key=lambda x: x[0])
+
+    @staticmethod
+    def _tail(ws: Sequence[str], bw: Sequence[str], words: Sequence[str]) -> tuple[int, int] | None:
+        """(start, end) of the brand followed by at least the name's last two words."""
+        nb = len(bw)
+        if not nb or len(words) < 3:
+            return None
+        for i in range(len(ws) - nb):
+            if list(ws[i:i + nb]) != list(bw):
+                continue
+            for k in range(len(words) - 1, 1, -1):
+                if list(ws[i + nb:i + nb + k]) == list(words[-k:]):
+                    return i, i + nb + k
+        return None
 
     def _namelike(self, w: str) -> bool:
         """A word that names (a product line's "airpods", "xps"), not a plain or type word."""
@@ -396,6 +422,7 @@ class Taxonomy:
                     for s, c in kept]
         firsts = [c for s, c in kept if phrase[s] == 0] + [m.category for s, _, m in models
                                                            if phrase[s] == 0]
+        res.named_first = bool(firsts)
         if res.accessory and not [c for s, c in kept if phrase[s] == 0]:
             return Resolution(accessory=True)
         # said in the first phrase, its words together ("surround sound", not "moving our
