@@ -69,7 +69,7 @@ _SEARCHING = re.compile(r"\b(?:alternatives?|similar|like\s+the|instead|cheaper|
 _ASKS = re.compile(r"^\s*(?:is|are|does|do|can|could|will|would|how|what|whats|what's|which|has|"
                    r"have|roughly|about)\b|\?\s*$")
 # ... but not a request for an opinion (the usual picks show it first)
-_OPINION = re.compile(r"\b(?:worth|good|best|recommend|review|reviews|like|love|buy|get)\b")
+_OPINION = re.compile(r"\b(?:worth|good|best|recommend|review|reviews|love)\b")
 # A size the question asks for ("size 8", "in a kids 12c", "in king").
 _SIZE_ASK = re.compile(r"\bsize\s+(?P<a>\d{1,2}(?:\.5)?\s*[ck]?|[a-z]{1,3})\b|"
                        r"\b(?P<b>\d{1,2}(?:\.5)?c)\b")

@@ -57,6 +57,7 @@ ASK_WORDS: dict[str, tuple[str, ...]] = {
     "how deep": ("depth",), "deeper": ("depth",), "underwater": ("depth", "waterproof"),
     "stays up": ("flight",), "stay up": ("flight",), "flight time": ("flight",),
     "fly for": ("flight",), "how high": ("height",), "goes up to": ("height",),
+    "try": ("trial",), "trial": ("trial",),
     "how many players": ("players",), "players": ("players",), "how many people": ("people", "capacity"),
     "iphone": ("iphone",), "android": ("android",), "alexa": ("alexa",), "mac": ("mac",),
     "macbook": ("mac",), "homekit": ("homekit",), "dishwasher": ("dishwasher",),
@@ -187,7 +188,7 @@ def asked_keys(question: str, keys: Iterable[str], ignore: Sequence[str] = ()) -
             if f" {phrase} " in q and not set(_stems(phrase)) <= skip:  # not the name's words
                 score = max(score, 3.0 + len(phrase.split()))
         unit = unit_of(key)
-        units = _UNIT_WORDS.get(unit, set())
+        units = _UNIT_WORDS.get(unit, {unit} if unit and unit != "count" else set())
         if score and unit and (raw & units or {w.removesuffix("s") for w in raw} & units):
             score += 1.0  # "how many hours": the key in hours over the one in minutes
         elif not score and units and re.search(

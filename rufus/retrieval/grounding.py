@@ -54,6 +54,7 @@ from rufus.retrieval.spelling import (
     words,
 )
 from rufus.retrieval.taxonomy import Taxonomy
+from rufus.retrieval.taxonomy import tokens as taxonomy_tokens
 
 # ------------------------------------------------------------------ stated price caps
 
@@ -673,14 +674,17 @@ class GroundedSearch:
         # the customer's words first; spelling corrected only when they name no type
         # (a correction may turn a word the catalog lacks into one it has: "wrecking")
         spelled = self.spell(question, {})
-        if typo[0] and typo[1] in notes:  # "vitamx 5200": the brand as corrected, for its models
+        if typo[0] and typo[1] in notes and not norm_brand(typo[0]).startswith(
+                norm_brand(corrected.get(typo[0], "-"))):  # "vitamx 5200" (not "ecobee3 lite")
             spelled = re.sub(rf"\b{re.escape(typo[0])}\b", corrected.get(typo[0], typo[0]).lower(),
                              spelled, flags=re.I)
         # a keyword query whose product word the catalog has never seen ("lawn mower",
         # "books like the hunger games"): no nearest type for it, nor a noun further on
         head = product_phrase(question)[-1:]
         unknown = (bool(head) and len(words(question)) <= 5 and not self.vocabulary.known(head[0])
-                   and head[0] not in common_words())
+                   and head[0] not in common_words()
+                   # "vitamx 5200 wattage": a model named, the unknown word asks of it
+                   and not tax.models_in(taxonomy_tokens(spelled)))
         if unknown:  # only a type or model the product phrase itself names
             res, text = tax.resolve(" ".join(product_phrase(spelled)), infer=False), spelled
         else:
