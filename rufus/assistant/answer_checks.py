@@ -9,7 +9,8 @@ Defects (:class:`AnswerDefects`), from a user report on the 135M answer model:
 
 - ``loop``: a sentence said twice, a word 4-gram said three times, a phrase repeated
   back to back, or one card linked from two list items.
-- ``invented``: a link that is no card's, a link title that is not its card's, a catalog
+- ``invented``: a link that is no card's, a link title that is not its card's (its title,
+  its name before the comma or its model), a catalog
   brand or product line that no shown card has, a numbered item that links no card.
 - ``contradictions``: a price, rating, colour or size stated next to a card that differs
   from the card.
@@ -397,7 +398,9 @@ def _contradiction(kind: str, value: str, card: dict[str, Any]) -> str:
         if not found:
             return f"size {value} but the card is {title[:80]!r}"
     elif kind == "inch":
-        if not _num_in(title, value):
+        inches = [v for k, v in (card.get("attributes") or {}).items() if k.endswith("_in")
+                  and isinstance(v, int | float) and not isinstance(v, bool)]
+        if not _num_in(title, value) and not any(abs(float(v) - float(value)) < 1e-6 for v in inches):
             return f"{value} inch but the card is {title[:80]!r}"
     elif kind == "color":
         if re.search(rf"(?<![\w-]){re.escape(value)}(?![\w-])", title, re.I) is None:
@@ -406,6 +409,37 @@ def _contradiction(kind: str, value: str, card: dict[str, Any]) -> str:
 
 
 # ------------------------------------------------------------------ the check
+
+def _check_tables(body: str, urls: Sequence[str], by_url: dict[str, dict[str, Any]],
+                  d: AnswerDefects) -> str:
+    """A markdown table (a comparison): each cell checked against its column's card (the
+    header row links one card per column); the body returned without the table, whose rows
+    name several cards at once and would read as one item's facts."""
+    out: list[str] = []
+    columns: list[dict[str, Any] | None] = []
+    for line in body.split("\n"):
+        if not line.lstrip().startswith("|"):
+            columns = []
+            out.append(line)
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if not columns:  # the header: which card each column is
+            for c in cells:
+                m = _PH.search(c)
+                columns.append(by_url.get(urls[int(m.group(1))]) if m else None)
+            out.append("")
+            continue
+        for i, cell in enumerate(cells[1:], start=1):
+            card = columns[i] if i < len(columns) else None
+            if card is None:
+                continue
+            for _pos, kind, value in _facts(cell):
+                why = _contradiction(kind, value, card)
+                if why:
+                    d.contradictions.append(f"table row {cells[0][:30]!r}: {why}")
+        out.append("")
+    return "\n".join(out)
+
 
 def check_answer(text: str, cards: list[dict[str, Any]], facts: CatalogFacts,
                  question: str = "") -> AnswerDefects:
@@ -433,9 +467,11 @@ def check_answer(text: str, cards: list[dict[str, Any]], facts: CatalogFacts,
         shown = " ".join(_MARKDOWN.sub("", title).split()).lower()
         own = str(card.get("title", ""))
         mine = own.replace("[", "(").replace("]", ")").lower()  # a renderer's escaping
-        if shown not in (own.lower(), mine, _family(own).lower(), _family(mine)):
+        model = str(card.get("model", "")).lower()  # a comparison table names the model
+        if shown not in (own.lower(), mine, _family(own).lower(), _family(mine), model) or not shown:
             d.invented.append(f"link title {title[:80]!r} is not its card's {own[:80]!r}")
 
+    body = _check_tables(body, urls, by_url, d)
     items = _items(body)
     d.loop_detail = _find_loop(items, urls)
     d.loop = bool(d.loop_detail)

@@ -387,3 +387,19 @@ def met_text(constraints: Sequence[Constraint], p: Product) -> str:
                 words += f" for {c.text}"
             out.append(words)
     return ", ".join(dict.fromkeys(out))
+
+
+def shared_met(met: Mapping[str, str]) -> tuple[str, dict[str, str]]:
+    """What every shown card meets, said once ("All of these: stability support for flat
+    feet."), and per card only what differs ("capacity 6 qt" beside "capacity 6.3 qt"): the
+    same words on every pick line read as a loop."""
+    parts = {pid: [x for x in text.split(", ") if x] for pid, text in met.items()}
+    if not parts:
+        return "", {}
+    common = [x for x in next(iter(parts.values())) if all(x in ps for ps in parts.values())]
+    rest = {pid: ", ".join(x for x in ps if x not in common) for pid, ps in parts.items()}
+    line = f"All of these: {', '.join(common)}." if common and len(parts) > 1 else ""
+    if len(parts) == 1:
+        rest = {pid: ", ".join(ps) for pid, ps in parts.items()}
+    return line, rest
+

@@ -31,6 +31,7 @@ import dataclasses
 import json
 import logging
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -389,6 +390,10 @@ class Assistant:
                     more = card_answers.brand_models(question, found.products)
                     if len({p.model for p in [*named, *more]}) >= 2:
                         named = list({p.model: p for p in [*named, *more]}.values())
+                if len(named) >= 3:  # "sonos arc vs bose 900 vs samsung q990c": no TV among soundbars
+                    top, n = Counter(p.category for p in named).most_common(1)[0]
+                    if n >= 2 and n == len(named) - 1:
+                        named = [p for p in named if p.category == top]
                 card = card_answers.plan(question, named, self.catalog_keys) if named else None
             else:
                 path = "service" if intent in SERVICE_REPLIES else "general"
@@ -427,11 +432,13 @@ class Assistant:
                 finish = ""
                 # aclosing: closing this generator must close the answer stream at once
                 # (an unclosed async generator is only finalized by the garbage collector)
-                met = ({p.id: card_answers.met_text(found.constraints, p) for p in products}
-                       if found is not None else {})
+                met = ({p.id: card_answers.met_text(found.constraints, p)
+                        for p in products[:self.answer_products]} if found is not None else {})
+                said, met = card_answers.shared_met(met)
+                notes = [*(found.notes if found else []), *([said] if said else [])]
                 async with contextlib.aclosing(self._answer(
                         question, products, turns, path == "general", t0, timings,
-                        conversation, found.notes if found else [], ticket, met=met)) as answer:
+                        conversation, notes, ticket, met=met)) as answer:
                     async for ev in answer:
                         if ev.type == "done":
                             finish = ev.finish_reason

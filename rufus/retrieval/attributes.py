@@ -116,6 +116,8 @@ def key_words(key: str) -> list[str]:
 def label(key: str) -> str:
     """A key as a customer reads it: "battery_hours" -> "battery life"."""
     words = " ".join(key_words(key)) or key.replace("_", " ")
+    if unit_of(key) == "mah":
+        return "battery capacity"  # mAh is no battery life
     return LABELS.get(words, words)
 
 

@@ -184,3 +184,18 @@ def test_followup_check_fails_lost_products_and_lost_type(by_model):
     assert card_eval.check_followup(narrow, first, [_card(a)])  # over $350
     speaker = by_model["JBL Flip 6"]
     assert any("product type" in p for p in card_eval.check_followup(narrow, first, [_card(speaker)]))
+
+
+def test_answer_check_reads_a_comparison_table_per_column(by_model):
+    """A table's cells are checked against their column's card: a wrong price in the second
+    column is a contradiction, the right table is none."""
+    from rufus.assistant.answer_checks import CatalogFacts, check_answer
+
+    xm5, qc45 = by_model["Sony WH-1000XM5"], by_model["Bose QuietComfort 45"]
+    facts = CatalogFacts.from_products(default_catalog())
+    table = "".join(ca.render_table(ca.CardAnswer("compare", [xm5, qc45], ["battery_hours"])))
+    cards = [xm5.card(), qc45.card()]
+    ok = check_answer(table, cards, facts)
+    assert not ok.contradictions and not ok.invented and not ok.loop
+    bad = table.replace(f"${qc45.price:.2f}", "$99.00")
+    assert check_answer(bad, cards, facts).contradictions
