@@ -78,11 +78,25 @@ _DETAILS = re.compile(r"\b(?:tell\s+me\s+(?:more|about)|more\s+about|details?|sp
 _COLOUR_ASK = re.compile(r"\b(?:come|comes|available|sold|get\s+it|have\s+it|in)\b")
 
 
+_ITEM = re.compile(r"^\s*(\d+)\.\s+\[[^\]\n]{1,300}\]\((https?://[^)\s]+)\)", re.M)
+
+
 def previous_links(history: Sequence[Mapping[str, str]]) -> list[str]:
-    """The product URLs the last assistant turn linked, in order, each once."""
+    """The product URLs the last assistant turn listed, in order, each once: its last
+    numbered list (the answer's picks; an OpenAI client's copy starts with the cards' list,
+    numbered too), else every link (a comparison table's header)."""
     for turn in reversed(history):
-        if turn.get("role") == "assistant":
-            return list(dict.fromkeys(url for _, url in _LINK.findall(turn.get("content", ""))))
+        if turn.get("role") != "assistant":
+            continue
+        text = turn.get("content", "")
+        blocks: list[list[str]] = []
+        for m in _ITEM.finditer(text):
+            if m.group(1) == "1" or not blocks:
+                blocks.append([])
+            blocks[-1].append(m.group(2))
+        if blocks:
+            return list(dict.fromkeys(blocks[-1]))
+        return list(dict.fromkeys(url for _, url in _LINK.findall(text)))
     return []
 
 

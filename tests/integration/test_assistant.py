@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from rufus.assistant import Assistant
+from rufus.assistant.card_answers import previous_links
 from rufus.assistant.pipeline import PRODUCT_INTENTS
 from rufus.assistant.prompt import SERVICE_REPLIES
 from rufus.client import AsyncStreams, RequestFailed, output_str
@@ -100,8 +101,9 @@ def test_cards_first_respect_filters_and_links_are_retrieved(url, catalog):
     assert {"plan_s", "retrieval_s", "cards_s", "first_token_s", "total_s"} <= set(r["timings"])
 
 
+# a pick line; after the stars, what of the question its card meets (", capacity 6 qt")
 PICK = re.compile(r"^(\d)\. \[(.+)\]\((https?://[^\s)]+)\) — \$(\d+\.\d\d), (\d\.\d) stars"
-                  r"(?:: ([a-z][a-z ,'-]*))?\.$", re.M)
+                  r"(?:, [^:\n]+?)?(?:: ([a-z][a-z ,'-]*))?\.$", re.M)
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +140,8 @@ def test_every_rendered_fact_equals_its_card(url, catalog, facts, question):
             said = [reason_text(k) for k in menu[[x["url"] for x in cards].index(link)]]
             assert reason in said, (reason, menu)
     body = "\n".join(line for line in r["text"].splitlines() if not PICK.fullmatch(line))
-    assert all(not line.strip() or line.startswith(("Showing ", "Prices are ", "No ", "Nothing "))
+    assert all(not line.strip() or line.startswith(("Showing ", "Prices are ", "No ", "Nothing ",
+                                                   "All of these: "))
                for line in body.splitlines()), r["text"]
     d = check_answer(r["text"], cards, facts, question)
     assert d.ok and d.cites_shown, (d, r["text"])
@@ -165,6 +168,53 @@ def test_multi_turn_carries_context(url, catalog):
     cats = [catalog.get(c["id"]).category for c in r["products"]]
     assert cats.count("running_shoes") >= len(cats) - 1, (r["plan"], cats)
     check_grounded(r, catalog)
+
+
+def _models(catalog) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for p in catalog.iter_products():
+        out.setdefault(p.model, p)
+    return out
+
+
+def test_attribute_question_states_the_cards_value(url, catalog):
+    """Issue 58: the first line is the card's value for the model asked about."""
+    r = ask(url, "does the sony wh-1000xm5 support multipoint?")
+    xm5 = _models(catalog)["Sony WH-1000XM5"]
+    assert [c["model"] for c in r["products"]] == ["Sony WH-1000XM5"], r["products"]
+    first = r["text"].strip().splitlines()[0]
+    want = "yes" if xm5.attributes["multipoint"] else "no"
+    assert "multipoint" in first and f"**{want}**" in first, r["text"]
+    check_grounded(r, catalog)
+
+
+def test_comparison_shows_every_named_product_and_the_pick_its_words_decide(url, catalog):
+    r = ask(url, "which lasts longer on a charge: jbl flip 6, bose soundlink flex or ue wonderboom 3?")
+    named = ["JBL Flip 6", "Bose SoundLink Flex", "Ultimate Ears WONDERBOOM 3"]
+    assert [c["model"] for c in r["products"]] == named, r["products"]
+    assert "| Battery life |" in r["text"], r["text"]
+    models = _models(catalog)
+    best = max(named, key=lambda m: models[m].attributes["battery_hours"])
+    pick = r["text"].strip().splitlines()[-1]
+    assert next(c["url"] for c in r["products"] if c["model"] == best) in pick, r["text"]
+    check_grounded(r, catalog)
+
+
+def test_follow_ups_refer_to_the_previous_answers_products_by_position(url, catalog):
+    first = ask(url, "wireless earbuds under $150")
+    listed = LINK.findall(first["text"])
+    assert len(listed) >= 2, first["text"]
+    history = [{"role": "user", "content": "wireless earbuds under $150"},
+               {"role": "assistant", "content": first["text"]}]
+    both = ask(url, "compare the first two", history)
+    assert [c["url"] for c in both["products"]] == listed[:2], (listed, both["products"])
+    assert "| Price |" in both["text"], both["text"]
+    second = ask(url, "does the second one come in blue?", history)
+    model = next(c["model"] for c in first["products"] if c["url"] == listed[1])
+    assert second["products"] and {c["model"] for c in second["products"]} == {model}
+    assert second["text"].startswith(("Yes", "No")), second["text"]
+    check_grounded(both, catalog)
+    check_grounded(second, catalog)
 
 
 SERVICE_QUESTIONS = {
@@ -331,6 +381,25 @@ def test_openai_multi_turn_and_non_streaming(openai_client, catalog):
     cats = [catalog.get(c["id"]).category for c in cards]
     assert cats.count("running_shoes") >= len(cats) - 1, cats
     check_grounded({"products": cards, "text": resp.choices[0].message.content}, catalog)
+
+
+def test_openai_attribute_question_and_follow_up_by_position(openai_client, catalog):
+    """Issue 58 on the OpenAI path: the content (cards, then the answer) carries the card's
+    value; sent back as history, "the first one" is the answer's first product."""
+    ask1 = [{"role": "user", "content": "is the le creuset dutch oven dishwasher safe?"}]
+    resp = openai_client.chat.completions.create(model="rufus-assistant", messages=ask1)
+    text = resp.choices[0].message.content
+    assert "dishwasher safe: **" in text, text
+    hist = [{"role": "user", "content": "portable bluetooth speaker for the beach"}]
+    first = openai_client.chat.completions.create(model="rufus-assistant", messages=hist)
+    answer = first.choices[0].message.content
+    picks = previous_links([{"role": "assistant", "content": answer}])  # the answer's list
+    follow = openai_client.chat.completions.create(model="rufus-assistant", messages=[
+        *hist, {"role": "assistant", "content": answer},
+        {"role": "user", "content": "how long does the battery last on the first one?"}])
+    cards = follow.model_extra["x_rufus_products"]
+    assert picks and cards and cards[0]["url"] == picks[0], (answer, cards)
+    assert "battery life: **" in follow.choices[0].message.content
 
 
 def test_openai_bad_input_is_a_400_naming_the_field(openai_client):
