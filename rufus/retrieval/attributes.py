@@ -18,6 +18,7 @@ data/catalog/SCHEMA.md (unit in the suffix, features as booleans) gets the same.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -99,6 +100,11 @@ _HIGHER = ("longer", "longest", "bigger", "biggest", "larger", "largest", "more"
 _TOKEN = re.compile(r"[a-z0-9]+")
 
 
+@functools.lru_cache(maxsize=256)
+def _how_many(units: frozenset[str]) -> re.Pattern[str]:
+    return re.compile(r"\bhow\s+many\s+(?:" + "|".join(map(re.escape, sorted(units))) + r")s?\b")
+
+
 def unit_of(key: str) -> str:
     """A number key's unit suffix ("battery_hours" -> "hours"), "" when it has none."""
     tail = key.rsplit("_", 1)[-1] if "_" in key else ""
@@ -142,8 +148,13 @@ def value_text(key: str, value: AttrValue) -> str:
     return str(value)
 
 
+@functools.lru_cache(maxsize=4096)
+def _stem_tuple(text: str) -> tuple[str, ...]:
+    return tuple(stem1(w) for w in _TOKEN.findall(text.lower()))
+
+
 def _stems(text: str) -> list[str]:
-    return [stem1(w) for w in _TOKEN.findall(text.lower())]
+    return list(_stem_tuple(text))
 
 
 def typo_of(q: str, w: str) -> bool:
@@ -155,6 +166,11 @@ def typo_of(q: str, w: str) -> bool:
 def _has_word(words: set[str], w: str) -> bool:
     """``w`` (a key's word, stemmed) in the question's words, or one typo of it."""
     return w in words or any(typo_of(q, w) for q in words)
+
+
+@functools.lru_cache(maxsize=4096)
+def _own_words(key: str) -> list[str]:
+    return [stem1(w) for w in key_words(key) if w not in _GLUE]
 
 
 def asked_keys(question: str, keys: Iterable[str], ignore: Sequence[str] = ()) -> list[str]:
@@ -180,7 +196,7 @@ def asked_keys(question: str, keys: Iterable[str], ignore: Sequence[str] = ()) -
     for key in keys:
         if key in ("color", "colors", "sizes", "gender"):
             continue  # variant axes: asked through colour and size words (rufus.assistant)
-        own = [stem1(w) for w in key_words(key) if w not in _GLUE]
+        own = _own_words(key)
         score = 0.0
         if own and all(_has_word(words, w) for w in own):
             score = 2.0 + len(own)
@@ -193,8 +209,7 @@ def asked_keys(question: str, keys: Iterable[str], ignore: Sequence[str] = ()) -
         units = _UNIT_WORDS.get(unit, {unit} if unit and unit != "count" else set())
         if score and unit and (raw & units or {w.removesuffix("s") for w in raw} & units):
             score += 1.0  # "how many hours": the key in hours over the one in minutes
-        elif not score and units and re.search(
-                r"\bhow\s+many\s+(?:" + "|".join(map(re.escape, units)) + r")s?\b", q):
+        elif not score and units and _how_many(frozenset(units)).search(q):
             score = 1.5
         if score:
             scored.append((score, key))

@@ -106,6 +106,7 @@ class ModelName:
     brand: str  # display
     category: str
     words: tuple[str, ...]  # the model's tokens after the brand's
+    brand_words: tuple[str, ...] = ()  # the brand's tokens
 
 
 @dataclass
@@ -149,6 +150,7 @@ class Taxonomy:
         # a need phrase's content stems -> its categories (resolve: a need said in full)
         self._need_phrases: dict[frozenset[str], set[str]] = {}
         self._heads: dict[str, set[str]] = {}  # category -> its nouns' head stems
+        self._need_by_word: dict[str, list[frozenset[str]]] = {}  # stem -> need phrases with it
 
     @classmethod
     def from_products(cls, products: Iterable[Product],
@@ -176,7 +178,7 @@ class Taxonomy:
                 bw = tokens(p.brand)
                 rest = ws[len(bw):] if ws[:len(bw)] == bw else ws
                 if rest:
-                    models[p.model] = ModelName(p.model, p.brand, c, tuple(rest))
+                    models[p.model] = ModelName(p.model, p.brand, c, tuple(rest), tuple(bw))
         nouns: dict[tuple[str, ...], str] = {}
         for c in t.count:
             spec = t.specs.get(c)
@@ -231,6 +233,9 @@ class Taxonomy:
             for need in (spec.needs if spec else ()):
                 key = frozenset(_content(tokens(need)))
                 if key:
+                    if key not in t._need_phrases:
+                        for w in key:
+                            t._need_by_word.setdefault(w, []).append(key)
                     t._need_phrases.setdefault(key, set()).add(c)
         for p_cat, text in t._texts:
             for w in set(stems(tokens(text))):
@@ -299,8 +304,10 @@ class Taxonomy:
         cands: dict[tuple[str, str], list[tuple[tuple[int, float], int, int, ModelName]]] = {}
         for m in self._models:
             first = m.words[0]
-            bw = tokens(m.brand)
+            bw = list(m.brand_words)
             if first not in have:
+                if not bw or bw[0] not in have:
+                    continue
                 # the brand, then the name's last words: "sony xm4" (WH-1000XM4), "lg c4"
                 # (OLED evo C4), "away carry-on" (The Carry-On)
                 tail = self._tail(ws, bw, m.words)
@@ -466,7 +473,9 @@ class Taxonomy:
         have = set(st)
         best: tuple[int, set[str]] = (0, set())
         best_key: frozenset[str] = frozenset()
-        for key, cats in self._need_phrases.items():
+        keys = {k for w in have for k in self._need_by_word.get(w, ())}
+        for key in keys:
+            cats = self._need_phrases[key]
             # one word is a need only when few types have it ("allergies", not "work")
             if len(key) == 1 and len(self._df.get(next(iter(key)), ())) > 3:
                 continue
