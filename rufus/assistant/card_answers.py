@@ -60,6 +60,8 @@ _IT = re.compile(r"\b(?:it|that\s+one|this\s+one)\b")
 _NARROWING = re.compile(r"\b(?:any|ones|those|these|others|them|they)\b")
 _COMPARE = re.compile(r"\b(?:vs\.?|versus|compare[ds]?|comparison|comparing|difference|differences|"
                       r"differ|better|which|or|between)\b")
+# "is a lighter than b": a comparative asks which, too
+_COMPARATIVE = re.compile(r"\b\w+er\s+than\b|\b(?:more|less)\s+\w+\s+than\b")
 _WHICH = re.compile(r"\b(?:which|better|or|should\s+i\s+(?:get|buy|go\s+with|pick|choose)|"
                     r"what\s+(?:one|would\s+you))\b")
 # A question that wants other products, not a fact about the one named.
@@ -115,10 +117,12 @@ def positions(question: str, shown: int) -> list[int]:
             continue
         # "the second one", "the first?", "is the last waterproof": the; "first one": a
         # product noun after it; not "the first time", "my first apartment"
+        before = q[:m.start()].rstrip()
         if m.group("the"):
             ok = not nxt or nxt in _REF_NEXT or nxt in _ATTRIBUTE_NEXT
-        else:
-            ok = nxt in ("one", "pick", "option", "product", "item", "choice")
+        else:  # "first one", or the second of a list: "the 1st and 3rd", "first or second"
+            ok = nxt in ("one", "pick", "option", "product", "item", "choice") or (
+                bool(out) and before.endswith(("and", "or", ",", "&", "vs")))
         if ok:
             out.append(shown - 1 if ordinal < 0 else ordinal - 1)
     out += [int(m.group("n")) - 1 for m in _NUMBERED.finditer(q)]
@@ -188,10 +192,11 @@ def plan(question: str, targets: Sequence[Product], catalog_keys: Iterable[str],
     ignore = [_name(p) for p in targets] + [p.category.replace("_", " ") for p in targets]
     own = list(dict.fromkeys(k for p in targets for k in p.attributes))
     keys = asked_keys(question, own, ignore)
-    if len(targets) >= 2:
-        if not (by_reference or _COMPARE.search(q) or keys or " and " in f" {q} "):
+    if len(targets) >= 2:  # two products named or referred to: compare them
+        if _SEARCHING.search(q) and not (by_reference or _COMPARE.search(q)):
             return None
-        return CardAnswer("compare", targets, keys, which=bool(_WHICH.search(q)))
+        which = bool(_WHICH.search(q) or _COMPARATIVE.search(q))
+        return CardAnswer("compare", targets, keys, which=which)
     if _SEARCHING.search(q) and not by_reference:
         return None
     colour = colour_asked(question)

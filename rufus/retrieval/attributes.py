@@ -19,6 +19,7 @@ data/catalog/SCHEMA.md (unit in the suffix, features as booleans) gets the same.
 from __future__ import annotations
 
 import functools
+import itertools
 import re
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -58,7 +59,16 @@ ASK_WORDS: dict[str, tuple[str, ...]] = {
     "how deep": ("depth",), "deeper": ("depth",), "underwater": ("depth", "waterproof"),
     "stays up": ("flight",), "stay up": ("flight",), "flight time": ("flight",),
     "fly for": ("flight",), "how high": ("height",), "goes up to": ("height",),
-    "try": ("trial",), "trial": ("trial",),
+    "try": ("trial",), "trial": ("trial",), "charge my phone": ("charges", "devices"),
+    "charge a phone": ("charges", "devices"), "charge other devices": ("charges", "devices"),
+    "set the temperature": ("variable", "temperature"),
+    "adjust the temperature": ("variable", "temperature"), "square footage": ("coverage",),
+    "square feet": ("coverage",), "cover": ("coverage",),
+    "how big a room": ("coverage",), "filter out": ("removes",), "remove": ("removes",),
+    "built in": ("integrated", "built"), "thicker": ("thickness", "height"),
+    "taller": ("height",), "goes taller": ("height",), "powerful": ("wattage", "power", "motor"),
+    "more powerful": ("wattage", "power", "motor"),
+    "goes heavier": ("max", "weight"), "more pieces": ("piece",), "pieces": ("piece",),
     "how many players": ("players",), "players": ("players",), "how many people": ("people", "capacity"),
     "iphone": ("iphone",), "android": ("android",), "alexa": ("alexa",), "mac": ("mac",),
     "macbook": ("mac",), "homekit": ("homekit",), "dishwasher": ("dishwasher",),
@@ -71,7 +81,7 @@ _ASK_PATTERNS = ((re.compile(r"\bhow\s+long\s+(?:does|do|will|can|would)\b.{0,40
 # Units customers write for a key's unit suffix, plus words a number key may be asked by.
 _UNIT_WORDS = {u: set(al) for u, al in UNITS.items()}
 # A key's words that a question need not say ("battery_hours" is asked as "battery").
-_GLUE = _KEY_GLUE | {"count", "size", "rating", "type", "level", "max", "min", "required", "time"}
+_GLUE = _KEY_GLUE | {"count", "size", "rating", "type", "level", "max", "min", "required", "time", "safe"}
 # How a unit reads after a number.
 UNIT_TEXT = {
     "in": " inches", "ft": " ft", "mm": " mm", "cm": " cm", "qt": " qt", "oz": " oz",
@@ -96,7 +106,8 @@ _LOWER_BETTER = ("weight", "noise", "decibel", "db", "price", "drop")
 _LOWER = ("lighter", "lightest", "cheaper", "cheapest", "quieter", "quietest", "smaller",
           "smallest", "thinner", "compact")
 _HIGHER = ("longer", "longest", "bigger", "biggest", "larger", "largest", "more", "most",
-           "heavier", "louder", "brighter", "faster", "higher", "deeper", "taller", "stronger")
+           "heavier", "louder", "brighter", "faster", "higher", "deeper", "taller", "stronger",
+           "thicker", "powerful")
 _TOKEN = re.compile(r"[a-z0-9]+")
 
 
@@ -165,7 +176,8 @@ def typo_of(q: str, w: str) -> bool:
 
 def _has_word(words: set[str], w: str) -> bool:
     """``w`` (a key's word, stemmed) in the question's words, or one typo of it."""
-    return w in words or any(typo_of(q, w) for q in words)
+    return w in words or any(typo_of(q, w) or (len(w) >= 4 and q.startswith(w) and len(q) - len(w) <= 3)
+                             for q in words)  # "printer" says "print"
 
 
 @functools.lru_cache(maxsize=4096)
@@ -177,10 +189,16 @@ def asked_keys(question: str, keys: Iterable[str], ignore: Sequence[str] = ()) -
     """The keys of ``keys`` (a card's attribute keys) that ``question`` asks about, the best
     match first; ``ignore``: text whose words ask nothing (the product's own name, "jbl flip
     6": no key is asked by a word of it)."""
-    q = " " + " ".join(_TOKEN.findall(question.lower())) + " "
+    low = question.lower().replace("colour", "color").replace("grey", "gray")
+    q = " " + " ".join(_TOKEN.findall(low)) + " "
     skip = set(_stems(" ".join(ignore)))
-    raw = {w for w in _TOKEN.findall(q) if stem1(w) not in skip}
-    words = {w for w in _stems(q) if w not in skip} | raw
+    toks = _TOKEN.findall(q)
+    # a name's words, and typos of them ("momentum 4 wirless"), ask nothing
+    named = [w for w in toks if stem1(w) in skip or any(typo_of(w, x) for x in skip)]
+    raw = {w for w in toks if w not in named}
+    raw |= {a + b for a, b in itertools.pairwise(toks)
+            if a not in named and b not in named}  # "wi fi", "shut off": wifi, shutoff
+    words = {stem1(w) for w in raw} | raw
     hinted: set[str] = set()
     for phrase, kws in ASK_WORDS.items():
         if f" {phrase} " in q and not set(_stems(phrase)) <= skip:
@@ -197,15 +215,24 @@ def asked_keys(question: str, keys: Iterable[str], ignore: Sequence[str] = ()) -
         if key in ("color", "colors", "sizes", "gender"):
             continue  # variant axes: asked through colour and size words (rufus.assistant)
         own = _own_words(key)
+        unit = unit_of(key)
+        if not own and unit:  # "max_dpi": its unit is its word
+            own = [unit]
         score = 0.0
+        hint = {stem1(h) for h in hinted}
         if own and all(_has_word(words, w) for w in own):
             score = 2.0 + len(own)
-        elif own and all(w in {stem1(h) for h in hinted} for w in own):
-            score = 2.0  # "how heavy" -> weight_lb; "how loud" is no noise_cancelling
+        elif own and all(w in hint or _has_word(words, w) for w in own) and set(own) & hint:
+            # "how heavy" -> weight_lb; "filter out pfas" -> removes_pfas; "how loud" is no
+            # noise_cancelling (its "cancelling" is neither said nor hinted)
+            score = 2.0 + 0.5 * len(own)
+        elif key.endswith("_type") and re.search(r"\b(?:kind|type|sort)\s+of\b", q):
+            score = 2.5  # "what kind of shaver is it": shaver_type
+        if key.endswith("_count") and own and re.search(rf"\bhow\s+many\s+{re.escape(own[0])}", q):
+            score = max(score, 3.0)  # "how many cards fit": card_capacity_count
         for phrase in FEATURE_WORDS.get(key, ()):
             if f" {phrase} " in q and not set(_stems(phrase)) <= skip:  # not the name's words
                 score = max(score, 3.0 + len(phrase.split()))
-        unit = unit_of(key)
         units = _UNIT_WORDS.get(unit, {unit} if unit and unit != "count" else set())
         if score and unit and (raw & units or {w.removesuffix("s") for w in raw} & units):
             score += 1.0  # "how many hours": the key in hours over the one in minutes

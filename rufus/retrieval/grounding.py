@@ -409,7 +409,7 @@ NEED_WORDS_FOR_SEARCH = 2
 
 # A follow-up that refers to the earlier products ("any of those", "only ones that ...").
 _ANAPHOR = re.compile(r"\b(?:ones|those|these|them|they|any\s+of|any\s+(?:with|that|for|in)|"
-                      r"any\s+\w+\s+ones|just\s+the|only\s+the)\b")
+                      r"any\s+\w+\s+ones|just\s+the|only\s+the)\b|^\s*which\s+(?:work|are|is|have|come)\b")
 
 
 @dataclass(frozen=True)

@@ -329,9 +329,15 @@ class Taxonomy:
                            and first not in common_words() and len(self._first.get(first, ())) == 1)
             # two words of the name in a row, one of them a name ("airpods pro"), not plain
             # words ("cast iron" is no Cast Iron Kettlebell, "dash cam" no Dash Cam Mini 2)
-            run_ok = best_run >= 2 and not first.isdigit() and any(
+            run_ok = best_run >= 2 and not first.isdigit() and (any(
                 self._namelike(w) or w.isdigit() for w in m.words[:best_run])
+                # the whole name, not a type's words: "ticket to ride", not "orthopedic dog bed"
+                or (best_run == len(m.words) >= 3 and not set(stems(m.words)) & self._noun_words))
             if not (branded or run_ok or named_alone):
+                tail = self._tail(ws, bw, m.words)  # "g-shock ga2100 or dw5600e"
+                if tail is not None:
+                    cands.setdefault((norm_brand(m.brand), first), []).append(
+                        ((len(m.words), 1.0), tail[0], tail[1], m))
                 continue
             # the name's words said where it is named ("duo crisp" is no Duo 7-in-1 because
             # "10-in-1" came earlier in the question)
@@ -356,9 +362,11 @@ class Taxonomy:
 
     @staticmethod
     def _tail(ws: Sequence[str], bw: Sequence[str], words: Sequence[str]) -> tuple[int, int] | None:
-        """(start, end) of the brand followed by at least the name's last two words."""
+        """(start, end) of the brand followed by at least the name's last two words ("sony
+        xm4"); or of the name's last words with a model number ("millennium falcon 75192",
+        "dw5600e"), or the number alone where the brand is named too ("bowflex ... vs 1090")."""
         nb = len(bw)
-        if not nb or len(words) < 3:
+        if not nb or len(words) < 2:
             return None
         for i in range(len(ws) - nb):
             if list(ws[i:i + nb]) != list(bw):
@@ -366,6 +374,14 @@ class Taxonomy:
             for k in range(len(words) - 1, 1, -1):
                 if list(ws[i + nb:i + nb + k]) == list(words[-k:]):
                     return i, i + nb + k
+        branded = any(list(ws[i:i + nb]) == list(bw) for i in range(len(ws) - nb + 1))
+        for k in range(len(words) - 1, 0, -1):
+            tail = list(words[-k:])
+            if not any(len(w) >= 3 and w.isdigit() for w in tail) or (k == 1 and not branded):
+                continue
+            for i in range(len(ws) - k + 1):
+                if list(ws[i:i + k]) == tail:
+                    return i, i + k
         return None
 
     def _namelike(self, w: str) -> bool:
