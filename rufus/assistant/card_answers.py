@@ -193,8 +193,6 @@ def plan(question: str, targets: Sequence[Product], catalog_keys: Iterable[str],
     own = list(dict.fromkeys(k for p in targets for k in p.attributes))
     keys = asked_keys(question, own, ignore)
     if len(targets) >= 2:  # two products named or referred to: compare them
-        if _SEARCHING.search(q) and not (by_reference or _COMPARE.search(q)):
-            return None
         which = bool(_WHICH.search(q) or _COMPARATIVE.search(q))
         return CardAnswer("compare", targets, keys, which=which)
     if _SEARCHING.search(q) and not by_reference:

@@ -724,6 +724,10 @@ class GroundedSearch:
                     notes.remove(typo[1])
             unsaid = ["brand"]  # the plan's filter, dropped
             requested = dataclasses.replace(requested, brand=None)
+        if plan_brand and len({norm_brand(tax.model_brand[m]) for m in res.models}) > 1:
+            # "yeti roadie 48 or the coleman xtreme": models of two brands, no brand filter
+            plan_brand, unsaid = None, ["brand"]
+            requested = dataclasses.replace(requested, brand=None)
         if plan_brand and earlier and not said and norm_brand(plan_brand) not in norm_brand(
                 " ".join([question, *earlier])):
             # a follow-up's plan brand the customer never wrote: the planner took it from

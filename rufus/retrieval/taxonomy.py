@@ -345,6 +345,13 @@ class Taxonomy:
             hits = sum(1 for w in m.words if w in near)
             score = (hits, hits / len(m.words))  # most words named, then the fewest unnamed
             start = at - len(bw) if branded else at
+            if best_run < len(m.words) and m.words[-1] not in ws[start:at + best_run]:
+                # "bowflex selecttech 552 vs 1090": 1090's number is said further on
+                tail = self._tail(ws, bw, m.words)
+                if tail is not None and tail[0] >= at + best_run:
+                    cands.setdefault((norm_brand(m.brand), first), []).append(
+                        ((len(m.words), 1.0), tail[0], tail[1], m))
+                    continue
             cands.setdefault((norm_brand(m.brand), first), []).append((score, start, at + best_run, m))
         out = []
         for group in cands.values():
