@@ -109,6 +109,7 @@ def positions(question: str, shown: int) -> list[int]:
         return []
     q = question.lower()
     out: list[int] = []
+    q = _fix_ordinals(q)
     for m in _ORDINAL.finditer(q):
         ordinal, n, nxt = _ORD[m.group("ord")], m.group("n"), m.group("next") or ""
         if n:  # "the first two", "top 3"
@@ -131,6 +132,15 @@ def positions(question: str, shown: int) -> list[int]:
     if not out and _BOTH.search(q):
         out = list(range(min(3 if re.search(r"\b(?:three|3)\b", q) else 2, shown)))
     return [i for i in dict.fromkeys(out) if 0 <= i < shown]
+
+
+def _fix_ordinals(q: str) -> str:
+    """"the thrid one", "the secnd": an ordinal with one typo."""
+    from rufus.retrieval.attributes import typo_of
+
+    words = ("first", "second", "third", "fourth", "fifth")
+    return re.sub(r"[a-z]{5,6}", lambda m: next(
+        (w for w in words if m.group(0) != w and typo_of(m.group(0), w)), m.group(0)), q)
 
 
 def refers_to_it(question: str) -> bool:
@@ -329,7 +339,7 @@ def decide(a: CardAnswer, question: str) -> str | None:
                 continue
             i = next(j for j, v in enumerate(vals) if v is True)
             who = f"**[{_name(ps[i])}]({ps[i].url})**"
-            return f"\n{who} has {label(k)}; " + ", ".join(
+            return f"\nThe pick on {label(k)}: {who} has it; " + ", ".join(
                 f"{_name(p)}: {_cell(p, k)}" for j, p in enumerate(ps) if j != i) + ".\n"
         nums = [float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
                 for v in vals]

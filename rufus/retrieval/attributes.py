@@ -59,6 +59,10 @@ ASK_WORDS: dict[str, tuple[str, ...]] = {
     "how deep": ("depth",), "deeper": ("depth",), "underwater": ("depth", "waterproof"),
     "stays up": ("flight",), "stay up": ("flight",), "flight time": ("flight",),
     "fly for": ("flight",), "how high": ("height",), "goes up to": ("height",),
+    "wet": ("wet", "dry"), "how firm": ("firmness",), "firm": ("firmness",),
+    "in the air": ("flight",), "farther": ("range",), "further": ("range",),
+    "reach": ("range",), "range": ("range",), "cooking space": ("cooking", "area"),
+    "warmer": ("temp", "warmth"), "how warm": ("temp", "warmth"),
     "try": ("trial",), "trial": ("trial",), "charge my phone": ("charges", "devices"),
     "charge a phone": ("charges", "devices"), "charge other devices": ("charges", "devices"),
     "set the temperature": ("variable", "temperature"),
@@ -75,6 +79,10 @@ ASK_WORDS: dict[str, tuple[str, ...]] = {
     "oven": ("oven",), "induction": ("induction",), "latex": ("latex",),
 }
 _ONE_WORD_ASKS = {p: k for p, k in ASK_WORDS.items() if " " not in p and len(p) >= 5}
+# "weight limit", "how much can it hold": a key's "max" said
+_SAYS_MAX = frozenset({"limit", "max", "maximum", "most", "hold", "holds", "support", "supports"})
+# "wifi 6 or 6e": the Wi-Fi standard
+_WIFI = re.compile(r"\bwi\s*-?\s*fi\s*\d|\b6e\b")
 # "how long does the first one run", "how long will it last": battery or run time.
 _ASK_PATTERNS = ((re.compile(r"\bhow\s+long\s+(?:does|do|will|can|would)\b.{0,40}\b(?:run|last|go|play)\b"),
                   ("battery", "runtime")),)
@@ -107,7 +115,7 @@ _LOWER = ("lighter", "lightest", "cheaper", "cheapest", "quieter", "quietest", "
           "smallest", "thinner", "compact")
 _HIGHER = ("longer", "longest", "bigger", "biggest", "larger", "largest", "more", "most",
            "heavier", "louder", "brighter", "faster", "higher", "deeper", "taller", "stronger",
-           "thicker", "powerful")
+           "thicker", "powerful", "farther", "further")
 _TOKEN = re.compile(r"[a-z0-9]+")
 
 
@@ -170,14 +178,15 @@ def _stems(text: str) -> list[str]:
 
 def typo_of(q: str, w: str) -> bool:
     """``q`` is ``w`` with one typo (words of five letters or more, same first letter)."""
-    return (len(w) >= 5 and len(q) >= 4 and abs(len(q) - len(w)) <= 1 and q[:1] == w[:1]
+    return (len(w) >= 5 and len(q) >= 5 and abs(len(q) - len(w)) <= 1 and q[:1] == w[:1]
             and edit_distance(q, w) <= 1)
 
 
 def _has_word(words: set[str], w: str) -> bool:
     """``w`` (a key's word, stemmed) in the question's words, or one typo of it."""
     return w in words or any(typo_of(q, w) or (len(w) >= 4 and q.startswith(w) and len(q) - len(w) <= 3)
-                             for q in words)  # "printer" says "print"
+                             or (len(q) >= 4 and w.startswith(q) and len(w) - len(q) <= 4)
+                             for q in words)  # "printer" says "print", "fold" "foldable"
 
 
 @functools.lru_cache(maxsize=4096)
@@ -207,6 +216,8 @@ def asked_keys(question: str, keys: Iterable[str], ignore: Sequence[str] = ()) -
         for phrase, kws in _ONE_WORD_ASKS.items():
             if w != phrase and typo_of(w, phrase):
                 hinted.update(kws)
+    if _WIFI.search(q):
+        hinted.update(("wifi", "standard"))
     for pat, kws in _ASK_PATTERNS:
         if pat.search(q):
             hinted.update(kws)
@@ -228,6 +239,11 @@ def asked_keys(question: str, keys: Iterable[str], ignore: Sequence[str] = ()) -
             score = 2.0 + 0.5 * len(own)
         elif key.endswith("_type") and re.search(r"\b(?:kind|type|sort)\s+of\b", q):
             score = 2.5  # "what kind of shaver is it": shaver_type
+        # a key's words the question does not say ("max" of max_weight_lb when "weight" is
+        # asked): the plainer key first
+        if score > 0:
+            said = raw | ({"max"} if raw & _SAYS_MAX else set())
+            score -= 0.25 * sum(1 for w in key_words(key) if w in _GLUE and w not in said and w != unit)
         if key.endswith("_count") and own and re.search(rf"\bhow\s+many\s+{re.escape(own[0])}", q):
             score = max(score, 3.0)  # "how many cards fit": card_capacity_count
         for phrase in FEATURE_WORDS.get(key, ()):
@@ -238,7 +254,7 @@ def asked_keys(question: str, keys: Iterable[str], ignore: Sequence[str] = ()) -
             score += 1.0  # "how many hours": the key in hours over the one in minutes
         elif not score and units and _how_many(frozenset(units)).search(q):
             score = 1.5
-        if score:
+        if score > 0:
             scored.append((score, key))
     return [k for _, k in sorted(scored, key=lambda x: -x[0])]
 
@@ -247,6 +263,8 @@ def better(key: str, question: str = "") -> int:
     """Which way is better for a comparison's pick on ``key``: +1 larger (or true), -1
     smaller; the question's own comparative wins ("lighter", "bigger")."""
     ws = _TOKEN.findall(question.lower())
+    if "temp" in key and any(w.startswith("warm") for w in ws):
+        return -1  # a sleeping bag's lower temperature rating keeps you warmer
     for w in ws:  # "ligher" too
         if w in _LOWER or any(typo_of(w, x) for x in _LOWER):
             return -1

@@ -107,6 +107,7 @@ FEATURE_WORDS: dict[str, tuple[str, ...]] = {
     "straw_lid": ("straw lid", "straw"), "self_cleaning": ("self cleaning", "cleans itself"),
     "pressure_sensor": ("pressure sensor", "brush too hard", "brushing too hard"),
     "viewing_window": ("viewing window", "window", "see the food", "see inside"),
+    "rotating": ("rotating", "rotate", "rotates", "swivel", "swivels", "spins around"),
     "cooling": ("cooling", "sleep hot", "sleeps hot", "keeps me cool", "cool to the touch"),
 }
 # Words of a feature key that the customer need not say ("works_with_homekit": "homekit").

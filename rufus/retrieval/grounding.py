@@ -689,8 +689,9 @@ class GroundedSearch:
             res, text = tax.resolve(" ".join(product_phrase(spelled)), infer=False), spelled
         else:
             res, text = tax.resolve(spelled), spelled
-        if earlier and res.categories and not res.named_first and not res.models and _ANAPHOR.search(
-                question.lower()):
+        if earlier and res.categories and not res.named_first and not res.models and (
+                _ANAPHOR.search(question.lower()) or (res.inferred and len(words(question)) <= 6)):
+            # ... or a short follow-up naming no type ("women's size 8 please")
             # "any of those that work with an iphone?", "do they make them in a kids 12c?":
             # a follow-up about the earlier turn's products, whatever type a side word names
             for q in reversed(earlier):

@@ -40,6 +40,8 @@ bins box boxes tray trays lid lids liner liners brush brushes head heads refill 
 LINE_MODELS = 2  # more models than this named equally: a product line, not models to compare
 # The words that open a phrase naming what is wanted ("i'm looking | for a tent").
 WANT_OPENERS = frozenset({"for", "like"})
+# After an accessory word, these make it a verb: "covers a room", "holds the heat".
+_VERB_OBJECT = frozenset({"a", "an", "the", "my", "your", "up", "more", "less", "well"})
 # Words that end the first phrase of a question ("backpack | for my laptop").
 PHRASE_END = frozenset("""
 for with without under below over above in on to of by from near like than that who thats
@@ -427,7 +429,9 @@ class Taxonomy:
             nxt = ws[e] if e < len(ws) else ""
             after = ws[e + 1] if e + 1 < len(ws) else ""
             # "phone case", "tv stand for ...": the accessory; "camera battery powered": not
-            if nxt in ACCESSORY and (not after or after in PHRASE_END or after in STOPWORDS):
+            # ... but "covers a bigger room", "stands up to": a verb, its object after it
+            if nxt in ACCESSORY and (not after or after in PHRASE_END or after in STOPWORDS) and (
+                    after not in _VERB_OBJECT):
                 if phrase[s] == 0:
                     res.accessory = True
                 continue
