@@ -58,8 +58,6 @@ _BOTH = re.compile(r"\b(?:both(?:\s+of\s+(?:them|those|these))?|those\s+two|thes
 _IT = re.compile(r"\b(?:it|that\s+one|this\s+one)\b")
 # "any that empty themselves?", "ones with ...": a narrowing of the earlier search, not "it"
 _NARROWING = re.compile(r"\b(?:any|ones|those|these|others|them|they)\b")
-_COMPARE = re.compile(r"\b(?:vs\.?|versus|compare[ds]?|comparison|comparing|difference|differences|"
-                      r"differ|better|which|or|between)\b")
 # "is a lighter than b": a comparative asks which, too
 _COMPARATIVE = re.compile(r"\b\w+er\s+than\b|\b(?:more|less)\s+\w+\s+than\b")
 _WHICH = re.compile(r"\b(?:which|better|or|should\s+i\s+(?:get|buy|go\s+with|pick|choose)|"
