@@ -7,8 +7,12 @@ the same behaviour: it runs the node's command and polls ``--watch`` URLs (its o
 its peer's). Once all of them have answered 200 (the unit formed: "armed"), ``--failures``
 failed rounds in a row stop the command and exit 75; ``restart: always`` (compose) or the ECS
 service then starts the node again, and the restarted node re-forms the unit with its peer,
-which the same wrapper has restarted too. Before the unit first forms nothing is enforced
-except ``--startup-timeout``, so a starting unit never restarts itself in a loop.
+which the same wrapper has restarted too. Before the unit first forms, a URL that has
+answered 200 and then fails ``--failures`` rounds in a row stops the node too: a leader whose
+engine was ready and whose unit then broke before the guard saw the whole unit up (its
+follower lost between two rounds) unloads its model and rejects every new follower, and
+would otherwise wait out ``--startup-timeout``. A URL that never answered 200 enforces
+nothing but ``--startup-timeout``, so a starting unit never restarts itself in a loop.
 
     python docker/unit_guard.py --watch URL [--watch URL ...] -- python -m rufus.launch.server
 """
@@ -80,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, forward)
 
     t0, armed, failed = time.monotonic(), False, 0
+    seen_up: set[str] = set()  # URLs that have answered 200 since this start
     while True:
         try:
             rc = proc.wait(a.period)
@@ -88,14 +93,23 @@ def main(argv: list[str] | None = None) -> int:
         except subprocess.TimeoutExpired:
             pass
         bad = [u for u in a.watch if not healthy(u, timeout=min(5.0, a.period))]
+        seen_up.update(u for u in a.watch if u not in bad)
         if not armed:
             if not bad:
-                armed = True
+                armed, failed = True, 0
                 log(f"unit formed; watching {', '.join(a.watch)}")
             elif time.monotonic() - t0 > a.startup_timeout:
                 log(f"unit not formed after {a.startup_timeout:.0f} s ({', '.join(bad)})")
                 stop(proc, a.grace)
                 return EXIT_UNIT_BROKEN
+            else:
+                lost = [u for u in bad if u in seen_up]  # was up, now failing: broken
+                failed = failed + 1 if lost else 0
+                if failed >= a.failures:
+                    log(f"unit broken before it formed ({', '.join(lost)} up, then failing "
+                        f"{failed} rounds): stopping this node")
+                    stop(proc, a.grace)
+                    return EXIT_UNIT_BROKEN
             continue
         failed = failed + 1 if bad else 0
         if failed >= a.failures:

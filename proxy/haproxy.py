@@ -364,6 +364,7 @@ def render(
 # a server whose container is not up yet (or is being recreated) starts without an address
 # instead of stopping HAProxy, and gets one from Docker's DNS when it appears
 _DNS = "resolvers docker init-addr last,libc,none"
+_DUP = "resolve-opts allow-dup-ip"
 
 
 def render_compose(n_units: int = 2, *, grpc_port: int = 8001, http_port: int = 8000,
@@ -429,12 +430,16 @@ def render_compose(n_units: int = 2, *, grpc_port: int = 8001, http_port: int = 
                    f"agent-port {agent_check_port} {_DNS}")
     for name, affinity, kind, proto in (("units_lor", "units_affinity", "GRPC", " proto h2"),
                                         ("units_http", "units_http_affinity", "HTTP", "")):
+        # a unit's panic server has its primary's name and address: HAProxy's resolver
+        # gives each address of a name to one server of a backend unless told otherwise,
+        # and kept the panic servers in MAINT (resolution) for good (allow-dup-ip)
+        dup = f" {_DUP}" if n_units > 1 else ""
         servers = [f'    server unit{i} "${{RUFUS_UNIT{i}_{kind}}}"{proto} '
-                   f"track unit_health/unit{i} {_DNS}" for i in range(n_units)]
+                   f"track unit_health/unit{i} {_DNS}{dup}" for i in range(n_units)]
         if n_units > 1:
             servers += [*PANIC_COMMENT, "    option allbackups"] + [
-                f'    server unit{i}{PANIC_SUFFIX} "${{RUFUS_UNIT{i}_{kind}}}"{proto} backup {_DNS}'
-                for i in range(n_units)]
+                f'    server unit{i}{PANIC_SUFFIX} "${{RUFUS_UNIT{i}_{kind}}}"{proto} backup '
+                f"{_DNS}{dup}" for i in range(n_units)]
         retry = HTTP_RETRY if kind == "HTTP" else []
         out += ["", f"backend {name}",
                 "    # least outstanding requests: HAProxy counts in-flight streams per unit itself",

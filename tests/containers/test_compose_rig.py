@@ -68,6 +68,25 @@ def _serving_cell() -> str | None:
     return None
 
 
+def _diagnose(cell: str) -> str:
+    """What a cell that did not come back was doing: its nodes' states and restarts, the
+    ingress's view and the last lines of each node's log (the CI output keeps these)."""
+    try:
+        out = [f"ingress: {rig.ingress_state()}"]
+    except (OSError, ValueError, IndexError) as exc:
+        out = [f"ingress: unreadable ({exc})"]
+    for service in rig.CELLS[cell][:2]:
+        cid = rig.container_id(service)
+        state = subprocess.run(["docker", "inspect", "-f",
+                                "{{.State.Status}} restarts={{.RestartCount}} "
+                                "exit={{.State.ExitCode}} started={{.State.StartedAt}}", cid],
+                               capture_output=True, text=True, check=False).stdout.strip()
+        logs = subprocess.run(["docker", "logs", "--tail", "40", cid], capture_output=True,
+                              text=True, check=False)
+        out.append(f"--- {service}: {state}\n{(logs.stdout + logs.stderr)[-4000:]}")
+    return "\n".join(out)
+
+
 def _crash_mid_stream(role: int) -> None:
     """Crash node ``role`` (0 leader, 1 follower) of the cell serving a long stream."""
     result: dict[str, object] = {}
@@ -104,7 +123,7 @@ def _crash_mid_stream(role: int) -> None:
         assert rig.chat_stream("Which laptop for a student?", max_tokens=8)["text"].strip()
     assert other in rig.in_rotation()
     back = rig.wait_until(lambda: rig.in_rotation() == set(rig.CELLS), BACK_TIMEOUT, 2)
-    assert back is not None, f"cell {cell} did not come back by itself"
+    assert back is not None, f"cell {cell} did not come back by itself\n{_diagnose(cell)}"
     assert rig.restarts(service) > restarts0, "the restart policy did not restart it"
     print(f"cell {cell}: out of rotation {out:.1f} s after the crash of {service}, back after {back:.0f} s")
 
