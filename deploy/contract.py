@@ -172,6 +172,23 @@ ENV: dict[str, Var] = {
     "OPENAI_HOST": Var(("rufus/frontend/__main__.py",), "frontend: bind address (0.0.0.0)"),
     "TRITON_GRPC_URL": Var(("rufus/frontend/__main__.py",),
                            "frontend: Triton gRPC address, one leader or the ingress"),
+    # tracing (rufus/telemetry/tracing.py, every process; docs/observability.md)
+    "OTEL_EXPORTER_OTLP_ENDPOINT": Var(("rufus/telemetry/tracing.py",),
+                                       "tracing on: the OTLP endpoint spans go to (unset: "
+                                       "off); OTEL_EXPORTER_OTLP_TRACES_ENDPOINT wins"),
+    "OTEL_EXPORTER_OTLP_PROTOCOL": Var(("rufus/telemetry/tracing.py",),
+                                       "tracing: http/protobuf (default) or grpc"),
+    "OTEL_TRACES_SAMPLER_ARG": Var(("rufus/telemetry/tracing.py",),
+                                   "tracing: share of new traces sampled, 0..1 (1); a "
+                                   "request's traceparent decides for its own trace"),
+    "OTEL_SDK_DISABLED": Var(("rufus/telemetry/tracing.py",),
+                             "tracing: true keeps it off whatever else is set"),
+    "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": Var(
+        ("rufus/telemetry/tracing.py",),
+        "tracing: true puts the request's messages in the model spans (off: no customer text)"),
+    "RUFUS_TRITON_TRACING": Var(("rufus/launch/server.py",),
+                                "tracing: 1 adds tritonserver's own OpenTelemetry spans "
+                                "(OTLP/HTTP only)"),
     "RUFUS_OPENAI_MODELS": Var(("rufus/frontend/__main__.py",),
                                "frontend: Triton models offered as OpenAI model ids"),
     "RUFUS_OPENAI_RETRIES": Var(("rufus/frontend/__main__.py",),

@@ -41,6 +41,7 @@ from rufus.multinode.control import (
 from rufus.multinode.topology import Topology, TopologyError, apply_topology, topology_from_env
 from rufus.serving import caches
 from rufus.serving.config import ConfigError, load_engine_config
+from rufus.telemetry import tracing
 
 log = logging.getLogger("follower")
 
@@ -110,6 +111,7 @@ ENVIRONMENT = {
     "RUFUS_LEADER_WAIT_S": "bound on waiting for the leader, seconds (default 300)",
     "RUFUS_HEARTBEAT_S, RUFUS_PEER_TIMEOUT_S": "control channel timing (default 1, 5)",
     "RUFUS_LOG_LEVEL": "logging level (default INFO)",
+    **tracing.ENVIRONMENT,
 }
 
 
@@ -132,6 +134,11 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
     caches.configure()  # before vLLM is imported: compile caches keyed by this CPU
+    try:
+        # its spans (the unit's formation) as service.name rufus-follower; off by default
+        tracing.setup("rufus-follower")
+    except ValueError as exc:
+        log.error("tracing stays off: %s", exc)
     try:
         topo = topology_from_env()
         if not topo.multi_node or topo.is_leader:
@@ -169,15 +176,24 @@ def main(argv: list[str] | None = None) -> int:
 
     control = FollowerControl(topo, fingerprint(args), secret)
     health.set("waiting_for_leader", f"dialling {control.address}")
+    # the unit's formation, as one trace per start: dialling the leader, then joining
+    unit_span = tracing.start_span("follower start", attributes={
+        "rufus.node_rank": topo.node_rank, "rufus.nnodes": topo.nnodes})
+    dial = tracing.start_span("dial leader", unit_span)
     try:
         control.connect(wait_s)
+        tracing.end(dial)
     except Rejected as exc:
         log.error("%s", exc)
         health.set("failed", str(exc))
+        tracing.end(dial, exc)
+        tracing.end(unit_span, exc)
         return EXIT_CONFIG
     except LeaderUnreachable as exc:
         log.error("%s", exc)
         health.set("failed", str(exc))
+        tracing.end(dial, exc)
+        tracing.end(unit_span, exc)
         return EXIT_NO_LEADER
 
     def leader_lost(why: str) -> None:
@@ -188,10 +204,14 @@ def main(argv: list[str] | None = None) -> int:
     health.set("joining")
     t0 = time.monotonic()
     executor = None
+    join = tracing.start_span("join unit", unit_span)
     try:
         executor = build_executor(args)
         health.set("running", f"joined in {time.monotonic() - t0:.1f} s")
         log.info("running: worker(s) joined the unit in %.1f s", time.monotonic() - t0)
+        tracing.end(join)
+        tracing.end(unit_span)
+        unit_span = join = None
         # Blocks until a local worker process dies (vLLM's own monitor, inline).
         executor.start_worker_monitor(inline=True)
         if not stopping.is_set():
@@ -201,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
         log.info("stopping on signal")
         return EXIT_OK
     except Exception as exc:
+        tracing.end(join, exc)
+        tracing.end(unit_span, exc)
         if stopping.is_set():
             return EXIT_OK
         log.exception("joining the unit failed")
@@ -208,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_JOIN_FAILED
     finally:
         stopping.set()
+        tracing.shutdown()  # flush the spans before the process ends
         control.close()
         if executor is not None:
             executor.shutdown()

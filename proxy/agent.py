@@ -96,6 +96,7 @@ from proxy.probes import (
 )
 from proxy.prometheus import prometheus_labels, prometheus_samples
 from rufus.env import env_float, env_int, env_port, help_text
+from rufus.telemetry import tracing
 
 __all__ = [  # the agent's API, wherever its piece lives
     "DEFAULT_CAPACITY_REFERENCE", "DRAIN_S", "ENVIRONMENT", "MAX_WEIGHT_PERCENT", "SLO_SERIES",
@@ -258,6 +259,13 @@ class UnitAgent:
                 self.transitions["healthy" if snap.healthy else "unhealthy"] += 1
                 if snap.healthy:
                     self.healthy_since = snap.at
+        if snap.healthy != was and tracing.enabled():
+            # a transition is a short trace of its own: the poll, and why (no request text)
+            tracing.end(tracing.start_span(
+                "unit " + ("healthy" if snap.healthy else "unhealthy"), attributes={
+                    "rufus.unit": self.cfg.unit, "rufus.checks": len(snap.checks),
+                    "rufus.failing": [f"{c.node}: {c.check}" for c in snap.failing][:8]},
+                start_ns=int((snap.at - snap.poll_s) * 1e9)))
         if snap.healthy != was:
             if snap.healthy:
                 log.info("unit %s HEALTHY: all %d checks pass (leader, %d model(s), %d "
@@ -381,6 +389,7 @@ ENVIRONMENT = {
                                 "agent behind one ingress (default 64)",
     "RUFUS_AGENT_DRAIN_S": "on SIGTERM, answer 'down' this long before exiting, so HAProxy "
                            "keeps the unit out until its next agent says 'up' (default 4.5)",
+    **tracing.ENVIRONMENT,
 }
 
 
@@ -393,6 +402,10 @@ def main(argv: list[str] | None = None) -> int:
                     "balancer. Configuration from the environment only.",
         epilog=help_text(ENVIRONMENT)).parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        tracing.setup("rufus-agent")  # off unless OTEL_EXPORTER_OTLP_ENDPOINT is set
+    except ValueError as exc:
+        log.error("tracing stays off: %s", exc)
     try:
         cfg = AgentConfig.from_env()
         drain_s = env_float("RUFUS_AGENT_DRAIN_S", DRAIN_S, minimum=0.0, maximum=60.0)

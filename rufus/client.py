@@ -19,7 +19,7 @@ import json
 import queue
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypedDict, Unpack
 
@@ -30,9 +30,14 @@ from rufus.errors import RufusError, from_wire
 from rufus.wire import CONVERSATION_HEADER  # the conversation key (rufus/wire/__init__.py)
 
 
-def conversation_headers(conversation: str | None) -> dict[str, str] | None:
-    """gRPC metadata carrying the conversation key, or None without one."""
-    return {CONVERSATION_HEADER: conversation} if conversation else None
+def conversation_headers(conversation: str | None,
+                         trace: Mapping[str, str] | None = None) -> dict[str, str] | None:
+    """gRPC metadata carrying the conversation key and the W3C trace headers (a span's
+    ``traceparent``: rufus/telemetry/tracing.py ``headers``), or None without either."""
+    out = dict(trace) if trace else {}
+    if conversation:
+        out[CONVERSATION_HEADER] = conversation
+    return out or None
 
 
 class RequestFailed(RuntimeError):
@@ -180,7 +185,8 @@ def _rpc_failed(exc: Any, prefix: str = "") -> RequestFailed:
 
 def stream_outputs(url: str, model: str, inputs: list[Any], *, timeout: float = 300.0,
                    client: Any = None, conversation: str | None = None,
-                   parameters: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
+                   parameters: dict[str, Any] | None = None,
+                   trace: Mapping[str, str] | None = None) -> Iterator[dict[str, Any]]:
     """The stream core: send one request on its own gRPC stream (any model of this project,
     they are all decoupled) and yield each response's outputs until the final response.
 
@@ -195,7 +201,8 @@ def stream_outputs(url: str, model: str, inputs: list[Any], *, timeout: float = 
     client = client or grpcclient.InferenceServerClient(url)
     try:
         client.start_stream(callback=lambda result, error: q.put((result, error)),
-                            stream_timeout=timeout, headers=conversation_headers(conversation))
+                            stream_timeout=timeout,
+                            headers=conversation_headers(conversation, trace))
         client.async_stream_infer(model, inputs, enable_empty_final_response=True,
                                   parameters=parameters)
         deadline = time.monotonic() + timeout
@@ -213,7 +220,8 @@ def stream_outputs(url: str, model: str, inputs: list[Any], *, timeout: float = 
 
 async def astream_outputs(url: str, model: str, inputs: list[Any], *, timeout: float = 600.0,
                           client: Any = None, prefix: str = "", conversation: str | None = None,
-                          parameters: dict[str, Any] | None = None
+                          parameters: dict[str, Any] | None = None,
+                          trace: Mapping[str, str] | None = None
                           ) -> AsyncIterator[dict[str, Any]]:
     """asyncio version of :func:`stream_outputs` (``client``: a ``tritonclient.grpc.aio``
     client, one HTTP/2 connection for many streams). ``prefix`` goes in front of error
@@ -235,7 +243,7 @@ async def astream_outputs(url: str, model: str, inputs: list[Any], *, timeout: f
         responses = None
         try:
             responses = client.stream_infer(requests(), stream_timeout=timeout,
-                                            headers=conversation_headers(conversation))
+                                            headers=conversation_headers(conversation, trace))
             async for result, error in responses:
                 outputs, final = _response(result, error, prefix)
                 if outputs is not None:
@@ -266,15 +274,15 @@ class AsyncStreams:
         await self.client.close()
 
     def stream(self, model: str, values: dict[str, Any], timeout: float = 600.0,
-               conversation: str | None = None, parameters: dict[str, Any] | None = None
-               ) -> AsyncIterator[dict[str, Any]]:
+               conversation: str | None = None, parameters: dict[str, Any] | None = None,
+               trace: Mapping[str, str] | None = None) -> AsyncIterator[dict[str, Any]]:
         """Each response's outputs (:func:`astream_outputs`); ``values`` are Python values
-        (:func:`value_tensors`). Errors name the model."""
+        (:func:`value_tensors`). Errors name the model; ``trace``: W3C trace headers."""
         import tritonclient.grpc as grpcclient
 
         return astream_outputs(self.url, model, infer_inputs(grpcclient, value_tensors(values)),
                                timeout=timeout, client=self.client, prefix=f"{model}: ",
-                               conversation=conversation, parameters=parameters)
+                               conversation=conversation, parameters=parameters, trace=trace)
 
 
 def retryable(exc: RequestFailed) -> bool:
@@ -341,6 +349,7 @@ def _generate_once(url: str, model: str, inputs: list[Any], timeout: float,
 async def agenerate(url: str, model: str, prompt: str | None = None,
                     messages: list[dict[str, str]] | None = None, *, timeout: float = 600.0,
                     retries: int = 0, client: Any = None, conversation: str | None = None,
+                    trace: Mapping[str, str] | None = None,
                     **inputs: Unpack[LLMInputs]) -> AsyncIterator[Chunk]:
     """asyncio version (one gRPC stream per request), used by the load generator.
 
@@ -356,7 +365,8 @@ async def agenerate(url: str, model: str, prompt: str | None = None,
     for attempt in range(retries + 1):
         started = False
         try:
-            async for chunk in _agenerate_once(url, model, built, timeout, client, conversation):
+            async for chunk in _agenerate_once(url, model, built, timeout, client, conversation,
+                                               trace):
                 started = True
                 yield chunk
             return
@@ -365,10 +375,11 @@ async def agenerate(url: str, model: str, prompt: str | None = None,
 
 
 async def _agenerate_once(url: str, model: str, inputs: list[Any], timeout: float,
-                          client: Any, conversation: str | None = None) -> AsyncIterator[Chunk]:
+                          client: Any, conversation: str | None = None,
+                          trace: Mapping[str, str] | None = None) -> AsyncIterator[Chunk]:
     """One attempt, as :func:`_generate_once`."""
     async for outs in astream_outputs(url, model, inputs, timeout=timeout, client=client,
-                                      conversation=conversation):
+                                      conversation=conversation, trace=trace):
         yield Chunk(output_str(outs), outs, time.monotonic())
 
 

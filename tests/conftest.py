@@ -33,7 +33,8 @@ SHARED_FIXTURES = frozenset({"session_servers", "llm_server", "stack", "stack_se
                              "assistant_frontend", "url"})
 SHARED_MODULES = frozenset(f"tests/integration/{m}.py" for m in (
     "test_adversarial", "test_adversarial_assistant", "test_adversarial_openai",
-    "test_assistant", "test_conformance", "test_llm", "test_openai", "test_security"))
+    "test_assistant", "test_conformance", "test_llm", "test_openai", "test_security",
+    "test_tracing", "test_observe"))
 SHARED_UNIT = "shared-servers"
 
 

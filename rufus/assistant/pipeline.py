@@ -65,6 +65,7 @@ from rufus.retrieval.catalog import Product
 from rufus.retrieval.grounding import GroundedSearch, SearchOutcome
 from rufus.serving.admission import SloAdmission, Ticket
 from rufus.serving.validation import check_history, check_question
+from rufus.telemetry import tracing
 
 log = logging.getLogger("rufus.assistant")
 
@@ -76,7 +77,7 @@ PRODUCT_INTENTS = frozenset({"product_search", "product_comparison", "product_qu
 # (docs/benchmarks-history.md, "Shopping assistant").
 PLANNER_HISTORY_CHARS = {"user": 300, "assistant": 80}
 
-EventType = Literal["plan", "products", "text", "done"]
+EventType = Literal["plan", "products", "text", "done", "render"]
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,7 @@ class AssistantEvent:
     # done: seconds (*_s); answer_tokens, answer_prompt_tokens (the answer model's usage)
     timings: dict[str, float] = field(default_factory=dict)
     path: str = ""                               # products, done: products | service | general
+    seconds: float = 0.0                         # render (internal to the pipeline)
 
 
 class AssistantMetrics(Protocol):
@@ -224,7 +226,8 @@ class Assistant:
             self._io = None
 
     async def plan(self, question: str, history: list[dict[str, str]],
-                   conversation: str | None = None) -> tuple[dict[str, Any], bool, str]:
+                   conversation: str | None = None, trace: dict[str, str] | None = None
+                   ) -> tuple[dict[str, Any], bool, str]:
         """(plan, fallback, reason). A planner that fails or is slower than the timeout
         gives the fallback plan: the assistant still answers."""
         tensors: dict[str, Any] = {"question": question}
@@ -240,7 +243,7 @@ class Assistant:
                 async with contextlib.aclosing(self.streams().stream(
                         self.planner_model, tensors, conversation=conversation,
                         parameters={"slo_ms": min(max(1, round(self.plan_timeout_s * 1e3)),
-                                               600_000)})) as s:
+                                               600_000)}, trace=trace)) as s:
                     async for outs in s:
                         last = outs
             plan = json.loads(output_str(last, "plan"))
@@ -256,7 +259,8 @@ class Assistant:
             return fallback_plan(question), True, reason
         return with_stated_price_cap(plan, question), False, ""
 
-    async def _prewarm(self, turns: list[dict[str, str]], conversation: str | None) -> None:
+    async def _prewarm(self, turns: list[dict[str, str]], conversation: str | None,
+                       span: Any = None) -> None:
         """A one-token rufus_llm request for the answer prompt's prefix (system message and
         earlier turns), sent with the plan request. On a follow-up that prefix is most of
         the answer prompt and is not in vLLM's prefix cache yet; prefilled here, on the
@@ -267,12 +271,18 @@ class Assistant:
         tensors = {"messages": answer_prefix_messages(turns), "stream": False,
                    "exclude_input_in_output": True,
                    "sampling_parameters": {"max_tokens": 1, "temperature": 0.0}}
+        ps = _child(span, "prefill answer prefix")
         try:
             async with contextlib.aclosing(self.streams().stream(
-                    self.answer_model, tensors, conversation=conversation)) as s:
+                    self.answer_model, tensors, conversation=conversation,
+                    trace=tracing.headers(ps))) as s:
                 async for _ in s:
                     pass
-        except Exception as exc:  # noqa: BLE001 - best effort by design, never the turn's failure
+            tracing.end(ps)
+        except BaseException as exc:  # best effort by design, never the turn's failure
+            tracing.end(ps, exc)
+            if not isinstance(exc, Exception):
+                raise
             log.debug("answer-prefix prefill failed (harmless): %s", exc)
 
     def _retrieve(self, plan: dict[str, Any], question: str,
@@ -333,14 +343,16 @@ class Assistant:
             raise
 
     async def stream(self, question: str, history: list[dict[str, str]] | None = None,
-                     conversation: str | None = None, ticket: Ticket | None = None
-                     ) -> AsyncIterator[AssistantEvent]:
+                     conversation: str | None = None, ticket: Ticket | None = None,
+                     span: Any = None) -> AsyncIterator[AssistantEvent]:
         """One turn, as events. ``conversation``: the conversation key, passed on to the
         answer model's requests (prefill and answer) so that behind an ingress they land on
         the unit holding this conversation's prefix (rufus.client.CONVERSATION_HEADER). The
         plan request goes without it, to the least busy unit: the planner keeps no prefix
         cache across requests, so the key would only pile plans onto one unit (measured:
-        docs/benchmarks-history.md, "Conversation affinity")."""
+        docs/benchmarks-history.md, "Conversation affinity"). ``span``: the turn's span
+        (rufus/telemetry/tracing.py); each stage becomes a child span of it, and the planner's
+        and answer model's requests join the trace."""
         try:
             turns = validate_request(question, history)
         except BaseException:
@@ -352,11 +364,15 @@ class Assistant:
         t0 = time.monotonic()
         timings: dict[str, float] = {}
         path, outcome = "none", "error"
-        warm = asyncio.create_task(self._prewarm(turns, conversation)) \
+        warm = asyncio.create_task(self._prewarm(turns, conversation, span)) \
             if turns and self.prewarm else None
         try:
-            plan, fallback, reason = await self.plan(question, turns)
+            ps = _child(span, "plan", **{"gen_ai.request.model": self.planner_model})
+            plan, fallback, reason = await self.plan(question, turns, trace=tracing.headers(ps))
             timings["plan_s"] = time.monotonic() - t0
+            tracing.end(ps, **{"rufus.plan.intent": str(plan.get("intent", "")),
+                               "rufus.plan.fallback": fallback,
+                               "rufus.plan.fallback_reason": reason[:120] or None})
             yield AssistantEvent("plan", plan=plan, fallback=fallback, fallback_reason=reason)
 
             intent = plan.get("intent", "other")
@@ -377,9 +393,12 @@ class Assistant:
             elif fallback or intent in PRODUCT_INTENTS:
                 path = "products"
                 t = time.monotonic()
+                rs = _child(span, "retrieval")
                 found = await asyncio.to_thread(self._retrieve, plan, question, turns)
                 products = found.products
                 timings["retrieval_s"] = time.monotonic() - t
+                if rs is not None:
+                    tracing.end(rs, **_search_attributes(found))
                 named = [next(p for p in found.products if p.model == m)
                          for m in found.models if any(p.model == m for p in found.products)]
                 if not named and found.products and len({p.model for p in found.products}) == 1 \
@@ -398,10 +417,14 @@ class Assistant:
             else:
                 path = "service" if intent in SERVICE_REPLIES else "general"
             lines: list[str] = []
+            rd = _child(span, "render cards", **{"rufus.path": path})
             if card is not None:
                 lines, products = self._card_lines(card, question)
             timings["cards_s"] = time.monotonic() - t0
-            yield AssistantEvent("products", products=cards(products), path=path)
+            shown = cards(products)
+            tracing.end(rd, **{"rufus.cards": len(shown),
+                               "rufus.card_answer": card.kind if card is not None else None})
+            yield AssistantEvent("products", products=shown, path=path)
 
             finish = "service"
             if card is not None:
@@ -416,7 +439,8 @@ class Assistant:
                     menus = card_answers.difference_menus(card.products, question)
                     async with contextlib.aclosing(self._answer(
                             question, card.products, turns, False, t0, timings, conversation,
-                            ["\nMy pick:"], ticket, menus=menus, max_picks=1)) as answer:
+                            ["\nMy pick:"], ticket, menus=menus, max_picks=1,
+                            span=span)) as answer:
                         async for ev in answer:
                             if ev.type == "done":
                                 finish = ev.finish_reason
@@ -438,7 +462,7 @@ class Assistant:
                 notes = [*(found.notes if found else []), *([said] if said else [])]
                 async with contextlib.aclosing(self._answer(
                         question, products, turns, path == "general", t0, timings,
-                        conversation, notes, ticket, met=met)) as answer:
+                        conversation, notes, ticket, met=met, span=span)) as answer:
                     async for ev in answer:
                         if ev.type == "done":
                             finish = ev.finish_reason
@@ -463,8 +487,8 @@ class Assistant:
                       general: bool, t0: float, timings: dict[str, float],
                       conversation: str | None = None, notes: Sequence[str] = (),
                       ticket: Ticket | None = None, menus: list[list[str]] | None = None,
-                      max_picks: int = MAX_PICKS, met: dict[str, str] | None = None
-                      ) -> AsyncIterator[AssistantEvent]:
+                      max_picks: int = MAX_PICKS, met: dict[str, str] | None = None,
+                      span: Any = None) -> AsyncIterator[AssistantEvent]:
         """The answer model's stream, rendered. With products: picks under the answer
         grammar (rufus.assistant.answer), every fact rendered from the cards, the search's
         notes ahead of the first pick. Off-topic: the model's short reply, links removed."""
@@ -489,9 +513,45 @@ class Assistant:
         lead = "".join(f"{n}\n" for n in notes) + ("\n" if notes else "")
         sent = time.monotonic()
         finish = ""
+        an = _child(span, "answer", **{"gen_ai.request.model": self.answer_model,
+                                       "gen_ai.operation.name": "chat",
+                                       "rufus.answer.general": general})
+        render_s = 0.0
+        try:
+            # aclosing: closing this generator closes the answer model's stream at once
+            async with contextlib.aclosing(self._answer_stream(
+                    an, tensors, conversation, renderer, lead, timings, t0, sent,
+                    ticket)) as inner:
+                async for ev in inner:
+                    if ev.type == "render":
+                        render_s, finish = ev.seconds, ev.finish_reason
+                    else:
+                        yield ev
+        except BaseException as exc:
+            tracing.end(an, exc if not isinstance(exc, GeneratorExit) else None,
+                        **{"rufus.cancelled": isinstance(exc, GeneratorExit
+                                                         | asyncio.CancelledError) or None})
+            raise
+        tokens = int(timings.get("answer_tokens", 0))
+        tracing.end(an, **{"gen_ai.usage.input_tokens": int(timings.get("answer_prompt_tokens", 0))
+                           or None, "gen_ai.usage.output_tokens": tokens,
+                           "gen_ai.response.finish_reasons": [finish or "stop"],
+                           "rufus.render_ms": round(render_s * 1e3, 3)})
+        yield AssistantEvent("done", finish_reason=finish or "stop")
+
+    async def _answer_stream(self, an: Any, tensors: dict[str, Any], conversation: str | None,
+                             renderer: PickRenderer | LinkRenderer, lead: str,
+                             timings: dict[str, Any], t0: float, sent: float,
+                             ticket: Ticket | None) -> AsyncIterator[AssistantEvent]:
+        """The answer model's stream through the renderer (``an``: the answer's span, which
+        the request to the answer model joins). Ends with a ``render`` event: the seconds
+        spent rendering, and the answer model's finish reason."""
+        finish = ""
         tokens = 0
+        render_s = 0.0
         async with contextlib.aclosing(self.streams().stream(
-                self.answer_model, tensors, conversation=conversation)) as s:
+                self.answer_model, tensors, conversation=conversation,
+                trace=tracing.headers(an))) as s:
             async for outs in s:
                 delta = output_str(outs, "text_output")
                 finish = output_str(outs, "finish_reason") or finish
@@ -502,7 +562,11 @@ class Assistant:
                         np.asarray(outs["num_input_tokens"]).reshape(-1)[0])
                 if delta and "answer_ttft_s" not in timings:
                     timings["answer_ttft_s"] = time.monotonic() - sent
+                    if an is not None:
+                        an.add_event("first_token")
+                r0 = time.perf_counter()
                 text = renderer.feed(delta)
+                render_s += time.perf_counter() - r0
                 if text:
                     timings.setdefault("first_token_s", time.monotonic() - t0)
                     if ticket is not None:
@@ -514,4 +578,28 @@ class Assistant:
             timings.setdefault("first_token_s", time.monotonic() - t0)
             yield AssistantEvent("text", text=lead + tail)
         timings["answer_tokens"] = float(tokens)
-        yield AssistantEvent("done", finish_reason=finish or "stop")
+        yield AssistantEvent("render", finish_reason=finish, seconds=render_s)
+
+
+def _child(span: Any, name: str, **attributes: Any) -> Any:
+    """A child span of the turn's span, None without one (tracing off: nothing is made)."""
+    if span is None:
+        return None
+    return tracing.start_span(name, span, attributes={k: v for k, v in attributes.items()
+                                                      if v is not None})
+
+
+def _search_attributes(found: SearchOutcome) -> dict[str, Any]:
+    """What retrieval did, without customer text: counts, filter and product-type names."""
+    f = found.filters
+    applied = [k for k, v in (("brand", f.brand), ("max_price", f.max_price),
+                              ("min_price", f.min_price), ("categories", f.categories),
+                              ("models", f.models)) if v]
+    return {"rufus.search.queries": len(found.queries),
+            "rufus.search.hits": len(found.products),
+            "rufus.search.filters": applied,
+            "rufus.search.relaxed": list(found.relaxed),
+            "rufus.search.corrected": len(found.corrected),
+            "rufus.search.categories": list(found.categories)[:8],
+            "rufus.search.constraints_met": len(found.constraints),
+            "rufus.search.constraints_dropped": len(found.dropped)}

@@ -48,6 +48,7 @@ from rufus.serving.validation import (
     quote,
     read_conversation,
 )
+from rufus.telemetry import tracing
 
 log = logging.getLogger("rufus.assistant.triton")
 
@@ -75,6 +76,9 @@ class AssistantRequest:
     history: list[dict[str, str]]
     conversation: str = ""  # the conversation key, passed on to the answer-model calls
     ticket: Ticket | None = None  # admitted on Triton's execute thread (AssistantModel.submit)
+    trace: Any = None  # the trace this turn joins (tracing on only; rufus/telemetry/tracing.py)
+    arrival: float = 0.0  # monotonic, when Triton handed it to the model
+    admission_s: tuple[float, float] = (0.0, 0.0)  # monotonic, the admission's start and end
 
 
 def parse_assistant_request(inputs: dict[str, np.ndarray | None],
@@ -209,6 +213,23 @@ def warm_up(assistant: Assistant) -> None:
     log.info("rufus_assistant: pipeline warmed up in %.2f s", time.monotonic() - t0)
 
 
+def turn_span(model: str, req: AssistantRequest) -> Any:
+    """One assistant turn's span (from its arrival at the model), with its admission as the
+    first child: the estimate and the queue it was made from."""
+    span = tracing.start_span(f"{model} turn", req.trace, "server",
+                              {"gen_ai.operation.name": "chat", "gen_ai.request.model": model,
+                               "rufus.history_turns": len(req.history)},
+                              start_ns=tracing.mono_to_ns(req.arrival or time.monotonic()))
+    t0, t1 = req.admission_s
+    if t0 and req.ticket is not None:
+        tracing.child_span(span, "admission", tracing.mono_to_ns(t0), tracing.mono_to_ns(t1),
+                           **{"rufus.admission.estimate_s": round(req.ticket.estimate_s, 4),
+                              "rufus.admission.waiting": int(req.ticket.x[1]),
+                              "rufus.admission.answering": int(req.ticket.x[2]),
+                              "rufus.admission.decision": "admitted"})
+    return span
+
+
 class AssistantModel(TritonModel):
     """``TritonPythonModel`` for rufus_assistant (model_repository/rufus_assistant)."""
 
@@ -261,9 +282,12 @@ class AssistantModel(TritonModel):
         # Admission here, on Triton's execute thread: a refusal is sent at once, not after
         # the pipeline's event loop (busy streaming answers under load) gets to the request.
         # Unavailable propagates to TritonModel.execute, which sends it as the one response.
+        t_admit = time.monotonic()
         ticket = self.assistant.admission.admit()  # refused: counted by count_refused
         try:
-            self.loop.call_soon_threadsafe(self._start, replace(parsed, ticket=ticket), sink)
+            self.loop.call_soon_threadsafe(self._start, replace(
+                parsed, ticket=ticket, arrival=arrival,
+                admission_s=(t_admit, time.monotonic())), sink)
         except BaseException:
             ticket.done()
             raise
@@ -284,30 +308,50 @@ class AssistantModel(TritonModel):
     async def _serve(self, req: AssistantRequest, sink: TritonSink) -> None:
         first: dict[str, np.ndarray] = {}
         key = asyncio.current_task()
+        span = turn_span(self.name, req) if tracing.enabled() else None
+        token = tracing.attach(span)  # the turn's log lines carry its trace id
+        out: Any = None  # the stream to the client, from its first response
+        chunks = 0
+        error: RufusError | None = None
         try:
             async with contextlib.aclosing(self.assistant.stream(
                     req.question, req.history, req.conversation or None,
-                    ticket=req.ticket)) as events:
+                    ticket=req.ticket, span=span)) as events:
                 async for ev in events:
                     if ev.type == "plan":
                         first["plan"] = _bytes(json.dumps(ev.plan))
                         first["fallback"] = np.array([ev.fallback], dtype=bool)
                     elif ev.type == "products":
                         first["products"] = _bytes(json.dumps(ev.products))
+                        out = (tracing.start_span("stream to client", span)
+                               if span is not None else None)
                         sink.send(first, None, False)
+                        chunks += 1
                     elif ev.type == "text":
                         sink.send({"text_output": _bytes(ev.text)}, None, False)
+                        chunks += 1
                     else:
                         self.watcher.forget(key)
                         sink.send({"text_output": _bytes(""),
                                    "finish_reason": _bytes(ev.finish_reason),
                                    "timings": _bytes(json.dumps(ev.timings))}, None, True)
+                        chunks += 1
+                        tracing.end(span, **{"gen_ai.response.finish_reasons":
+                                             [ev.finish_reason], "rufus.path": ev.path,
+                                             "rufus.first_text_s": ev.timings.get(
+                                                 "first_token_s")})
+                        span = None
         except asyncio.CancelledError:
-            sink.send(None, Cancelled("request was cancelled"), True)
+            error = Cancelled("request was cancelled")
+            sink.send(None, error, True)
         except Exception as exc:  # noqa: BLE001 - every failure gets a client error
-            sink.send(None, self._error(exc), True)
+            error = self._error(exc)
+            sink.send(None, error, True)
         finally:
             self.watcher.forget(key)
+            tracing.end(out, error, **{"rufus.chunks": chunks})
+            tracing.end(span, error)
+            tracing.detach(token)
 
     def _error(self, exc: Exception) -> RufusError:
         """An answer-model failure is the upstream's class of error (UNAVAILABLE: retry

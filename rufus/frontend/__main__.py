@@ -12,6 +12,7 @@ import os
 import sys
 
 from rufus.env import env_int, env_port, exits_on_env_error, help_text
+from rufus.telemetry import tracing
 
 DEFAULT_PORT = 9000
 ENVIRONMENT = {
@@ -23,6 +24,7 @@ ENVIRONMENT = {
     "RUFUS_OPENAI_RETRIES": "default of --retries (2)",
     "RUFUS_OPENAI_API_KEY": "when set, /v1 requests need 'Authorization: Bearer <key>' (secret)",
     "RUFUS_LOG_LEVEL": "default of --log-level (info)",
+    **tracing.ENVIRONMENT,
 }
 
 
@@ -62,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.basicConfig(level=a.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    tracing.setup("rufus-frontend")  # off unless OTEL_EXPORTER_OTLP_ENDPOINT is set
     app = create_app(Settings(triton_url=a.triton_url,
                               models=[m for m in a.models.split(",") if m],
                               retries=a.retries, timeout=a.timeout, hooks=not a.no_hooks,

@@ -46,6 +46,7 @@ from rufus.frontend.protocol import (
 )
 from rufus.frontend.render import ChunkWriter, Delta
 from rufus.frontend.targets import ChatHook, TritonModelClient
+from rufus.telemetry import tracing
 
 log = logging.getLogger("rufus.frontend")
 
@@ -458,30 +459,88 @@ async def _handle(fe: Frontend, request: Request, endpoint: str,
     status = 500
     fe.metrics.in_flight.labels(endpoint).inc()
     streaming = False
+    # tracing off: None, and nothing below makes a span
+    span = _request_span(request, endpoint, arrival) if tracing.enabled() else None
+    token = tracing.attach(span)  # this handler's log lines carry the trace id
+    error: APIError | None = None
     try:
         body = await request.body()
         if len(body) > MAX_BODY_BYTES:
             raise APIError(413, f"request body over {MAX_BODY_BYTES} bytes")
         parsed, chat = build(body, request.headers.get(CONVERSATION_HEADER))
         model = parsed.model
+        if span is not None:
+            parsed.span, parsed.trace = span, tracing.headers(span)
+            span.set_attribute("gen_ai.request.model", model)
+            span.set_attribute("gen_ai.operation.name",
+                               "chat" if parsed.kind == "chat" else "text_completion")
         response = await _respond(fe, request, endpoint, parsed, chat, arrival)
         streaming = isinstance(response, StreamingResponse)
+        if streaming:
+            response.body_iterator = _end_span_after(response.body_iterator, span)
         status = 200
         return response
     except APIError as exc:
-        status = exc.status
+        status, error = exc.status, exc
         if exc.status >= 500 and exc.status != 503:
             log.warning("%s %s failed: %s", endpoint, model, exc.message)
         return error_response(exc)
     except StopAsyncIteration:
         status = 500
-        return error_response(APIError(500, "empty response from the model",
-                                       type_="server_error"))
+        error = APIError(500, "empty response from the model", type_="server_error")
+        return error_response(error)
     finally:
+        tracing.detach(token)
         if not streaming:
             fe.metrics.in_flight.labels(endpoint).dec()
             fe.metrics.requests.labels(endpoint, model, str(status)).inc()
             fe.metrics.latency.labels(endpoint, model).observe(time.monotonic() - arrival)
+            _end_span(span, status, error)
+
+
+def _request_span(request: Request, endpoint: str, arrival: float) -> Any:
+    """The request's span: it joins the client's W3C ``traceparent`` (a malformed one is
+    ignored, as the specification says: the trace starts here)."""
+    parent = tracing.extract(request.headers.get(tracing.TRACEPARENT),
+                             request.headers.get(tracing.TRACESTATE))
+    route = request.scope.get("path", endpoint)  # a fixed route: /v1/chat/completions
+    return tracing.start_span(f"POST {route}", parent, "server",
+                              {"http.request.method": "POST", "http.route": route},
+                              start_ns=tracing.mono_to_ns(arrival))
+
+
+@dataclass
+class _SpanError:
+    """An OpenAI error as the span reports it: the vocabulary's code where it has one."""
+
+    code: str
+    message: str
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _end_span(span: Any, status: int | str, error: APIError | None) -> None:
+    if span is None:
+        return
+    err = None
+    if error is not None:
+        err = _SpanError(error.rufus_code or error.code or error.type, error.message[:200])
+    tracing.end(span, err, **{"http.response.status_code": int(status)})
+
+
+async def _end_span_after(body: AsyncIterator[Any], span: Any) -> AsyncIterator[Any]:
+    """A streamed body; the request's span ends with it (499: the client left)."""
+    status = 200
+    try:
+        async for item in body:
+            yield item
+    except asyncio.CancelledError:
+        status = 499
+        raise
+    finally:
+        _end_span(span, status, None if status == 200 else APIError(
+            499, "the client went away", type_="server_error", code="cancelled"))
 
 
 async def _respond(fe: Frontend, request: Request, endpoint: str, parsed: ParsedRequest,

@@ -12,15 +12,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 from rufus.assistant import Assistant
+from rufus.assistant.pipeline import validate_request
 from rufus.client import RequestFailed
 from rufus.errors import InvalidInput, RufusError
 from rufus.frontend.protocol import ParsedRequest, bad_request, openai_error
 from rufus.frontend.targets import HookEvent, register
 from rufus.serving.validation import MAX_HISTORY_TURNS
+from rufus.telemetry import tracing
 
 MODEL_ID = "rufus-assistant"
 
@@ -68,9 +71,23 @@ class AssistantHook:
     async def chat(self, messages: list[dict[str, str]], parsed: ParsedRequest) -> AsyncIterator[HookEvent]:
         question, history = split_messages(messages)
         assistant = await self.assistant()
+        turn = ticket = None
         try:
+            if parsed.span is not None:  # traced: the admission becomes the turn's first span
+                validate_request(question, history)  # a bad request is a 400 when overloaded
+                t0 = time.monotonic()
+                ticket = assistant.admit()  # a refusal: RufusError below (503 + Retry-After)
+                turn = tracing.start_span(f"{MODEL_ID} turn", parsed.span, attributes={
+                    "gen_ai.operation.name": "chat", "gen_ai.request.model": MODEL_ID,
+                    "rufus.history_turns": len(history)}, start_ns=tracing.mono_to_ns(t0))
+                tracing.child_span(turn, "admission", tracing.mono_to_ns(t0), tracing.now_ns(),
+                                   **{"rufus.admission.estimate_s": round(ticket.estimate_s, 4),
+                                      "rufus.admission.waiting": int(ticket.x[1]),
+                                      "rufus.admission.answering": int(ticket.x[2]),
+                                      "rufus.admission.decision": "admitted"})
             async with contextlib.aclosing(assistant.stream(question, history,
-                                                            parsed.conversation)) as events:
+                                                            parsed.conversation, ticket=ticket,
+                                                            span=turn)) as events:
                 plan_info: dict[str, Any] = {}
                 async for ev in events:
                     if ev.type == "plan":
@@ -86,15 +103,29 @@ class AssistantHook:
                         finish = "length" if ev.finish_reason == "length" else "stop"
                         # usage: the answer model's tokens (the cards and pick lines are
                         # rendered by the system, not generated: README, compatibility)
+                        tracing.end(turn, **{"gen_ai.response.finish_reasons": [finish],
+                                             "rufus.path": ev.path})
+                        turn = None
                         yield HookEvent(finish=finish, usage=(
                             int(ev.timings.get("answer_prompt_tokens", 0)),
                             int(ev.timings.get("answer_tokens", 0))))
-        except InvalidInput as exc:
+        except BaseException as exc:
+            tracing.end(turn, exc if isinstance(exc, Exception) else None)
+            turn = None
+            self._raise_openai(exc)
+            raise
+        finally:
+            tracing.end(turn)
+
+    @staticmethod
+    def _raise_openai(exc: BaseException) -> None:
+        """The pipeline's errors in OpenAI's terms (returns for anything else)."""
+        if isinstance(exc, InvalidInput):
             name = exc.field.replace("question", "messages").replace("history", "messages")
             raise bad_request(name, exc.reason) from None
-        except RequestFailed as exc:
+        if isinstance(exc, RequestFailed):
             raise openai_error(exc.error) from None
-        except RufusError as exc:  # the assistant's own refusal (admission): 503 + Retry-After
+        if isinstance(exc, RufusError):  # the assistant's own refusal (admission): 503
             raise openai_error(exc) from None
 
 

@@ -54,6 +54,7 @@ class APIError(Exception):
         self.type = type_
         self.code = code
         self.retry_after = retry_after
+        self.rufus_code: str | None = None  # set when made from an error of the vocabulary
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param,
@@ -251,6 +252,10 @@ class ParsedRequest:
     messages: list[dict[str, str]] | None = None
     # conversation affinity key (conversation_key), sent with every Triton call
     conversation: str | None = None
+    # tracing on: this request's span, and the W3C headers that make it the parent of
+    # every Triton call (rufus/telemetry/tracing.py)
+    span: Any = None
+    trace: dict[str, str] | None = None
 
 
 _VLLM_EXTRAS = ("top_k", "min_p", "repetition_penalty", "min_tokens", "ignore_eos",
@@ -407,6 +412,12 @@ def openai_error(err: RufusError) -> APIError:
     """An error of the vocabulary (:mod:`rufus.errors`) -> OpenAI's error body, with the
     HTTP status the error's type derives. An INVALID_ARG names its OpenAI ``param``
     (rufus_llm's ``sampling_parameters.top_k`` is ``top_k``, ``text_input`` is ``prompt``)."""
+    api = _openai_error(err)
+    api.rufus_code = err.code  # the vocabulary's code, for the request's span (not sent)
+    return api
+
+
+def _openai_error(err: RufusError) -> APIError:
     if isinstance(err, InvalidInput):
         name = _param(err.field) if err.field else None
         if name == "text_input":

@@ -56,7 +56,8 @@ class TritonModelClient:
         async for chunk in agenerate(self.url, self.model, call.prompt, call.messages,
                                      stream=parsed.stream, sampling=call.sampling, flags=flags,
                                      timeout=self.timeout, retries=self.retries,
-                                     client=self.client, conversation=parsed.conversation):
+                                     client=self.client, conversation=parsed.conversation,
+                                     trace=parsed.trace):
             yield parse_outputs(chunk.outputs)
 
 

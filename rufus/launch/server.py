@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rufus.env import EnvError, env_port, exits_on_env_error, help_text
+from rufus.telemetry import tracing
 from rufus.wire import CONVERSATION_HEADER
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -186,6 +187,35 @@ def triton_env() -> dict[str, str]:
     return json.loads(ENV_FILE.read_text())
 
 
+FORWARDED_HEADERS = f"^({CONVERSATION_HEADER}|traceparent|tracestate)$"
+
+
+def triton_trace_args(env: Mapping[str, str]) -> list[str]:
+    """tritonserver's own OpenTelemetry tracing (``--trace-config mode=opentelemetry``), from
+    the same settings as ours, when ``RUFUS_TRITON_TRACING=1``: its spans (request, compute)
+    join the client's ``traceparent`` and the models' spans join Triton's. Its exporter
+    speaks OTLP over HTTP only; its sampling is 1 in ``rate`` requests."""
+    if env.get("RUFUS_TRITON_TRACING", "0") != "1" or not tracing.endpoint(env):
+        return []
+    url = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or \
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"].rstrip("/") + "/v1/traces"
+    if (env.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf") != "http/protobuf":
+        print("[rufus.launch.server] RUFUS_TRITON_TRACING=1 needs an OTLP/HTTP endpoint; "
+              "tritonserver's own spans stay off (OTEL_EXPORTER_OTLP_PROTOCOL is not "
+              "http/protobuf)", file=sys.stderr, flush=True)
+        return []
+    ratio = tracing.sample_ratio(env)
+    rate = max(1, round(1 / ratio)) if ratio > 0 else 0
+    if not rate:
+        return []
+    return ["--trace-config", "mode=opentelemetry", "--trace-config", "level=TIMESTAMPS",
+            "--trace-config", f"rate={rate}", "--trace-config", "count=-1",
+            "--trace-config", f"opentelemetry,url={url}",
+            "--trace-config", "opentelemetry,resource=service.name=tritonserver",
+            "--trace-config", f"opentelemetry,resource=service.namespace="
+                              f"{tracing.SERVICE_NAMESPACE}"]
+
+
 @dataclass
 class TritonServer:
     """A tritonserver process in its own process group (so we can end all of it by pid)."""
@@ -232,11 +262,12 @@ class TritonServer:
             "--exit-timeout-secs=20",
             f"--grpc-restricted-protocol={apis}:{ADMIN_HEADER}={key}",
             f"--http-restricted-api={apis}:{ADMIN_HEADER}={key}",
-            # the conversation key reaches the models as a request parameter (the assistant
-            # passes it on to its answer-model calls); no other header is forwarded
-            f"--grpc-header-forward-pattern=^{CONVERSATION_HEADER}$",
-            f"--http-header-forward-pattern=^{CONVERSATION_HEADER}$",
+            # the conversation key and the W3C trace headers reach the models as request
+            # parameters (the assistant passes them on to its own calls); no other header
+            f"--grpc-header-forward-pattern={FORWARDED_HEADERS}",
+            f"--http-header-forward-pattern={FORWARDED_HEADERS}",
         ]
+        cmd += triton_trace_args({**os.environ, **self.extra_env})
         cmd += [f"--load-model={m}" for m in self.models]
         return cmd
 
@@ -572,6 +603,7 @@ ENVIRONMENT = {
     "RUFUS_WARMUP": "false: report ready without the warm-up requests (docs/serving.md)",
     "RUFUS_<SETTING>": "backend settings, e.g. RUFUS_MAX_OUTSTANDING_REQUESTS (models)",
     "RUFUS_NNODES, RUFUS_NODE_RANK, ...": "multi-node unit (docs/architecture.md)",
+    **tracing.ENVIRONMENT,
 }
 
 

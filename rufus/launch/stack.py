@@ -26,6 +26,7 @@ from rufus.launch.server import (
     server_parser,
     stop_group,
 )
+from rufus.telemetry import tracing
 
 
 def start_frontend(grpc_url: str, port: int, models: str = "rufus_llm",
@@ -55,6 +56,7 @@ ENVIRONMENT = {
     "OPENAI_PORT": "default of --openai-port (9000)",
     "RUFUS_OPENAI_MODELS": "default of --openai-models (rufus_llm)",
     "...": "what python -m rufus.launch.server and python -m rufus.frontend read",
+    **tracing.ENVIRONMENT,
 }
 
 

@@ -283,6 +283,15 @@ class QueryPlannerModel(EngineModel):
         return parse_plan_request(inputs, parameters, self.default_max_tokens,
                                   self.request_limits())
 
+    def with_trace(self, parsed: PlanRequest, parent: Any) -> PlanRequest:
+        parsed.generate.trace = parent
+        parsed.generate.trace_attributes = {
+            "rufus.planner.grammar": bool(self.backend.structured_output),
+            "rufus.planner.backend": type(self.backend).__name__,
+            "rufus.planner.history_turns": len(parsed.history or []),
+        }
+        return parsed
+
     def submit(self, parsed: PlanRequest, sink: Any, arrival: float) -> None:
         # Admission here, on Triton's execute thread: a refusal is the request's one response
         # (TritonModel.execute sends it and counts it), sent before the engine sees it.

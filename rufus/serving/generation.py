@@ -26,6 +26,7 @@ from rufus.serving.metrics import Metrics
 from rufus.serving.request import GenerateRequest
 from rufus.serving.responses import Outputs, build_outputs
 from rufus.serving.sampling import check_min_tokens
+from rufus.telemetry import tracing
 
 log = logging.getLogger("rufus.serving.generation")
 
@@ -142,12 +143,24 @@ async def run_generate(
 
     admitted = False
     outcome = "error"  # the metric label; set on every path below
+    # tracing off: span is None and every tracing call below is a no-op
+    span = None if internal else _request_span(host, req, request_id, arrival)
+    token = tracing.attach(span)  # this request's log lines carry its trace id
+    error: RufusError | None = None
+    ids: list[int] = []
+    n_gen = 0
+    first: float | None = None
+    final_out: Any = None
     try:
         host.admit(internal)
         admitted = True
         metrics.set_outstanding(host.outstanding)
+        t_render = time.monotonic()
         text, ids, field_name = await asyncio.get_running_loop().run_in_executor(
             None, render_prompt, host.tokenizer, req)
+        if span is not None:
+            tracing.child_span(span, "tokenize", tracing.mono_to_ns(t_render),
+                               tracing.mono_to_ns(time.monotonic()))
         check_prompt_length(len(ids), req.sampling["max_tokens"], host.max_model_len, field_name)
         max_tokens = min(req.sampling["max_tokens"], host.max_model_len - len(ids))
         if max_tokens < req.sampling["max_tokens"]:
@@ -157,10 +170,7 @@ async def run_generate(
                                       else RequestOutputKind.FINAL_ONLY)
         lora = host_lora_request(host, req.lora_name)
         cancelled = watcher.watch(request_id, sink, lambda: host.abort(request_id))
-        first: float | None = None
         last = arrival
-        n_gen = 0
-        final_out: Any = None
         gen = (host.generate(TokensPrompt(prompt_token_ids=ids), params, request_id)
                if lora is None else
                host.generate(TokensPrompt(prompt_token_ids=ids), params, request_id,
@@ -198,15 +208,72 @@ async def run_generate(
     except asyncio.CancelledError:
         await host.abort(request_id)
         outcome = "unavailable"
-        sink.send(None, Unavailable("server is shutting down"), True)
+        error = Unavailable("server is shutting down")
+        sink.send(None, error, True)
         raise
     except Exception as exc:  # noqa: BLE001 - the one place a failure becomes a client error
-        err = _request_error(exc, host, request_id)
-        outcome = err.outcome
-        sink.send(None, err, True)
+        error = _request_error(exc, host, request_id)
+        outcome = error.outcome
+        sink.send(None, error, True)
     finally:
         watcher.forget(request_id)
         if admitted:
             host.release()
             metrics.set_outstanding(host.outstanding)
         metrics.count_request(outcome)
+        if span is not None:
+            tracing.detach(token)
+            _end_request_span(span, error, outcome, len(ids), n_gen, first, final_out)
+
+
+def _request_span(host: EngineHost, req: GenerateRequest, request_id: str,
+                  arrival: float) -> Any:
+    """The request's span (None when tracing is off), from its arrival at the model."""
+    if not tracing.enabled():
+        return None
+    s = req.sampling
+    attrs: dict[str, Any] = {
+        "gen_ai.operation.name": "chat" if req.messages is not None else "text_completion",
+        "gen_ai.request.model": host.name,
+        "gen_ai.response.id": request_id,
+        "gen_ai.request.max_tokens": s.get("max_tokens"),
+        "gen_ai.request.temperature": s.get("temperature"),
+        "gen_ai.request.top_p": s.get("top_p"),
+        "rufus.stream": req.stream,
+        **(req.trace_attributes or {}),
+    }
+    if tracing.capture_content():  # the operator turned content capture on
+        import json
+
+        attrs["gen_ai.input.messages"] = (json.dumps(req.messages) if req.messages is not None
+                                          else str(req.prompt))[:4096]
+    return tracing.start_span(f"{host.name} generate", req.trace, "server",
+                              {k: v for k, v in attrs.items() if v is not None},
+                              start_ns=tracing.mono_to_ns(arrival))
+
+
+def _end_request_span(span: Any, error: RufusError | None, outcome: str, n_prompt: int,
+                      n_gen: int, first: float | None, final_out: Any) -> None:
+    """Queue, prefill and decode as child spans, from vLLM's own request timestamps
+    (monotonic, engine core); usage and the finish reason or error on the request's span."""
+    stats = getattr(final_out, "metrics", None)
+    q, sch, ft, lt = (getattr(stats, k, 0.0) or 0.0 for k in
+                      ("queued_ts", "scheduled_ts", "first_token_ts", "last_token_ts"))
+    if q and sch:
+        tracing.child_span(span, "queue", tracing.mono_to_ns(q), tracing.mono_to_ns(sch))
+    if sch and ft:
+        tracing.child_span(span, "prefill", tracing.mono_to_ns(sch), tracing.mono_to_ns(ft),
+                           **{"gen_ai.usage.input_tokens": n_prompt,
+                              "rufus.cached_tokens": getattr(final_out, "num_cached_tokens",
+                                                             None)})
+    if ft and lt and lt >= ft:
+        tracing.child_span(span, "decode", tracing.mono_to_ns(ft), tracing.mono_to_ns(lt),
+                           **{"gen_ai.usage.output_tokens": n_gen})
+    if first is not None:
+        span.add_event("first_token", timestamp=tracing.mono_to_ns(first))
+    tracing.end(span, error, **{
+        "gen_ai.usage.input_tokens": n_prompt or None,
+        "gen_ai.usage.output_tokens": n_gen,
+        "gen_ai.response.finish_reasons": [outcome] if error is None else None,
+        "rufus.cancelled": True if outcome == "cancelled" else None,
+    })

@@ -33,6 +33,11 @@ class GenerateRequest:
     # ``logprobs`` output is JSON null, as in the official backend.
     logprobs_requested: bool = False
     lora_name: str | None = None
+    # the trace this request joins (an OpenTelemetry context; rufus/telemetry/tracing.py),
+    # None: tracing is off or the request's trace starts at this model
+    trace: Any = None
+    # the planner's spans also say whether its grammar constrained the output
+    trace_attributes: dict[str, Any] | None = None
 
 
 

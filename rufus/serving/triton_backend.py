@@ -36,7 +36,8 @@ from rufus.serving.engine import FAILED, READY, EngineHost
 from rufus.serving.generation import new_request_id
 from rufus.serving.metrics import BufferedMetrics, Metrics, TritonMetrics, scheduler_stat_logger
 from rufus.serving.model_settings import EngineModelSettings, ModelSettings
-from rufus.serving.validation import InputSpec, Limits, OutputSpec, split_conversation
+from rufus.serving.validation import InputSpec, Limits, OutputSpec, split_metadata
+from rufus.telemetry import tracing
 from rufus.wire import CONVERSATION_HEADER
 
 try:  # only importable inside the Triton Python backend stub
@@ -65,6 +66,32 @@ def prepare_process() -> None:
         stream=sys.stderr,
     )
     caches.configure()  # before vLLM is imported: compile caches keyed by this CPU
+
+
+def setup_tracing(model: str) -> None:
+    """Each model's stub is its own process: its spans say ``service.name`` = the model
+    (off unless an OTLP endpoint is set; rufus/telemetry/tracing.py)."""
+    try:
+        tracing.setup(model, **{"triton.model": model})
+    except Exception as exc:  # noqa: BLE001 - a bad tracing setting must not stop the model
+        log.error("%s: tracing stays off: %s", model, exc)
+
+
+def request_trace_parent(request: Any, forwarded: dict[str, str]) -> Any:
+    """The context a request's span joins: Triton's own span when tritonserver traces in
+    OpenTelemetry mode (``--trace-config mode=opentelemetry``: its span already joined the
+    client's ``traceparent``), else the ``traceparent`` header tritonserver forwarded as a
+    parameter, else None (the trace starts at this model)."""
+    try:
+        trace = request.trace()
+        raw = trace.get_context() if trace is not None else None
+        if raw:
+            ctx = json.loads(raw) if isinstance(raw, str) else raw
+            if isinstance(ctx, dict) and tracing.valid_traceparent(ctx.get("traceparent")):
+                return tracing.extract(ctx["traceparent"], ctx.get("tracestate"))
+    except Exception:  # noqa: BLE001 - an older stub or Triton's tracing off
+        pass
+    return tracing.extract(forwarded.get("traceparent"), forwarded.get("tracestate"))
 
 
 def freeze_heap(name: str) -> None:
@@ -260,6 +287,7 @@ class TritonModel:
                 f"{self.name}: config.pbtxt must set model_transaction_policy.decoupled=true"
             )
         self.settings = self.SETTINGS.from_config(self.model_config)  # a bad value names its key
+        setup_tracing(self.name)
         self.start()
         freeze_heap(self.name)
         mark_initialized(self.name)
@@ -290,6 +318,13 @@ class TritonModel:
         validated). Leaf models ignore it: the ingress used it to pick this unit."""
         return parsed
 
+    def with_trace(self, parsed: Any, parent: Any) -> Any:
+        """Hook: the trace context this request joins (only called when tracing is on).
+        The base sets ``parsed.trace`` where the request type has it."""
+        if hasattr(parsed, "trace"):
+            parsed.trace = parent
+        return parsed
+
     def parameters_json(self, request: Any) -> str | None:
         raw = request.parameters()
         return raw if raw and raw != "{}" else None
@@ -298,12 +333,17 @@ class TritonModel:
         arrival = time.monotonic()
         for request in requests:
             sink = TritonSink(request.get_response_sender())
+            parent = None
             try:
-                params, conversation = split_conversation(self.parameters_json(request),
-                                                          CONVERSATION_HEADER)
+                params, conversation, trace = split_metadata(self.parameters_json(request),
+                                                             CONVERSATION_HEADER)
+                if tracing.enabled():
+                    parent = request_trace_parent(request, trace)
                 parsed = self.parse(read_inputs(request, self.input_names), params)
                 if conversation:
                     parsed = self.with_conversation(parsed, conversation)
+                if tracing.enabled():
+                    parsed = self.with_trace(parsed, parent)
                 self.submit(parsed, sink, arrival)
             except Exception as exc:  # noqa: BLE001 - every failure gets a client error
                 err = client_error(exc, log, f"{self.name}: parsing a request")
@@ -311,6 +351,10 @@ class TritonModel:
                     log.info("%s: rejected request: %s", self.name, err)
                 self.count_refused(err)
                 sink.send(None, err, True)
+                if tracing.enabled():  # a refusal is a (short) trace of its own too
+                    tracing.end(tracing.start_span(f"{self.name} refused", parent, "server",
+                                                   {"gen_ai.request.model": self.name},
+                                                   start_ns=tracing.mono_to_ns(arrival)), err)
         return None
 
 

@@ -341,10 +341,29 @@ def split_conversation(parameters_json: str | None, name: str,
     (``--grpc-header-forward-pattern``); it is routing metadata, so it is taken out here,
     before any model reads its parameters. Hot path: requests without it are not parsed
     twice."""
-    if not parameters_json or name not in parameters_json:
-        return parameters_json, ""
+    rest, key, _trace = split_metadata(parameters_json, name, limits)
+    return rest, key
+
+
+TRACE_PARAMETERS = ("traceparent", "tracestate")  # W3C Trace Context, forwarded like the key
+
+
+def split_metadata(parameters_json: str | None, name: str, limits: Limits = DEFAULT_LIMITS
+                   ) -> tuple[str | None, str, dict[str, str]]:
+    """Request parameters -> (the rest's JSON or None, the conversation key or "", the W3C
+    trace headers). Both are metadata tritonserver forwards from headers
+    (``--grpc-header-forward-pattern``), taken out before any model reads its parameters.
+    The key is checked (a bad one names it); a trace header that is no string is dropped,
+    and a malformed one is ignored where it is read (W3C: the trace then starts there).
+    Hot path: requests without either are not parsed."""
+    if not parameters_json or (name not in parameters_json
+                               and "trace" not in parameters_json):
+        return parameters_json, "", {}
     params = load_json("parameters", parameters_json, limits)
-    if not isinstance(params, dict) or name not in params:
-        return parameters_json, ""
-    key = check_conversation_key(params.pop(name), name)
-    return (json.dumps(params) if params else None), key
+    if not isinstance(params, dict) or not (name in params
+                                            or any(t in params for t in TRACE_PARAMETERS)):
+        return parameters_json, "", {}
+    key = check_conversation_key(params.pop(name), name) if name in params else ""
+    trace = {t: v for t in TRACE_PARAMETERS
+             if isinstance(v := params.pop(t, None), str)}
+    return (json.dumps(params) if params else None), key, trace

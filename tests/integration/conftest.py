@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from lab.otlp_sink import Receiver
 from rufus.launch.server import TritonServer, free_port, stop_servers
 from rufus.launch.stack import start_frontend, stop_process
 
@@ -48,7 +49,22 @@ def _wanted(request: pytest.FixtureRequest, fixture: str) -> bool:
 
 
 @pytest.fixture(scope="session")
-def stack_server(log_dir, session_servers) -> TritonServer:
+def otlp() -> Iterator[Receiver]:
+    """The OTLP/HTTP receiver the ``stack`` server and its frontend export their spans to
+    (tracing on, 100% sampling: the assistant tests run traced, test_tracing.py reads them)."""
+    rx = Receiver()
+    yield rx
+    rx.close()
+
+
+def tracing_env(rx: Receiver) -> dict[str, str]:
+    # spans exported every 0.5 s (the SDK's default is 5 s), tritonserver's own spans too
+    return {"OTEL_EXPORTER_OTLP_ENDPOINT": rx.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "500",
+            "RUFUS_TRITON_TRACING": "1"}
+
+
+@pytest.fixture(scope="session")
+def stack_server(log_dir, session_servers, otlp) -> TritonServer:
     """The ``stack`` fixture's server, not yet started: :func:`llm_server` starts it beside
     its own when the session needs both, so the two starts overlap (each waits on one core
     part of the time)."""
@@ -64,7 +80,7 @@ def stack_server(log_dir, session_servers) -> TritonServer:
                    "RUFUS_ASSISTANT_SLO_S": "0",
                    # nor the planner's, for the tests that call it directly with a good stream
                    # alongside (its admission is tested on test_qp.py's server)
-                   "RUFUS_QP_SLO_S": "0"},
+                   "RUFUS_QP_SLO_S": "0", **tracing_env(otlp)},
     )
     yield srv
     if srv.proc is not None and srv not in session_servers:  # started, never waited for
@@ -131,20 +147,23 @@ def _offers(base: str, model_id: str) -> bool:
 
 
 @pytest.fixture(scope="session")
-def assistant_frontend(stack, log_dir) -> Iterator[str]:
+def assistant_frontend(stack, log_dir, otlp) -> Iterator[str]:
     """``python -m rufus.frontend`` (as ``make serve`` runs it) in front of ``stack``: model
     ids ``rufus_llm`` and ``rufus-assistant``. Yields its base URL (``http://host:port``)."""
     port = free_port()
     log = log_dir / "frontend-assistant.log"
-    saved = os.environ.get("RUFUS_ASSISTANT_SLO_S")
-    os.environ["RUFUS_ASSISTANT_SLO_S"] = "0"  # as the stack's: admission is unit-tested
+    # as the stack's: admission is unit-tested; traced like the stack
+    env = {"RUFUS_ASSISTANT_SLO_S": "0", **tracing_env(otlp)}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     try:
         proc = start_frontend(f"127.0.0.1:{stack.grpc_port}", port, "rufus_llm", log_path=str(log))
     finally:
-        if saved is None:
-            os.environ.pop("RUFUS_ASSISTANT_SLO_S", None)
-        else:
-            os.environ["RUFUS_ASSISTANT_SLO_S"] = saved
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     base = f"http://127.0.0.1:{port}"
     try:
         if not wait_for(lambda: _offers(base, "rufus-assistant"), timeout=60):

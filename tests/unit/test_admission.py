@@ -124,7 +124,7 @@ def test_the_pipeline_refuses_before_any_model_call():
     class Streams:
         calls: list[str] = []
 
-        async def stream(self, model, tensors, conversation=None, parameters=None):
+        async def stream(self, model, tensors, conversation=None, parameters=None, trace=None):
             self.calls.append(model)
             await asyncio.sleep(3600)
             yield {}

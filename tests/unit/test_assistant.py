@@ -158,10 +158,13 @@ class FakeStreams:
         self.keys: list[tuple[str, str | None]] = []
         self.closed: list[str] = []
         self.parameters: list[tuple[str, dict[str, Any] | None]] = []
+        self.traces: list[tuple[str, dict[str, str] | None]] = []
 
     async def stream(self, model: str, tensors: dict[str, Any], conversation: str | None = None,
-                     parameters: dict[str, Any] | None = None):
+                     parameters: dict[str, Any] | None = None,
+                     trace: dict[str, str] | None = None):
         self.calls.append((model, tensors))
+        self.traces.append((model, trace))
         self.keys.append((model, conversation))
         self.parameters.append((model, parameters))
         try:

@@ -25,7 +25,7 @@ class FakeAssistant:
         self.calls: list[tuple[str, list]] = []
         self.keys: list[str | None] = []
 
-    async def stream(self, question, history, conversation=None
+    async def stream(self, question, history, conversation=None, ticket=None, span=None
                      ) -> AsyncIterator[AssistantEvent]:
         self.calls.append((question, history))
         self.keys.append(conversation)
@@ -158,7 +158,7 @@ def test_assistant_refusal_is_a_503_with_retry_after(app_client, fake_assistant)
     not, the client gets 503 with Retry-After, retryable, before any byte of a stream."""
     from rufus.errors import Unavailable
 
-    async def refuse(question, history, conversation=None):
+    async def refuse(question, history, conversation=None, ticket=None, span=None):
         raise Unavailable("overloaded: first answer text estimated in 2.00 s")
         yield  # pragma: no cover
 
@@ -174,7 +174,7 @@ def test_assistant_refusal_is_a_503_with_retry_after(app_client, fake_assistant)
 def test_assistant_usage_is_the_answer_models(app_client, fake_assistant):
     """stream_options.include_usage (and the non-streaming body) report the answer model's
     prompt and generated tokens, as vLLM's server reports its model's."""
-    async def stream(question, history, conversation=None):
+    async def stream(question, history, conversation=None, ticket=None, span=None):
         yield AssistantEvent("plan", plan={"intent": "product_search"})
         yield AssistantEvent("products", products=[CARD], path="products")
         yield AssistantEvent("text", text="1. [x](https://shop.example/p1) — $59.50, 4.2 stars.")

@@ -1,0 +1,1 @@
+"""What the stack tells an operator: traces (tracing.py) and the metric-name contract."""
