@@ -175,15 +175,33 @@ setup_proxy() {
   fi
 }
 
+setup_promtool() {
+  # Observability (issue 59): promtool, from Debian's prometheus package, checks and unit-tests
+  # the alert rules (observe/rules/; tests/unit/test_observe_rules.py). Installed when missing
+  # and we are root; otherwise a note (those tests then skip, saying why).
+  if command -v promtool >/dev/null 2>&1; then
+    step "promtool present ($(promtool --version 2>/dev/null | head -1 | cut -d' ' -f1-3))"
+  elif [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+    step "installing prometheus (Debian) for promtool: the alert rules' tests"
+    local apt=(env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends)
+    "${apt[@]}" prometheus >/dev/null \
+      || { apt-get update -qq && "${apt[@]}" prometheus >/dev/null; } \
+      || echo "prometheus install failed: the rules tests will fail (no promtool)" >&2
+  else
+    echo "promtool missing and not root: 'apt-get install prometheus' (the rules tests skip)" >&2
+  fi
+}
+
 case "${1:-all}" in
   venv) setup_venv ;;
   triton) setup_venv; setup_triton ;;
   model) setup_venv; setup_model ;;
   qp) setup_venv; setup_model; setup_qp ;;
   proxy) setup_proxy ;;
+  promtool) setup_promtool ;;
   catalog) setup_venv; setup_catalog ;;
   precision) setup_venv; setup_model; setup_qp; setup_precision ;;
   w8a8) setup_venv; setup_model; setup_w8a8 ;;
-  all) setup_venv; setup_triton; setup_model; setup_qp; setup_w8a8; setup_precision; setup_catalog; setup_proxy ;;
-  *) echo "usage: $0 [all|venv|triton|model|qp|catalog|precision|w8a8|proxy]" >&2; exit 2 ;;
+  all) setup_venv; setup_triton; setup_model; setup_qp; setup_w8a8; setup_precision; setup_catalog; setup_proxy; setup_promtool ;;
+  *) echo "usage: $0 [all|venv|triton|model|qp|catalog|precision|w8a8|proxy|promtool]" >&2; exit 2 ;;
 esac
