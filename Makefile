@@ -7,7 +7,7 @@ export HTTP_PORT ?= 8000
 export METRICS_PORT ?= 8002
 export OPENAI_PORT ?= 9000
 
-.PHONY: setup model serve test unit integration lint bench bench-openai clean check-deploy rig fleet fleet-bench fleet-sim capacity-bench image compose-up compose-down roll test-containers affinity-bench
+.PHONY: setup model serve test unit integration lint bench bench-openai clean check-deploy rig fleet fleet-bench fleet-sim capacity-bench image compose-up compose-down roll test-containers affinity-bench observe observe-down
 
 setup:            ## venv + pinned deps, tritonserver backend, default model (idempotent)
 	bash scripts/setup.sh all
@@ -111,3 +111,12 @@ roll: setup       ## rolling update of the rig under load: RUFUS_IMAGE or a new 
 test-containers: setup  ## container tests: build, rig up, faults, rolling update, rig down
 	$(PY) -m pytest -q -p no:cacheprovider --durations=10 tests/containers
 
+# `make observe` runs with the project's interpreter where `make setup` made it, else python3:
+# it uses only the standard library, and Phoenix gets a venv of its own (build/observe-venv).
+OBSERVE_PY = $(if $(wildcard $(PY)),$(PY),python3)
+
+observe:          ## Prometheus :9090 + Arize Phoenix (traces) :6006 beside `make serve`
+	$(OBSERVE_PY) -m rufus.launch.observe up
+
+observe-down:     ## stop what `make observe` started (by pid)
+	$(OBSERVE_PY) -m rufus.launch.observe down

@@ -254,6 +254,11 @@ ENV: dict[str, Var] = {
     "RUFUS_WHEELHOUSE": Var(("scripts/setup.sh",),
                             "setup: install from this directory of wheels, no package index "
                             "(the image build's build/wheels, scripts/image.sh)"),
+    "RUFUS_OBSERVE_IMAGE": Var(("scripts/image.sh",),
+                               "image build: 1 also builds the compose rig's Prometheus "
+                               "(rufus-prometheus:2.42, profile observe; default 0)"),
+    "RUFUS_PROMETHEUS_IMAGE": Var(("scripts/image.sh", "docker/compose.yaml"),
+                                  "the compose rig's Prometheus image (rufus-prometheus:2.42)"),
     "RUFUS_WHEELHOUSE_CACHE": Var(("scripts/image.sh",),
                                   "image build: keep the lock's wheelhouse once per lock under "
                                   "RUFUS_CACHE_DIR/wheelhouse and link build/wheels to it (1; 0: "

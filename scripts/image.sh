@@ -9,7 +9,10 @@
 # "precision" where the rig's four compile-cache volumes exist (they hide the image's
 # compile caches from every node, so warming them at build time is wasted) and 1 elsewhere,
 # RUFUS_WHEELHOUSE_CACHE=0 skips the wheelhouse kept per lock under RUFUS_CACHE_DIR,
-# RUFUS_LOCAL_BASES=1 forces the local bases, DOCKER_BUILDKIT=1 uses BuildKit where it exists.
+# RUFUS_LOCAL_BASES=1 forces the local bases, DOCKER_BUILDKIT=1 uses BuildKit where it exists,
+# RUFUS_OBSERVE_IMAGE=1 builds the compose rig's Prometheus too (rufus-prometheus:2.42,
+# observe/prometheus/Dockerfile, for `--profile observe`; off by default: `make test` never
+# needs it).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 TAG="${1:-cpu}"
@@ -75,3 +78,13 @@ say "built $IMAGE in $((SECONDS - start)) s, $(docker image inspect -f '{{.Size}
 start=$SECONDS
 docker build -q -f docker/Dockerfile --target ingress "${BASE_ARGS[@]}" -t "$INGRESS" . >/dev/null
 say "built $INGRESS in $((SECONDS - start)) s, $(docker image inspect -f '{{.Size}}' "$INGRESS" | awk '{printf "%.0f MB", $1/1e6}')"
+
+if [[ "${RUFUS_OBSERVE_IMAGE:-0}" == 1 ]]; then
+  PROMETHEUS="${RUFUS_PROMETHEUS_IMAGE:-rufus-prometheus:2.42}"
+  DEBIAN_ARG=()  # the Debian base only: its Dockerfile has no Python stage
+  for a in "${BASE_ARGS[@]}"; do [[ "$a" == DEBIAN_IMAGE=* ]] && DEBIAN_ARG=(--build-arg "$a"); done
+  start=$SECONDS
+  docker build -q -f observe/prometheus/Dockerfile "${DEBIAN_ARG[@]}" -t "$PROMETHEUS" \
+    observe/prometheus >/dev/null
+  say "built $PROMETHEUS in $((SECONDS - start)) s, $(docker image inspect -f '{{.Size}}' "$PROMETHEUS" | awk '{printf "%.0f MB", $1/1e6}')"
+fi
