@@ -585,8 +585,24 @@ def _child(span: Any, name: str, **attributes: Any) -> Any:
     """A child span of the turn's span, None without one (tracing off: nothing is made)."""
     if span is None:
         return None
-    return tracing.start_span(name, span, attributes={k: v for k, v in attributes.items()
-                                                      if v is not None})
+    return tracing.start_span(name, span, attributes=attributes)
+
+
+def turn_span(name: str, parent: Any, model: str, history_turns: int, arrival: float,
+              admitted: tuple[float, float], ticket: Ticket, kind: str = "internal") -> Any:
+    """One assistant turn's span (from ``arrival``, monotonic) with its admission as the first
+    child: the estimate and the queue it was made from (``admitted``: its start and end).
+    The Triton model's and the OpenAI frontend's turns are made here alike."""
+    span = tracing.start_span(name, parent, kind, {
+        "gen_ai.operation.name": "chat", "gen_ai.request.model": model,
+        "rufus.history_turns": history_turns}, start_ns=tracing.mono_to_ns(arrival))
+    tracing.child_span(span, "admission", tracing.mono_to_ns(admitted[0]),
+                       tracing.mono_to_ns(admitted[1]),
+                       **{"rufus.admission.estimate_s": round(ticket.estimate_s, 4),
+                          "rufus.admission.waiting": int(ticket.x[1]),
+                          "rufus.admission.answering": int(ticket.x[2]),
+                          "rufus.admission.decision": "admitted"})
+    return span
 
 
 def _search_attributes(found: SearchOutcome) -> dict[str, Any]:

@@ -30,6 +30,7 @@ import numpy as np
 
 from rufus.assistant.answer import PickRenderer, answer_grammar, reason_options
 from rufus.assistant.pipeline import Assistant, NullMetrics, fallback_plan
+from rufus.assistant.pipeline import turn_span as pipeline_turn_span
 from rufus.assistant.prompt import LinkRenderer, answer_messages, cards
 from rufus.assistant.settings import AssistantSettings
 from rufus.client import RequestFailed
@@ -216,18 +217,14 @@ def warm_up(assistant: Assistant) -> None:
 def turn_span(model: str, req: AssistantRequest) -> Any:
     """One assistant turn's span (from its arrival at the model), with its admission as the
     first child: the estimate and the queue it was made from."""
-    span = tracing.start_span(f"{model} turn", req.trace, "server",
-                              {"gen_ai.operation.name": "chat", "gen_ai.request.model": model,
-                               "rufus.history_turns": len(req.history)},
-                              start_ns=tracing.mono_to_ns(req.arrival or time.monotonic()))
-    t0, t1 = req.admission_s
-    if t0 and req.ticket is not None:
-        tracing.child_span(span, "admission", tracing.mono_to_ns(t0), tracing.mono_to_ns(t1),
-                           **{"rufus.admission.estimate_s": round(req.ticket.estimate_s, 4),
-                              "rufus.admission.waiting": int(req.ticket.x[1]),
-                              "rufus.admission.answering": int(req.ticket.x[2]),
-                              "rufus.admission.decision": "admitted"})
-    return span
+    if req.ticket is None or not req.admission_s[0]:  # not admitted by submit(): no child
+        return tracing.start_span(f"{model} turn", req.trace, "server", {
+            "gen_ai.operation.name": "chat", "gen_ai.request.model": model,
+            "rufus.history_turns": len(req.history)},
+            start_ns=tracing.mono_to_ns(req.arrival or time.monotonic()))
+    return pipeline_turn_span(f"{model} turn", req.trace, model, len(req.history),
+                              req.arrival or req.admission_s[0], req.admission_s, req.ticket,
+                              kind="server")
 
 
 class AssistantModel(TritonModel):

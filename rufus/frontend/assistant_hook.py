@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from rufus.assistant import Assistant
-from rufus.assistant.pipeline import validate_request
+from rufus.assistant.pipeline import turn_span, validate_request
 from rufus.client import RequestFailed
 from rufus.errors import InvalidInput, RufusError
 from rufus.frontend.protocol import ParsedRequest, bad_request, openai_error
@@ -77,14 +77,8 @@ class AssistantHook:
                 validate_request(question, history)  # a bad request is a 400 when overloaded
                 t0 = time.monotonic()
                 ticket = assistant.admit()  # a refusal: RufusError below (503 + Retry-After)
-                turn = tracing.start_span(f"{MODEL_ID} turn", parsed.span, attributes={
-                    "gen_ai.operation.name": "chat", "gen_ai.request.model": MODEL_ID,
-                    "rufus.history_turns": len(history)}, start_ns=tracing.mono_to_ns(t0))
-                tracing.child_span(turn, "admission", tracing.mono_to_ns(t0), tracing.now_ns(),
-                                   **{"rufus.admission.estimate_s": round(ticket.estimate_s, 4),
-                                      "rufus.admission.waiting": int(ticket.x[1]),
-                                      "rufus.admission.answering": int(ticket.x[2]),
-                                      "rufus.admission.decision": "admitted"})
+                turn = turn_span(f"{MODEL_ID} turn", parsed.span, MODEL_ID, len(history), t0,
+                                 (t0, time.monotonic()), ticket)
             async with contextlib.aclosing(assistant.stream(question, history,
                                                             parsed.conversation, ticket=ticket,
                                                             span=turn)) as events:

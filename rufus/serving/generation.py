@@ -247,8 +247,7 @@ def _request_span(host: EngineHost, req: GenerateRequest, request_id: str,
 
         attrs["gen_ai.input.messages"] = (json.dumps(req.messages) if req.messages is not None
                                           else str(req.prompt))[:4096]
-    return tracing.start_span(f"{host.name} generate", req.trace, "server",
-                              {k: v for k, v in attrs.items() if v is not None},
+    return tracing.start_span(f"{host.name} generate", req.trace, "server", attrs,
                               start_ns=tracing.mono_to_ns(arrival))
 
 

@@ -214,7 +214,8 @@ def start_span(name: str, parent: Any = None, kind: str = "internal",
                attributes: Mapping[str, Any] | None = None,
                start_ns: int | None = None) -> Any:
     """A started span, or None when tracing is off. ``parent``: a span or a context (None:
-    the current one). ``kind``: internal, server, client. Ended by :func:`end`."""
+    the current one). ``kind``: internal, server, client. Attributes that are None are left
+    out (OpenTelemetry takes no None). Ended by :func:`end`."""
     if _tracer is None:
         return None
     from opentelemetry import trace
@@ -223,8 +224,8 @@ def start_span(name: str, parent: Any = None, kind: str = "internal",
         else trace.set_span_in_context(parent)
     k = {"server": trace.SpanKind.SERVER, "client": trace.SpanKind.CLIENT}.get(
         kind, trace.SpanKind.INTERNAL)
-    return _tracer.start_span(name, context=ctx, kind=k, attributes=dict(attributes or {}),
-                              start_time=start_ns)
+    attrs = {key: v for key, v in (attributes or {}).items() if v is not None}
+    return _tracer.start_span(name, context=ctx, kind=k, attributes=attrs, start_time=start_ns)
 
 
 def end(span: Any, error: Any = None, end_ns: int | None = None, **attributes: Any) -> None:
@@ -252,9 +253,7 @@ def child_span(parent: Any, name: str, start_ns: int, end_ns: int,
     """A finished child span with known times (a stage measured before its span existed)."""
     if parent is None or end_ns < start_ns:
         return
-    span = start_span(name, parent, attributes={k: v for k, v in attributes.items()
-                                                if v is not None}, start_ns=start_ns)
-    span.end(end_time=end_ns)
+    start_span(name, parent, attributes=attributes, start_ns=start_ns).end(end_time=end_ns)
 
 
 def mono_to_ns(mono_s: float) -> int:
