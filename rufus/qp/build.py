@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rufus.launch import fingerprint
 from rufus.qp.plan import SEED_FILE, load_eval, render_plan
 from rufus.serving.caches import cache_dir, default_model_dir
 
@@ -52,10 +53,16 @@ def say(msg: str) -> None:
 
 
 def _digest(*paths: Path) -> str:
-    h = hashlib.sha256()
-    for p in paths:
-        h.update(p.read_bytes())
-    return h.hexdigest()[:16]
+    """SHA-256 of the inputs' bytes, end to end; read again only when a file's stat changed
+    (rufus/launch/fingerprint.py), so the up-to-date check of a cached build is instant."""
+    def compute() -> str:
+        h = hashlib.sha256()
+        for p in paths:
+            with p.open("rb") as f:
+                for chunk in iter(lambda f=f: f.read(1 << 20), b""):
+                    h.update(chunk)
+        return h.hexdigest()[:16]
+    return fingerprint.store().digest("qp-inputs", list(paths), compute)
 
 
 def _stamp_ok(out: Path, want: str) -> bool:
@@ -68,16 +75,17 @@ def _stamp_ok(out: Path, want: str) -> bool:
 def merge_lora(base: Path | None = None, lora: Path = LORA_PATH, out: Path | None = None,
                force: bool = False) -> Path:
     """Planner model = default model with the LoRA deltas merged (W += B @ A * alpha / r)."""
-    import torch
-    from safetensors.torch import load_file
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     base = base or default_model_dir()
     out = out or qp_model_dir()
     want = _digest(lora, base / "model.safetensors")
     if not force and _stamp_ok(out, want):
         say(f"planner model up to date ({out})")
         return out
+    # imported only to build: the check above is what a cached start runs
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     say(f"merging LoRA {lora.name} into {base.name} -> {out}")
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     sd = load_file(str(lora))
@@ -124,9 +132,6 @@ def draft_token_map(tokenizer_dir: Path) -> list[int]:
 def build_medusa_dir(model: Path | None = None, heads: Path = HEADS_PATH,
                      out: Path | None = None, force: bool = False) -> Path:
     """vLLM Medusa checkpoint: trained residual blocks + the frozen shared vocab projection."""
-    import torch
-    from safetensors.torch import load_file, save_file
-
     model = model or qp_model_dir()
     out = out or medusa_dir()
     want = _digest(heads, model / "model.safetensors", DATA / "train.jsonl",
@@ -134,6 +139,9 @@ def build_medusa_dir(model: Path | None = None, heads: Path = HEADS_PATH,
     if not force and _stamp_ok(out, want):
         say(f"Medusa heads up to date ({out})")
         return out
+    import torch
+    from safetensors.torch import load_file, save_file
+
     say(f"building vLLM Medusa checkpoint {out}")
     cfg = json.loads((model / "config.json").read_text())
     blocks = load_file(str(heads))
