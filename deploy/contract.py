@@ -290,6 +290,13 @@ EXTERNAL_ENV: dict[str, str] = {
     "FI_PROVIDER": "libfabric (EFA)",
     "FI_EFA_USE_DEVICE_RDMA": "libfabric (EFA)",
     "POD_NAME": "Kubernetes downward API, used only inside other env values",
+    "GF_SECURITY_ADMIN_PASSWORD": "Grafana (compose rig, profile observe): admin's password, "
+                                  "from GRAFANA_ADMIN_PASSWORD",
+    "GF_AUTH_ANONYMOUS_ENABLED": "Grafana: no anonymous viewers",
+    "GF_ANALYTICS_REPORTING_ENABLED": "Grafana: no usage reporting",
+    "GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH": "Grafana: the unit dashboard as home",
+    "GRAFANA_ADMIN_PASSWORD": "compose rig: Grafana admin's password (a secret: from the "
+                              "environment only)",
 }
 
 # --- compose rig: service names other files (HAProxy config, scripts) may rely on --------------

@@ -306,7 +306,8 @@ def test_compose_prometheus_is_opt_in_and_scrapes_the_rig():
     assert "../observe/prometheus/compose.yml:/etc/prometheus/prometheus.yml:ro" in svc["volumes"]
     assert "../observe/rules:/etc/prometheus/rules:ro" in svc["volumes"]
     assert not any("profiles" in s for n, s in COMPOSE["services"].items()
-                   if n != "prometheus" and not n.endswith("-b")), "only cell b and observe"
+                   if n not in ("prometheus", "grafana") and not n.endswith("-b")), \
+        "only cell b and observe"
     path = ROOT / "observe" / "prometheus" / "compose.yml"
     cfg = yaml.safe_load(path.read_text())
     assert cfg["rule_files"] == ["/etc/prometheus/rules/*.yml"]
@@ -328,6 +329,23 @@ def test_compose_prometheus_is_opt_in_and_scrapes_the_rig():
     assert re.search(r"bind :8404\n\s+http-request use-service prometheus-exporter "
                      r"if \{ path /metrics \}", stats)
     promtool_check(path)
+
+
+def test_compose_grafana_is_opt_in_and_provisions_the_dashboards_over_the_rigs_prometheus():
+    svc = COMPOSE["services"]["grafana"]
+    assert svc["profiles"] == ["observe"] and svc["ports"] == ["127.0.0.1:3000:3000"]
+    assert svc["environment"]["GF_AUTH_ANONYMOUS_ENABLED"] == "false"
+    mounts = {v.split(":")[1]: ROOT / "docker" / v.split(":")[0] for v in svc["volumes"]}
+    for path in mounts.values():
+        assert path.exists(), path
+    ds = yaml.safe_load(mounts["/etc/grafana/provisioning/datasources/prometheus.yml"].read_text())
+    assert ds["datasources"][0]["url"] == "http://prometheus:9090"
+    prov = yaml.safe_load(mounts["/etc/grafana/provisioning/dashboards/rufus.yml"].read_text())
+    boards = mounts[prov["providers"][0]["options"]["path"]]
+    names = {p.name for p in boards.glob("*.json")}
+    assert {"rufus-unit.json", "rufus-fleet.json"} <= names
+    home = svc["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+    assert home.rsplit("/", 1)[-1] in names
 
 
 def test_the_prometheus_image_is_built_only_when_asked():
