@@ -38,6 +38,7 @@ from typing import Any
 
 from rufus.qp.settings import QP_KEYS, DecoderKnobs
 from rufus.serving import precision
+from rufus.serving.admission import Features, queue_features, shared_pass_features
 from rufus.serving.config import ConfigError, expand
 
 log = logging.getLogger("rufus.qp")
@@ -166,6 +167,10 @@ class PlannerBackend:
         """None: the engine is vLLM's AsyncLLM built from :meth:`engine_args`."""
         return None
 
+    def admission_features(self) -> Features:
+        """How the admission reads the queue: each plan ahead adds its time."""
+        return queue_features
+
 
 class AutoregressiveBackend(PlannerBackend):
     """Plain greedy decoding of the same model in vLLM: one token per forward pass."""
@@ -199,6 +204,11 @@ class TorchBackend(PlannerBackend):
                 knobs=knobs)
 
         return build
+
+    def admission_features(self) -> Features:
+        """Up to ``torch_max_batch`` plans share each tree pass: the ones ahead that fit in
+        the batch slow a pass a little, only those beyond it make a new plan wait."""
+        return shared_pass_features(self.knobs.torch_max_batch)
 
 
 class VllmMedusaBackend(PlannerBackend):

@@ -230,7 +230,8 @@ class QueryPlannerModel(EngineModel):
         """The planner's SLO admission, its estimate and error exported when metrics are on
         (through a buffer: each update is IPC, and admission runs on Triton's thread)."""
         s = self.settings.admission
-        adm = SloAdmission(s, what="plan", queue="{waiting} plans in flight")
+        adm = SloAdmission(s, what="plan", queue="{waiting} plans in flight",
+                           features=self.backend.admission_features())
         if pb_utils is not None and self.settings.report_custom_metrics:
             buf = MetricBuffer(AdmissionMetrics(
                 pb_utils, "rufus_qp_plan", "plan latency",

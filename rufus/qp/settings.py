@@ -130,21 +130,24 @@ def engine_arguments(model_json: Mapping[str, Any]) -> dict[str, Any]:
 # The planner's admission: a plan estimated past its SLO (300 ms, RUFUS_QP_SLO_S; margin
 # RUFUS_QP_MARGIN; the fit's priors RUFUS_QP_<FIELD>) is refused at once, UNAVAILABLE. The
 # estimate is of the whole plan: plans in flight ahead of it share the decoder's passes
-# (up to ``torch_max_batch`` per pass, the rest queue). A request may state the latency it
-# accepts (request parameter ``slo_ms``): the assistant sends its plan time limit, since
-# its own admission already holds the turn's SLO.
+# (up to ``torch_max_batch`` per pass, the rest queue: TorchBackend.admission_features).
+# A request may state the latency it accepts (request parameter ``slo_ms``): the assistant
+# sends its plan time limit, since its own admission already holds the turn's SLO.
 ADMISSION_PREFIX = "RUFUS_QP_"
 # priors: the least-squares fit of plan latency to plans in flight measured at 4-12 plans/s
 # on AVX-512 + bf16 + AMX (docs/benchmarks-history.md); the online fit moves from there
-ADMISSION = AdmissionSettings(slo_s=0.3, base_s=0.11, per_waiting_s=0.035, per_decoding_s=0.0)
+ADMISSION = AdmissionSettings(slo_s=0.3, base_s=0.11, per_waiting_s=0.035, per_decoding_s=0.05)
 ADMISSION_HELP: dict[str, str] = {
     "slo_s": "plan SLO, seconds; plans estimated past margin x SLO are refused UNAVAILABLE "
              "(a request's `slo_ms` parameter replaces it for that request; 0 turns "
              "admission off)",
     "margin": "refuse above this share of the SLO",
     "base_s": "prior: a lone plan, seconds",
-    "per_waiting_s": "prior: added per plan in flight ahead of it, seconds",
-    "per_decoding_s": "unused by the planner (no second phase), kept 0",
+    "per_waiting_s": "prior: added per plan in flight ahead of it that shares its tree "
+                     "passes (torch backends: up to torch_max_batch - 1 of them; other "
+                     "backends: every plan ahead), seconds",
+    "per_decoding_s": "prior (torch backends): added per plan ahead beyond a full batch "
+                      "of passes, which waits for a slot, seconds",
     "forgetting": "the fit's weight of the past per observation",
     "prior_weight": "observations the priors count as",
     "warm_after": "plans measured before the estimate refuses at margin x SLO; until then "

@@ -15,7 +15,10 @@ of it that have not reached the measured point yet, and shares the cores with th
     estimate = base + per_waiting * waiting + per_decoding * decoding
 
 with the three coefficients fitted online (recursive least squares with forgetting) to the
-latencies this model measures, starting from priors in :class:`AdmissionSettings`. Both the
+latencies this model measures, starting from priors in :class:`AdmissionSettings`. A model
+whose requests share its passes (the planner decodes up to a batch of plans per tree pass)
+maps its queue to other features (:func:`shared_pass_features`): a plan joining a batch
+with room costs little, one queued behind a full batch waits for a slot. Both the
 estimate and its error (estimate minus measured) are reported, so an operator sees whether
 refusals rest on a good prediction. An idle model never refuses.
 """
@@ -149,6 +152,28 @@ class Ticket:
             self.owner._done(self)
 
 
+Features = Callable[[int, int], tuple[float, float, float]]
+
+
+def queue_features(waiting: int, decoding: int) -> tuple[float, float, float]:
+    """(1, waiting, decoding): each request ahead adds its own time (the assistant)."""
+    return (1.0, float(waiting), float(decoding))
+
+
+def shared_pass_features(batch: int) -> Features:
+    """(1, plans sharing the new one's passes, plans queued beyond a full batch): with
+    ``batch`` plans decoded per pass, the first ``batch - 1`` ahead share its passes (each
+    makes a pass a little slower) and only the rest make it wait for a slot. The planner's
+    requests have no second phase, so ``decoding`` counts as ahead too."""
+    room = max(int(batch), 1) - 1
+
+    def features(waiting: int, decoding: int) -> tuple[float, float, float]:
+        ahead = waiting + decoding
+        return (1.0, float(min(ahead, room)), float(max(ahead - room, 0)))
+
+    return features
+
+
 @dataclass
 class SloAdmission:
     """One model's admission for new requests. Thread-safe (the OpenAI frontend, the Triton
@@ -161,6 +186,8 @@ class SloAdmission:
     # the refusal's words: what is estimated, and the queue (``{waiting}``, ``{decoding}``)
     what: str = "first answer text"
     queue: str = "{waiting} turns waiting, {decoding} answering"
+    # the queue as the fit's features (queue_features; the planner: shared_pass_features)
+    features: Features = queue_features
 
     def __post_init__(self) -> None:
         self.fit = _Fit.with_prior(self.settings)
@@ -175,7 +202,7 @@ class SloAdmission:
 
     def _predict_now(self) -> float:
         """What a new request would get with the queue as it is (caller holds the lock)."""
-        return self.fit.predict((1.0, float(self.waiting), float(self.decoding)))
+        return self.fit.predict(self.features(self.waiting, self.decoding))
 
     def estimate(self) -> float:
         with self.lock:
@@ -187,7 +214,8 @@ class SloAdmission:
         latency this request says it accepts (the planner's ``slo_ms`` parameter)."""
         slo = self.settings.slo_s if slo_s is None else slo_s
         with self.lock:
-            x = (1.0, float(self.waiting), float(self.decoding))
+            ahead = (self.waiting, self.decoding)
+            x = self.features(*ahead)
             est = self.fit.predict(x)
             limit = self.settings.margin * slo
             if self.measured < self.settings.warm_after:  # the estimate is still the priors'
@@ -199,7 +227,7 @@ class SloAdmission:
                 self.waiting += 1
         self.on_estimate(est)
         if refused:
-            queue = self.queue.format(waiting=int(x[1]), decoding=int(x[2]))
+            queue = self.queue.format(waiting=ahead[0], decoding=ahead[1])
             raise Unavailable(f"overloaded: {self.what} estimated in {est:.2f} s ({queue}), "
                               f"over the {slo:g} s SLO; retry on another unit")
         return Ticket(self, x, est, self.clock())
