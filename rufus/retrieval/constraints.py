@@ -16,7 +16,7 @@ important kind first (:data:`RELAX_RANK`), and says which in a system-written no
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -242,6 +242,16 @@ def _keys_with(tax: Taxonomy, cats: Sequence[str], suffix: str) -> tuple[str, ..
     return tuple(out)
 
 
+def _value_said(vals: Iterable[str], q: str, q_compact: str) -> str | None:
+    """The spec value ``q`` says, the longest first: as words before run together ("dry"
+    in "really dry skin", not "all" in "really"), ties in name order, so that the answer
+    never depends on a set's order."""
+    ok = [v for v in sorted(vals, key=lambda v: (-len(v), v))
+          if len(v) >= 2 and v.lower() not in STOPWORDS and v.lower() not in _NOT_VALUES]
+    return (next((v for v in ok if _has(q, v)), None)
+            or next((v for v in ok if _compact(v) in q_compact), None))
+
+
 def parse(question: str, cats: Sequence[str], tax: Taxonomy,
           brands: Sequence[str] = ()) -> list[Constraint]:
     """The constraints ``question`` states for the product types ``cats`` (only those their
@@ -346,13 +356,10 @@ def parse(question: str, cats: Sequence[str], tax: Taxonomy,
         for k, vals in tax.values.get(c, {}).items():
             if k in ("gender", "color") or k in taken:
                 continue
-            for v in sorted(vals, key=len, reverse=True):
-                vn = v.lower()
-                if len(vn) >= 2 and vn not in STOPWORDS and vn not in _NOT_VALUES and (
-                        _has(q, v) or _compact(v) in q_compact):
-                    out.append(Constraint("value", (k,), v, "=", v))
-                    taken.add(k)
-                    break
+            v = _value_said(vals, q, q_compact)
+            if v is not None:
+                out.append(Constraint("value", (k,), v, "=", v))
+                taken.add(k)
     if "color" in types:
         for col in COLOURS:
             if _has(q, col):

@@ -12,6 +12,14 @@ accessory word ("phone case", "tv stand") is no product type of ours. Models are
 their words after the brand, split at letter-digit boundaries ("buds2" = "buds 2"): the
 model's first word must be there, with its brand, a second of its words, or a first word no
 other brand uses; among a line's models the best-covered wins ("macbook air m2" is the M2).
+
+How the other words say which type: a word heading several types' nouns without being one
+("speaker") names the one of them the rest of the question is about, and a noun right before
+it is its modifier ("helmet cam"); a one-word noun heading other types' nouns ("camera") takes
+the sense its other words clearly give it ("to keep an eye on the dog": a security camera); a
+negated noun rules out the types it heads ("without a watch": no smartwatch either); a
+product line after "my" is the customer's, not the one wanted ("with my macbook"); a person
+named by what they love names the types of the interest ("a coffee lover": coffee makers).
 """
 
 from __future__ import annotations
@@ -56,6 +64,19 @@ carry carrying pack packing store storing hold holding charge charging protect p
 organize clean cleaning mount hang
 """.split())
 OBJECT_AFTER = frozenset("dies died dying dead charged broke broken".split())
+# A product line after these, past the first phrase, is one the customer has, not the one
+# wanted: "extra screen for working from home with my macbook" asks for a monitor.
+POSSESSIVES = frozenset({"my", "our", "his", "her", "their", "your"})
+# A person named by what they love ("a coffee lover", "tea enthusiasts"): the word before is
+# the interest, and the types whose nouns have it are the gift ("fan" is a product type).
+ENTHUSIASTS = frozenset("""
+lover lovers enthusiast enthusiasts addict addicts junkie junkies buff buffs fanatic fanatics
+aficionado aficionados connoisseur connoisseurs snob snobs nerd nerds geek geeks
+""".split())
+# A one-word noun that heads other types' nouns too ("camera": security camera, action
+# camera) takes the sense of the one its other words score this many times higher
+# ("good first camera" is no action camera for its "first person video": 1.75 times).
+SENSE_LEAD = 2.0
 
 
 # A need's words that say nothing of the product type (classify).
@@ -89,6 +110,11 @@ def _majority(counts: dict[str, Counter[str]], ok: Callable[[str], bool]) -> dic
         if ok(w) and n * 3 >= 2 * sum(c.values()):
             out[w] = cat
     return out
+
+
+def _one_deleted(w: str) -> set[str]:
+    """``w`` and ``w`` less any one letter: a symmetric-delete index of one edit."""
+    return {w, *(w[:i] + w[i + 1:] for i in range(len(w)))}
 
 
 def tokens(text: str) -> list[str]:
@@ -152,6 +178,10 @@ class Taxonomy:
         # a need phrase's content stems -> its categories (resolve: a need said in full)
         self._need_phrases: dict[frozenset[str], set[str]] = {}
         self._heads: dict[str, set[str]] = {}  # category -> its nouns' head stems
+        self._head_types: dict[str, set[str]] = {}  # a noun's head stem -> categories
+        self._noun_types: dict[str, set[str]] = {}  # any stem of a noun -> categories
+        self._own: dict[str, set[str]] = {}  # category -> the stems of its nouns and needs
+        self._need_deletes: dict[str, set[str]] = {}  # a need word's stem less a letter -> it
         self._need_by_word: dict[str, list[frozenset[str]]] = {}  # stem -> need phrases with it
 
     @classmethod
@@ -192,13 +222,7 @@ class Taxonomy:
                 key = tuple(stems(tokens(n)))
                 if key and key not in nouns:
                     nouns[key] = c
-        t._nouns = sorted(nouns.items(), key=lambda kv: -len(kv[0]))
-        for key, c in nouns.items():
-            t._heads.setdefault(c, set()).add(key[-1])
-
-        t._noun_words = {w for n in nouns for w in n}
-        t._fuzzy = {("".join(n) if len(n) > 1 else n[0]): c for n, c in nouns.items()
-                    if len("".join(n)) >= 5 and (len(n) == 1 or all(len(x) == 1 for x in n[:-1]))}
+        t._index_nouns(nouns)
         t._models = list(models.values())
         t.model_brand = {m.model: m.brand for m in t._models}
         firsts: dict[str, Counter[str]] = {}
@@ -234,6 +258,7 @@ class Taxonomy:
                 doc[w] += NEED_WEIGHT
             for need in (spec.needs if spec else ()):
                 key = frozenset(_content(tokens(need)))
+                t._own.setdefault(c, set()).update(key)
                 if key:
                     if key not in t._need_phrases:
                         for w in key:
@@ -243,10 +268,28 @@ class Taxonomy:
             for w in set(stems(tokens(text))):
                 t._doc[p_cat][w] += DESCRIPTION_WEIGHT
         t._texts = []
+        for w in t._need_by_word:  # typos of a need's words ("bagles"), one edit
+            if len(w) >= 5 and w.isalpha():
+                for d in _one_deleted(w):
+                    t._need_deletes.setdefault(d, set()).add(w)
         for c, doc in t._doc.items():
             for w in doc:
                 t._df.setdefault(w, set()).add(c)
         return t
+
+    def _index_nouns(self, nouns: dict[tuple[str, ...], str]) -> None:
+        """The lookups of the nouns (stemmed noun -> category): longest first, by head word,
+        by any word, and the one-word nouns a typo may stand for."""
+        self._nouns = sorted(nouns.items(), key=lambda kv: -len(kv[0]))
+        for key, c in nouns.items():
+            self._heads.setdefault(c, set()).add(key[-1])
+            self._head_types.setdefault(key[-1], set()).add(c)
+            self._own.setdefault(c, set()).update(key)
+            for w in key:
+                self._noun_types.setdefault(w, set()).add(c)
+        self._noun_words = {w for n in nouns for w in n}
+        self._fuzzy = {("".join(n) if len(n) > 1 else n[0]): c for n, c in nouns.items()
+                       if len("".join(n)) >= 5 and (len(n) == 1 or all(len(x) == 1 for x in n[:-1]))}
 
     # -------------------------------------------------------------- names
     def name(self, category: str) -> str:
@@ -403,28 +446,101 @@ class Taxonomy:
         strongest evidence found: a noun or model in the first phrase; a model anywhere; a
         noun in a phrase that names what is wanted ("looking | for a tent"); a product line
         or one-type brand; the nearest type to a need (:meth:`classify`); any noun."""
-        ws = tokens(text)
+        ws = self._need_typos(tokens(text))
         st = stems(ws)
-        models = [(s, e, m) for s, e, m, _line in self.models_in(ws)]
-        lines = {m.model for s, e, m, line in self.models_in(ws) if line}
+        named = self.models_in(ws)
+        models = [(s, e, m) for s, e, m, _line in named]
+        lines = {m.model for s, e, m, line in named if line}
         in_model = {i for s, e, _ in models for i in range(s, e)}
         # a noun inside a model's name is the model's ("apple watch" is no analog watch)
         matches = [(s, e, c) for s, e, c in self._noun_matches(st)
                    if not in_model.intersection(range(s, e))]
-        # phrase of each token: its index, and the word that opened it ("for", "on", ...)
+        phrase, opener = self._phrases(ws)
+        res = Resolution(models=list(dict.fromkeys(m.model for _, _, m in models if m.model not in lines)),
+                         line_models=sorted(lines))
+        owned = self._owned(ws, phrase)
+        for i, w in enumerate(ws):  # a line's word names its brand ("xbox" Microsoft's)
+            if (i not in in_model and i not in owned and w in self._line_brand
+                    and self._line_brand[w] not in res.brands):
+                res.brands.append(self._line_brand[w])
+        ends = {s: e for s, e, _ in matches}
+        bare = self._bare_heads(ws, st, matches, in_model)
+        kept, acted_on, negated, excluded = self._read_nouns(ws, st, matches, phrase, bare, res)
+        # a negated noun's words count toward no need either
+        need_ws = [w for i, w in enumerate(ws) if i not in negated]
+        need, need_key = self._need_said(stems(need_ws), excluded)
+        # a need said in full that holds the noun ("my phone dies", "netflix on an old tv")
+        # names the type instead of the noun
+        if need and len(need_key) > 1:
+            kept = [(s, c) for s, c in kept if c == need or not set(st[s:ends[s]]) <= need_key]
+        if need:  # "monitor so i can hear the baby": the need's own sense of the noun
+            kept = [(s, need if st[ends[s] - 1] in self._heads.get(need, ()) else c)
+                    for s, c in kept]
+        else:  # "camera to keep an eye on the dog": the sense its other words give it
+            kept = [(s, self._sense(st[s:ends[s]], c, need_ws, excluded)) for s, c in kept]
+        firsts = [c for s, c in kept if phrase[s] == 0] + [m.category for s, _, m in models
+                                                           if phrase[s] == 0]
+        res.named_first = bool(firsts)
+        if res.accessory and not [c for s, c in kept if phrase[s] == 0]:
+            return Resolution(accessory=True)
+        # said in the first phrase, its words together ("surround sound", not "moving our
+        # 2 year old out")
+        at = [i for i, w in enumerate(st) if w in need_key and phrase[i] == 0]
+        first_said = bool(at) and need_key <= {st[i] for i in at} and (
+            max(at) - min(at) < len(need_key) + 1)
+        chosen = (firsts or [m.category for _, _, m in models]
+                  # "surround sound for the living room tv": the need said first, not the tv
+                  or ([need] if need and len(need_key) > 1 and first_said else []))
+        if not chosen:  # "little speaker i can clip on my bike": a word heading types' nouns
+            chosen = self._head_named(bare, phrase, ws, negated, excluded)
+            res.named_first = bool(chosen)
+        # "surround sound for the living room tv": the need said, not the tv ("for my tv": the
+        # customer's own)
+        chosen = chosen or [c for s, c in kept if opener[phrase[s]] in WANT_OPENERS and s not in owned]
+        if not chosen:  # a product line ("macbook", "kindle") or a one-type brand ("vitamix")
+            chosen = self._lines_named(ws, in_model | owned)
+        if not chosen and infer:  # "gift for a coffee lover": the types of the interest
+            chosen = self._interest(ws, st, need_ws, excluded)
+            res.inferred, res.need_words = bool(chosen), 2 if chosen else 0
+        if not chosen and infer:  # a need ("boil water for tea"): the nearest type
+            chosen = self.classify(need_ws, excluded)
+            res.inferred = bool(chosen)
+            if chosen:
+                res.need_words = len({w for w in _content(need_ws) if w in self._doc[chosen[0]]})
+        if not chosen and owned:  # only a line the customer has ("for my macbook")
+            chosen = self._lines_named(ws, in_model)
+        if not chosen and need:  # "allergies", "starting to shave": a need said in full
+            chosen = [need]
+            res.inferred = True
+            res.need_words = 2
+        if not chosen:
+            chosen = [c for _, c in kept] or [c for _, c in acted_on]
+        res.categories = list(dict.fromkeys(chosen))
+        return res
+
+    @staticmethod
+    def _phrases(ws: Sequence[str]) -> tuple[list[int], list[str]]:
+        """The phrase of each token (its index) and the word that opened each phrase ("for",
+        "on", ...; "" for the first)."""
         phrase, opener, n = [], [""], 0
         for i, w in enumerate(ws):
             if w in PHRASE_END and i > 0:
                 n += 1
                 opener.append(w)
             phrase.append(n)
-        res = Resolution(models=list(dict.fromkeys(m.model for _, _, m in models if m.model not in lines)),
-                         line_models=sorted(lines))
-        for i, w in enumerate(ws):  # a line's word names its brand ("xbox" Microsoft's)
-            if i not in in_model and w in self._line_brand and self._line_brand[w] not in res.brands:
-                res.brands.append(self._line_brand[w])
-        kept, acted_on, negated = [], [], set()
-        ends = {s: e for s, e, _ in matches}
+        return phrase, opener
+
+    def _read_nouns(self, ws: Sequence[str], st: Sequence[str], matches: Sequence[tuple[int, int, str]],
+                    phrase: Sequence[int], bare: dict[int, set[str]], res: Resolution
+                    ) -> tuple[list[tuple[int, str]], list[tuple[int, str]], set[int], set[str]]:
+        """How each noun of the question is meant: (start, type) of the nouns wanted, of those
+        acted on ("carry my laptop"), the positions of the negated ones and the types these
+        exclude. Sets ``res.accessory`` for an accessory in the first phrase ("phone case");
+        narrows ``bare`` to a compound's types ("helmet cam")."""
+        kept: list[tuple[int, str]] = []
+        acted_on: list[tuple[int, str]] = []
+        negated: set[int] = set()
+        excluded: set[str] = set()
         for s, e, cat in matches:
             nxt = ws[e] if e < len(ws) else ""
             after = ws[e + 1] if e + 1 < len(ws) else ""
@@ -438,71 +554,134 @@ class Taxonomy:
             before = ws[max(s - 3, 0):s]
             if set(before) & NEGATIONS:
                 negated.update(range(s, e))
-                continue  # "without wearing a watch": not the watch
+                # "without wearing a watch": not the watch, nor the types it heads ("gps watch")
+                excluded |= {cat} | self._head_types.get(st[e - 1], set())
+                continue
+            if e in bare:  # "helmet cam for": a modifier of the word after it that ends
+                # the noun group, when that word's types have it ("helmet camera" is an action
+                # camera's noun); "camera battery powered" is a camera
+                mine = {c for c in bare[e] if set(st[s:e]) & self._own.get(c, set())}
+                if mine and (not after or after in PHRASE_END or after in STOPWORDS):
+                    bare[e] = mine
+                    continue
+                del bare[e]
             same_phrase = [w for i, w in enumerate(ws[:s]) if phrase[i] == phrase[s]]
             if set(same_phrase) & OBJECT_BEFORE or set(ws[e:e + 3]) & OBJECT_AFTER:
                 acted_on.append((s, cat))  # "carry my laptop": the laptop is carried
                 continue
             kept.append((s, cat))
-        # a negated noun's words count toward no need either
-        need_ws = [w for i, w in enumerate(ws) if i not in negated]
-        need, need_key = self._need_said(stems(need_ws))
-        # a need said in full that holds the noun ("my phone dies", "netflix on an old tv")
-        # names the type instead of the noun
-        if need and len(need_key) > 1:
-            kept = [(s, c) for s, c in kept if c == need or not set(st[s:ends[s]]) <= need_key]
-        if need:  # "monitor so i can hear the baby": the need's own sense of the noun
-            kept = [(s, need if st[ends[s] - 1] in self._heads.get(need, ()) else c)
-                    for s, c in kept]
-        firsts = [c for s, c in kept if phrase[s] == 0] + [m.category for s, _, m in models
-                                                           if phrase[s] == 0]
-        res.named_first = bool(firsts)
-        if res.accessory and not [c for s, c in kept if phrase[s] == 0]:
-            return Resolution(accessory=True)
-        # said in the first phrase, its words together ("surround sound", not "moving our
-        # 2 year old out")
-        at = [i for i, w in enumerate(st) if w in need_key and phrase[i] == 0]
-        first_said = bool(at) and need_key <= {st[i] for i in at} and (
-            max(at) - min(at) < len(need_key) + 1)
-        chosen = (firsts or [m.category for _, _, m in models]
-                  # "surround sound for the living room tv": the need said first, not the tv
-                  or ([need] if need and len(need_key) > 1 and first_said else [])
-                  # "surround sound for the living room tv": the need said, not the tv
-                  or [c for s, c in kept if opener[phrase[s]] in WANT_OPENERS])
-        if not chosen:  # a product line ("macbook", "kindle") or a one-type brand ("vitamix")
-            for i, w in enumerate(ws):
-                if i in in_model:
-                    continue
-                grams = [g for k in (3, 2, 1) for g in ("".join(ws[i:i + k]),
-                                                         "".join(ws[i:i + k]).removesuffix("s"))]
-                c = next((self._brand_words[g] for g in grams if g in self._brand_words), None)
-                c = c or self._line_words.get(w)
-                if c:
-                    chosen.append(c)
-        if not chosen and infer:  # a need ("boil water for tea"): the nearest type
-            chosen = self.classify(need_ws)
-            res.inferred = bool(chosen)
-            if chosen:
-                res.need_words = len({w for w in _content(need_ws) if w in self._doc[chosen[0]]})
-        if not chosen and need:  # "allergies", "starting to shave": a need said in full
-            chosen = [need]
-            res.inferred = True
-            res.need_words = 2
-        if not chosen:
-            chosen = [c for _, c in kept] or [c for _, c in acted_on]
-        res.categories = list(dict.fromkeys(chosen))
-        return res
+        return kept, acted_on, negated, excluded
 
-    def _need_said(self, st: Sequence[str]) -> tuple[str | None, frozenset[str]]:
+    def _need_typos(self, ws: list[str]) -> list[str]:
+        """``ws`` with each typo of a need's word replaced by it ("bagles every morning" says
+        "bagels", a toaster's need): a word of five letters or more that no type's text has
+        and no common word, one edit from exactly one need word with its first letter."""
+        out = ws
+        for i, w in enumerate(ws):
+            s = stem1(w)
+            if len(s) < 5 or not s.isalpha() or s in self._df or w in common_words():
+                continue
+            near = {c for d in _one_deleted(s) for c in self._need_deletes.get(d, ()) if c[0] == s[0]}
+            near = {c for c in near if edit_distance(s, c) <= 1}
+            if len(near) == 1:
+                out = out if out is not ws else list(ws)
+                out[i] = near.pop()
+        return out
+
+    @staticmethod
+    def _owned(ws: Sequence[str], phrase: Sequence[int]) -> set[int]:
+        """Positions of the words right after a possessive past the first phrase ("with my
+        macbook"): what the customer has, which the wanted product goes with."""
+        return {i for i in range(1, len(ws)) if phrase[i] > 0 and ws[i - 1] in POSSESSIVES}
+
+    def _lines_named(self, ws: Sequence[str], skip: Iterable[int]) -> list[str]:
+        """The types of the product lines ("macbook", "kindle") and one-type brands
+        ("vitamix") in ``ws``, the positions in ``skip`` left out."""
+        out, skip = [], set(skip)
+        for i, w in enumerate(ws):
+            if i in skip:
+                continue
+            grams = [g for k in (3, 2, 1) for g in ("".join(ws[i:i + k]),
+                                                     "".join(ws[i:i + k]).removesuffix("s"))]
+            c = next((self._brand_words[g] for g in grams if g in self._brand_words), None)
+            c = c or self._line_words.get(w)
+            if c:
+                out.append(c)
+        return out
+
+    def _bare_heads(self, ws: Sequence[str], st: Sequence[str], matches: Sequence[tuple[int, int, str]],
+                    in_model: set[int]) -> dict[int, set[str]]:
+        """Position -> types, of each word that heads types' nouns without being one
+        ("speaker", "shoes"): it names the types it is said of as much as a noun's head word
+        (bluetooth and smart speakers, soundbars; every kind of shoe), though none alone. Not
+        inside a noun or model, not negated, no verb ("driving" is no drive), not an
+        accessory's modifier ("speaker stand")."""
+        taken = in_model | {i for s, e, _ in matches for i in range(s, e)}
+        out = {}
+        for i, w in enumerate(st):
+            if (w not in self._head_types or i in taken or not ws[i].isalpha()
+                    or ws[i] in STOPWORDS or (ws[i].endswith(("ing", "ed")) and w != ws[i])
+                    or set(ws[max(i - 3, 0):i]) & NEGATIONS
+                    or (i + 1 < len(ws) and ws[i + 1] in ACCESSORY)):
+                continue
+            out[i] = {c for c in self._df.get(w, ()) if self._doc[c][w] >= NOUN_WEIGHT}
+        return out
+
+    def _ranked_among(self, cats: Iterable[str], ws: Sequence[str]) -> list[tuple[str, float]]:
+        """``cats`` by their :meth:`classify_scores` for ``ws``, best first (0 when none)."""
+        scores = dict(self.classify_scores(ws))
+        return sorted(((c, scores.get(c, 0.0)) for c in cats), key=lambda cs: (-cs[1], cs[0]))
+
+    def _head_named(self, bare: dict[int, set[str]], phrase: Sequence[int], ws: Sequence[str],
+                    negated: set[int], excluded: set[str]) -> list[str]:
+        """The type that a bare head word of the first phrase names ("little speaker i can
+        clip on my bike": a bluetooth speaker) that the question's other words score best;
+        none when they score none ("shoes for my wedding": no type of shoe is said)."""
+        best: tuple[float, str] = (0.0, "")
+        for i in sorted(bare):
+            cats = bare[i] - excluded
+            if phrase[i] or not cats:
+                continue
+            other = [w for j, w in enumerate(ws) if j != i and j not in negated]
+            cat, score = self._ranked_among(cats, other)[0]
+            best = max(best, (score, cat))
+        return [best[1]] if best[0] > 0 else []
+
+    def _sense(self, noun: Sequence[str], cat: str, ws: Sequence[str], excluded: set[str]) -> str:
+        """A one-word noun heading other types' nouns too ("camera") is the one of them its
+        other words score :data:`SENSE_LEAD` times higher than ``cat`` ("camera to keep an
+        eye on the dog" is a security camera), else ``cat``."""
+        if len(noun) != 1 or len(self._head_types.get(noun[0], ())) < 2:
+            return cat
+        ranked = self._ranked_among(self._head_types[noun[0]] - excluded, ws)
+        own = dict(ranked).get(cat, 0.0)
+        best, score = ranked[0] if ranked else (cat, 0.0)
+        return best if score >= max(CLASSIFY_MIN, SENSE_LEAD * own) else cat
+
+    def _interest(self, ws: Sequence[str], st: Sequence[str], need_ws: Sequence[str],
+                  excluded: set[str]) -> list[str]:
+        """The type for a person named by what they love ("gift for a coffee lover"): among
+        the types whose nouns have the word before (coffee makers), the best scored."""
+        for i in range(1, len(ws)):
+            if ws[i] in ENTHUSIASTS and ws[i - 1] not in STOPWORDS:
+                cats = self._noun_types.get(st[i - 1], set()) - excluded
+                if cats:
+                    return [self._ranked_among(cats, need_ws)[0][0]]
+        return []
+
+    def _need_said(self, st: Sequence[str], excluded: Iterable[str] = ()
+                   ) -> tuple[str | None, frozenset[str]]:
         """The one type whose need phrase the question says in full (every content word of
         it), the longest such phrase first, and that phrase's stems; None when none is, or
-        two types tie."""
+        two types tie. The ``excluded`` types (a negated noun's) tie with none."""
         have = set(st)
         best: tuple[int, set[str]] = (0, set())
         best_key: frozenset[str] = frozenset()
         keys = {k for w in have for k in self._need_by_word.get(w, ())}
         for key in keys:
-            cats = self._need_phrases[key]
+            cats = self._need_phrases[key] - set(excluded)
+            if not cats:
+                continue
             # one word is a need only when few types have it ("allergies", not "work")
             if len(key) == 1 and len(self._df.get(next(iter(key)), ())) > 3:
                 continue
@@ -512,8 +691,11 @@ class Taxonomy:
                 best = (len(key), best[1] | cats) if len(key) == best[0] else (len(key), set(cats))
         return (next(iter(best[1])), best_key) if len(best[1]) == 1 else (None, frozenset())
 
-    def classify(self, ws: Sequence[str]) -> list[str]:
-        ranked = self.classify_scores(ws)
+    def classify(self, ws: Sequence[str], excluded: Iterable[str] = ()) -> list[str]:
+        """The nearest type to the need ``ws`` says (:meth:`classify_scores`), the
+        ``excluded`` types (a negated noun's) left out; none when it is not clear."""
+        out = set(excluded)
+        ranked = [cs for cs in self.classify_scores(ws) if cs[0] not in out]
         if not ranked or ranked[0][1] < CLASSIFY_MIN:
             return []
         if len(ranked) > 1 and ranked[0][1] < CLASSIFY_LEAD * ranked[1][1]:

@@ -212,3 +212,81 @@ def test_user_catalog_searches_by_its_own_keys():
     s = GroundedSearch(SqliteFtsRetriever.build([tent(1, 2), tent(2, 4), tent(3, 6)], categories=[]))
     out = s.search(["tent that sleeps 4"], {}, "tent that sleeps 4", 5)
     assert [p.id for p in out.products] == ["u2"]
+
+
+# ------------------------------------------- how a product type is read from a question
+
+@pytest.mark.parametrize("q, category", [
+    # a negated noun rules out the types it heads too: "gps watch" is a smartwatch's noun, so
+    # the need "sleep tracking" (smartwatches' and fitness trackers') is the tracker's
+    ("sleep tracking without a watch", "fitness_tracker"),
+    # a product line after "my", past the first phrase, is the customer's: the product goes with it
+    ("bigger display for editing photos with my macbook", "monitor"),
+    # a word heading several types' nouns, no noun alone ("speaker"), names the one of them
+    # the other words are about ("clip": a bluetooth speaker's need)
+    ("tiny speaker that i can clip onto a stroller", "bluetooth_speaker"),
+    # a noun before such a word, ending the noun group, is its modifier ("helmet camera",
+    # "mountain biking footage": an action camera's words)
+    ("bike cam for my commute", "action_camera"),
+    # a one-word noun heading other types' nouns takes the sense its other words give it
+    ("camera for skiing", "action_camera"),
+    ("monitor for the baby", "baby_monitor"),
+    # a person named by what they love: the types whose nouns have the interest
+    ("present for a tea enthusiast", "electric_kettle"),
+    ("gift idea for a dog lover", "dog_bed"),
+    # a typo of a need's word ("bagels", a toaster's need) no spelling correction caught
+    ("crispy bagles every weekend", "toaster"),
+])
+def test_type_read_from_side_words_needs_and_negations(search, q, category):
+    out = found(search, q)
+    assert out.products and {p.category for p in out.products} == {category}, \
+        (q, [p.title for p in out.products])
+
+
+@pytest.mark.parametrize("q, category", [
+    ("good first camera for a beginner photographer", "camera"),  # "first person video" is one word
+    ("outdoor security camera battery powered", "security_camera"),  # "battery powered" says how
+    ("headphones that work with my iphone", "headphones"),
+])
+def test_type_rules_leave_the_named_type_alone(search, q, category):
+    """The rules above change no type the question names plainly."""
+    out = found(search, q)
+    assert out.products and {p.category for p in out.products} == {category}, \
+        (q, [p.title for p in out.products])
+
+
+def test_bare_head_without_other_words_and_verbs_name_no_type(search):
+    """A family word with nothing saying which of its types ("shoes for my wedding": the
+    catalog has no dress shoes) picks none of them, and a verb is no noun ("driving" is no
+    external drive)."""
+    tax = search.taxonomy
+    assert tax.resolve("shoes for my wedding").categories == []
+    assert "external_drive" not in tax.resolve("record what happens while i'm driving").categories
+
+
+def test_owned_product_line_is_no_brand_filter(search):
+    """"with my macbook": the customer owns a MacBook; monitors of any brand fit it."""
+    out = found(search, "second monitor to use with my macbook")
+    assert {p.category for p in out.products} == {"monitor"}
+    assert not [c for c in out.constraints if c.kind == "brand"]
+    assert len({p.brand for p in out.products}) > 1
+
+
+def test_negated_types_never_win_a_need_or_the_nearest_type(search):
+    """The types a negated noun rules out are no candidates for the nearest type, and a need
+    phrase two types share is the other's."""
+    tax = search.taxonomy
+    ws, out = ["track", "my", "sleep"], {"smartwatch", "fitness_tracker"}
+    assert tax.classify(ws) and not set(tax.classify(ws, out)) & out
+    need, _key = tax._need_said(["sleep", "track"], {"smartwatch", "watch"})
+    assert need == "fitness_tracker"
+
+
+def test_spec_value_read_the_same_whatever_the_set_order():
+    """"really dry skin" states the skin type "dry", never "all" run together in "really"
+    (a set's order once decided which)."""
+    from rufus.retrieval.constraints import _compact, _norm, _value_said
+    q = "something for really dry skin in winter"
+    for vals in (["all", "dry", "oily"], ["oily", "dry", "all"], ["dry", "all"]):
+        assert _value_said(vals, _norm(q), _compact(q)) == "dry"
+    assert _value_said(["all", "dry"], _norm("nonstick for allday"), _compact("nonstick for allday")) == "all"
