@@ -271,10 +271,77 @@ def capacity_at_slo(rows: Sequence[dict[str, Any]], min_share: float = 0.99) -> 
     return best
 
 
+# The admission's estimate error (estimate minus measured, per admitted request) each target
+# is refused or admitted by: the Triton models' (tritonserver's metrics port) and the OpenAI
+# frontend's own assistant admission (its /metrics).
+ESTIMATE_ERROR = {"assistant": "rufus_assistant_first_token_estimate_error_seconds",
+                  "planner": "rufus_qp_plan_estimate_error_seconds",
+                  "openai": "rufus_openai_assistant_first_token_estimate_error_seconds"}
+CALIBRATION_BAND_S = 0.1  # an estimate within this of the measured latency counts as right
+
+
+def scrape_histogram(url: str, family: str) -> dict[str, Any] | None:
+    """A histogram's sum, count and cumulative buckets, summed over its label sets; None
+    when the endpoint does not answer or lacks the family."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            text = r.read().decode()
+    except OSError:
+        return None
+    out: dict[str, Any] = {"sum": 0.0, "count": 0.0, "buckets": {}}
+    found = False
+    for line in text.splitlines():
+        if not line.startswith(family + "_"):
+            continue
+        name, _, value = line.rpartition(" ")
+        found = True
+        if name.startswith(family + "_sum"):
+            out["sum"] += float(value)
+        elif name.startswith(family + "_count"):
+            out["count"] += float(value)
+        elif name.startswith(family + "_bucket"):
+            le = name.split('le="', 1)[1].split('"', 1)[0]
+            out["buckets"][le] = out["buckets"].get(le, 0.0) + float(value)
+    return out if found else None
+
+
+def calibration(before: dict[str, Any] | None, after: dict[str, Any] | None,
+                band_s: float = CALIBRATION_BAND_S) -> dict[str, Any] | None:
+    """What one rate's admitted requests say of the estimate: their number, the mean error
+    (estimate minus measured), and the shares within ``band_s`` of the truth, pessimistic
+    beyond it (refuses too early) and optimistic beyond it (admits what will be late).
+    The band must be bucket bounds (rufus/serving/metrics.py ADMISSION_ERROR_BUCKETS)."""
+    if before is None or after is None:
+        return None
+    n = after["count"] - before["count"]
+    if n <= 0:
+        return {"admitted": 0}
+
+    def cum(le: float) -> float:
+        key = f"{le:g}" if f"{le:g}" in after["buckets"] else str(float(le))
+        return after["buckets"].get(key, 0.0) - before["buckets"].get(key, 0.0)
+
+    low, high = cum(-band_s), cum(band_s)
+    return {"admitted": int(n), "mean_error_s": (after["sum"] - before["sum"]) / n,
+            "within_band": (high - low) / n, "pessimistic": low / n,
+            "optimistic": (n - high) / n, "band_s": band_s}
+
+
+def format_calibration(c: dict[str, Any] | None) -> str:
+    if not c or not c.get("admitted"):
+        return ""
+    return (f"  estimate-measured mean {c['mean_error_s'] * 1000:+.0f} ms, within "
+            f"{c['band_s'] * 1000:.0f} ms {c['within_band']:.0%} (early {c['pessimistic']:.0%}, "
+            f"late {c['optimistic']:.0%}) of {c['admitted']}")
+
+
 async def sweep(target: Target, questions: Sequence[str], rates: Sequence[float],
                 duration_s: float, *, slo_s: float | None = None, seed: int = 0,
                 drain_s: float = DRAIN_S, gap_s: float = 0.0, warmup: int = 0,
-                on_row: Callable[[dict[str, Any]], None] | None = None
+                on_row: Callable[[dict[str, Any]], None] | None = None,
+                scrape: Callable[[], dict[str, Any] | None] | None = None,
                 ) -> tuple[list[dict[str, Any]], dict[str, list[RequestResult]]]:
     """Every rate in turn, the target opened once, the questions one seeded cycle through
     the warm-up and every rate: each question is asked once before any is asked again.
@@ -283,8 +350,9 @@ async def sweep(target: Target, questions: Sequence[str], rates: Sequence[float]
     ``repeats``; a figure for new customers' questions takes a window of at most the
     number of questions left, on a stack that has not seen them. ``warmup`` requests one
     at a time first, not counted; ``gap_s`` idle seconds before each rate (vLLM's CPU worker
-    busy-polls for 1 s after its last request). Returns the rows and each rate's
-    per-request results."""
+    busy-polls for 1 s after its last request); ``scrape``: the admission's estimate-error
+    histogram, read around each rate for its row's ``calibration``. Returns the rows and
+    each rate's per-request results."""
     slo = target.default_slo_s if slo_s is None else slo_s
     rows: list[dict[str, Any]] = []
     raw: dict[str, list[RequestResult]] = {}
@@ -299,9 +367,12 @@ async def sweep(target: Target, questions: Sequence[str], rates: Sequence[float]
         for rate in rates:
             if gap_s > 0:
                 await asyncio.sleep(gap_s)
+            before = await asyncio.to_thread(scrape) if scrape is not None else None
             results = await run_rate(target, cycle, rate, duration_s, event=target.event,
                                      seed=seed, drain_s=drain_s, seen=seen)
             row = summarize(results, rate, duration_s, slo, target.event)
+            if scrape is not None:
+                row["calibration"] = calibration(before, await asyncio.to_thread(scrape))
             rows.append(row)
             raw[rate_key(raw, rate)] = results
             if on_row is not None:
@@ -584,10 +655,10 @@ STACK_MODELS = ("rufus_llm", "rufus_qp_medusa", "rufus_assistant")  # make serve
 
 
 @contextlib.contextmanager
-def fresh_stack(target: str, log_path: Path) -> Iterator[str]:
+def fresh_stack(target: str, log_path: Path) -> Iterator[tuple[str, str]]:
     """A new stack for one rate (``--fresh-stack``): tritonserver with make serve's models on
     free ports (and the OpenAI frontend for the openai target), ready; yields the target's
-    URL; stopped by pid after."""
+    URL and the metrics URL of the admission it serves; stopped by pid after."""
     from rufus.launch.server import TritonServer, free_port
     from rufus.launch.stack import start_frontend, stop_process
 
@@ -603,7 +674,7 @@ def fresh_stack(target: str, log_path: Path) -> Iterator[str]:
               flush=True)
         grpc = f"127.0.0.1:{srv.grpc_port}"
         if target != "openai":
-            yield grpc
+            yield grpc, f"http://127.0.0.1:{srv.metrics_port}/metrics"
             return
         from lab.bench_openai import wait_http
 
@@ -611,7 +682,7 @@ def fresh_stack(target: str, log_path: Path) -> Iterator[str]:
         fe = start_frontend(grpc, port, log_path=str(log_path))
         url = f"http://127.0.0.1:{port}"
         wait_http(url + "/v1/models", fe, 120.0, "the OpenAI frontend")
-        yield url
+        yield url, url + "/metrics"
     finally:
         if fe is not None:
             stop_process(fe, 5.0)
@@ -645,6 +716,10 @@ def main(argv: list[str] | None = None, doc: str = __doc__) -> int:
                          "models on free ports, and the OpenAI frontend for --target openai) "
                          "and stop it after: each rate meets a stack that has seen none of "
                          "its questions (--url is not used)")
+    ap.add_argument("--metrics", default=None,
+                    help="metrics URL of the admission, for the estimate's calibration "
+                         "(default: tritonserver's http://<--url host>:8002/metrics; openai: "
+                         "<--url>/metrics; --fresh-stack: its own)")
     ap.add_argument("--out", default=None, help="JSON results (default build/goodput-<target>.json)")
     a = ap.parse_args(argv)
     url = a.url or DEFAULT_URLS[a.target]
@@ -671,22 +746,36 @@ def main(argv: list[str] | None = None, doc: str = __doc__) -> int:
         others = "".join(f"  {e} p50/p99 {row[e + '_p50_s'] * 1000:.0f}/"
                          f"{row[e + '_p99_s'] * 1000:.0f}" for e in events)
         print(format_row(row) + f" {row['load']:>5.1f}" + others
-              + (f"  ({codes})" if codes else ""), flush=True)
+              + (f"  ({codes})" if codes else "")
+              + format_calibration(row.get("calibration")), flush=True)
+
+    family = ESTIMATE_ERROR[a.target]
+
+    def scraper(metrics_url: str) -> Callable[[], dict[str, Any] | None]:
+        return lambda: scrape_histogram(metrics_url, family)
+
+    def default_metrics(url: str) -> str:
+        if a.target == "openai":
+            return url.rstrip("/") + "/metrics"
+        return f"http://{url.rsplit(':', 1)[0]}:8002/metrics"
 
     started = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
     if a.fresh_stack:
         rows, raw = [], {}
         for i, rate in enumerate(a.rates):
-            with fresh_stack(a.target, out.parent / f"goodput-stack-{i}-{rate:g}.log") as fresh:
+            log = out.parent / f"goodput-stack-{i}-{rate:g}.log"
+            with fresh_stack(a.target, log) as (fresh, metrics):
                 r, x = asyncio.run(sweep(TARGETS[a.target](fresh), questions, [rate],
                                          a.duration, slo_s=slo, seed=a.seed, drain_s=a.drain,
-                                         gap_s=a.gap, warmup=a.warmup, on_row=on_row))
+                                         gap_s=a.gap, warmup=a.warmup, on_row=on_row,
+                                         scrape=scraper(metrics)))
             rows += r
             raw.update({rate_key(raw, rate): v for v in x.values()})
     else:
         rows, raw = asyncio.run(sweep(target, questions, a.rates, a.duration, slo_s=slo,
                                          seed=a.seed, drain_s=a.drain, gap_s=a.gap,
-                                         warmup=a.warmup, on_row=on_row))
+                                         warmup=a.warmup, on_row=on_row,
+                                         scrape=scraper(a.metrics or default_metrics(url))))
     cap = capacity_at_slo(rows, a.min_share)
     print(f"capacity at SLO ({slo * 1000:.0f} ms for >= {a.min_share:.0%} of arrivals): "
           + (f"{cap:g} req/s" if cap is not None else f"below the lowest rate ({min(a.rates):g} req/s)"),

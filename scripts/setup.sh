@@ -195,10 +195,10 @@ setup_promtool() {
 
 setup_verify() {
   # Checks on a cached start read a built file again only when its stat changed
-  # (rufus/launch/fingerprint.py): this forgets those fingerprints, so the steps after it
+  # (rufus/serving/fingerprint.py): this forgets those fingerprints, so the steps after it
   # hash every model file, catching corruption no write through the filesystem made.
   step "forgetting the stat fingerprints: every built file is hashed again"
-  "$VENV/bin/python" -c 'from rufus.launch import fingerprint; fingerprint.forget()'
+  "$VENV/bin/python" -c 'from rufus.serving import fingerprint; fingerprint.forget()'
 }
 
 case "${1:-all}" in

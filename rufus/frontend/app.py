@@ -108,6 +108,7 @@ class Frontend:
         self.client: Any = None
         self.triton_models: dict[str, TritonModelClient] = {}
         self.hooks: dict[str, ChatHook] = {}
+        self._starts: list[asyncio.Task[None]] = []
         self.created = int(time.time())
         self._health: tuple[float, int, dict[str, Any]] = (0.0, 503, {})
 
@@ -134,8 +135,27 @@ class Frontend:
                     log.warning("model %s not offered: %s", model_id, exc)
         log.info("serving %s from Triton at %s", sorted([*self.triton_models, *self.hooks]),
                  s.triton_url)
+        # a hook that builds something slow (the assistant: its product index) starts now,
+        # in the background, so the first request after ready does not wait for it
+        self._starts = [asyncio.create_task(self._start_hook(m, h.start))
+                        for m, h in self.hooks.items() if hasattr(h, "start")]
+
+    @staticmethod
+    async def _start_hook(model_id: str, start: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await start()
+        except Exception as exc:  # noqa: BLE001 - the first request retries it and says why
+            log.warning("model %s: building at start failed (retried on first use): %s",
+                        model_id, exc)
+
+    def registries(self) -> list[CollectorRegistry]:
+        """The frontend's series, then each hook's own (the assistant's admission)."""
+        own = [h.registry for h in self.hooks.values() if hasattr(h, "registry")]
+        return [self.metrics.registry, *own]
 
     async def stop(self) -> None:
+        for t in self._starts:
+            t.cancel()
         if self.client is not None:
             await self.client.close()
 
@@ -447,7 +467,8 @@ def _add_routes(app: FastAPI, fe: Frontend) -> None:
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(generate_latest(fe.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        body = b"".join(generate_latest(r) for r in fe.registries())
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 
 async def _handle(fe: Frontend, request: Request, endpoint: str,

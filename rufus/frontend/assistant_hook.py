@@ -16,12 +16,15 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from prometheus_client import CollectorRegistry, Gauge, Histogram
+
 from rufus.assistant import Assistant
 from rufus.assistant.pipeline import turn_span, validate_request
 from rufus.client import RequestFailed
 from rufus.errors import InvalidInput, RufusError
 from rufus.frontend.protocol import ParsedRequest, bad_request, openai_error
 from rufus.frontend.targets import HookEvent, register
+from rufus.serving.metrics import ADMISSION_ERROR_BUCKETS
 from rufus.serving.validation import MAX_HISTORY_TURNS
 from rufus.telemetry import tracing
 
@@ -50,6 +53,37 @@ def split_messages(messages: list[dict[str, str]]) -> tuple[str, list[dict[str, 
     return turns[-1]["content"], turns[:-1][-MAX_HISTORY_TURNS:]
 
 
+class AdmissionSeries:
+    """The frontend's own assistant admission, as the Triton model exports its own
+    (rufus/serving/metrics.py AdmissionMetrics): the estimate a new turn would get and each
+    admitted turn's error, so the OpenAI path's estimate can be calibrated too."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.estimate_gauge = Gauge(
+            "rufus_openai_assistant_first_token_estimate_seconds",
+            "The frontend's assistant admission: the first answer text a new turn would get "
+            "now (refused above the SLO)", registry=registry)
+        self.error = Histogram(
+            "rufus_openai_assistant_first_token_estimate_error_seconds",
+            "The frontend's assistant admission: estimate minus measured first answer text, "
+            "per admitted turn", buckets=ADMISSION_ERROR_BUCKETS, registry=registry)
+
+    def observe(self, stage: str, seconds: float) -> None:
+        pass
+
+    def count(self, outcome: str, path: str) -> None:
+        pass
+
+    def dropped(self, kind: str) -> None:
+        pass
+
+    def estimate(self, seconds: float) -> None:
+        self.estimate_gauge.set(seconds)
+
+    def estimate_error(self, seconds: float) -> None:
+        self.error.observe(seconds)
+
+
 class AssistantHook:
     owned_by = "rufus"
 
@@ -57,16 +91,23 @@ class AssistantHook:
         self.triton_url = triton_url
         self._assistant: Assistant | None = None
         self._lock = asyncio.Lock()
+        self.registry = CollectorRegistry()  # served at the frontend's /metrics
+        self.series = AdmissionSeries(self.registry)
 
     async def assistant(self) -> Assistant:
-        """Built on first use: opening (or building) the product index takes a while."""
+        """Built once (opening the product index takes a while): at the frontend's start
+        (:meth:`start`), so the first turn does not wait for it; else on first use."""
         async with self._lock:
             if self._assistant is None:
                 from rufus.retrieval import default_retriever
 
                 retriever = await asyncio.to_thread(default_retriever)
-                self._assistant = Assistant(self.triton_url, retriever)
+                self._assistant = Assistant(self.triton_url, retriever, metrics=self.series)
             return self._assistant
+
+    async def start(self) -> None:
+        """Build the assistant now, in the background of the frontend's start."""
+        await self.assistant()
 
     async def chat(self, messages: list[dict[str, str]], parsed: ParsedRequest) -> AsyncIterator[HookEvent]:
         question, history = split_messages(messages)

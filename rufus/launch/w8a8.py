@@ -52,8 +52,8 @@ import time
 from pathlib import Path
 
 from rufus.launch.default_model import STAMP, verify
-from rufus.launch.fingerprint import file_sha256, sha256
 from rufus.serving.caches import W8A8_SUFFIX, default_model_dir, w8a8_dir
+from rufus.serving.fingerprint import file_sha256, sha256
 
 # Bump when the written format changes: a stamp with another version is rebuilt.
 FORMAT_VERSION = 2

@@ -52,6 +52,8 @@ EXPORTERS: dict[str, tuple[str, str]] = {
     "rufus/qp/model.py": (TRITON, "rufus_qp_medusa"),
     "rufus/assistant/triton_model.py": (TRITON, "rufus_assistant"),
     "rufus/frontend/app.py": ("OpenAI frontend :9000 (OPENAI_PORT)", "python -m rufus.frontend"),
+    "rufus/frontend/assistant_hook.py": ("OpenAI frontend :9000 (OPENAI_PORT)",
+                                         "python -m rufus.frontend (rufus-assistant)"),
     "proxy/agent_http.py": ("unit agent :8090 (RUFUS_AGENT_PORT)", "python -m proxy.agent"),
     "proxy/orchestrator.py": ("traffic orchestrator :9300 (--metrics-port)",
                               "python -m proxy.orchestrator"),

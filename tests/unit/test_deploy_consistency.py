@@ -521,7 +521,8 @@ def test_assistant_dependencies_match_the_code():
     assert (sig.parameters["planner_model"].default,
             sig.parameters["answer_model"].default) == C.ASSISTANT_CALLS
     hook = (ROOT / "rufus/frontend/assistant_hook.py").read_text()
-    assert "Assistant(self.triton_url, retriever)" in hook, "hook no longer uses the defaults"
+    assert "Assistant(self.triton_url, retriever, metrics=self.series)" in hook, \
+        "hook no longer uses the defaults"
     assert C.MODEL in C.LEADER_MODELS and C.ASSISTANT_MODEL in C.LEADER_MODELS
     assert set(C.ASSISTANT_CALLS) <= set(C.LEADER_MODELS)
     assert len(set(C.LEADER_MODELS)) == len(C.LEADER_MODELS)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rufus.launch import fingerprint
+from rufus.serving import fingerprint
 
 
 @pytest.fixture

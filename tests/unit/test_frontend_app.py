@@ -190,3 +190,25 @@ def test_assistant_usage_is_the_answer_models(app_client, fake_assistant):
     r = app_client.post("/v1/chat/completions", json={
         "model": "rufus-assistant", "messages": [{"role": "user", "content": "shoes"}]})
     assert r.json()["usage"]["completion_tokens"] == 9
+
+
+def test_the_assistant_is_built_at_start_and_its_admission_is_in_metrics(app_client, fake_assistant):
+    """The frontend builds rufus-assistant as it starts (the first turn does not wait for the
+    product index), and /metrics carries that assistant's admission series."""
+    hook = app_client.app.state.frontend.hooks["rufus-assistant"]
+    hook.series.estimate(0.42)
+    hook.series.estimate_error(-0.05)
+    text = app_client.get("/metrics").text
+    assert "rufus_openai_assistant_first_token_estimate_seconds 0.42" in text
+    assert 'rufus_openai_assistant_first_token_estimate_error_seconds_bucket{le="0.0"} 1.0' in text
+    assert "rufus_openai_requests" in text  # the frontend's own series still first
+
+
+def test_a_hook_that_fails_to_build_at_start_still_serves(monkeypatch):
+    async def broken(self):
+        raise OSError("catalog index unreadable")
+
+    monkeypatch.setattr(AssistantHook, "assistant", broken)
+    monkeypatch.setattr(targets, "HOOKS", dict(targets.HOOKS))
+    with TestClient(create_app(Settings(triton_url="127.0.0.1:1", retries=0))) as c:
+        assert c.get("/v1/models").status_code == 200

@@ -507,6 +507,7 @@ def test_a_fresh_stack_is_started_for_a_rate_and_stopped_after_even_on_error(
     class FakeServer:
         def __init__(self, models: list[str], grpc_port: int, **kw: Any) -> None:
             self.models, self.grpc_port = models, grpc_port
+            self.metrics_port = kw["metrics_port"]
 
         def start(self) -> None:
             events.append("start " + ",".join(self.models))
@@ -519,11 +520,57 @@ def test_a_fresh_stack_is_started_for_a_rate_and_stopped_after_even_on_error(
             events.append("stop")
 
     monkeypatch.setattr(server, "TritonServer", FakeServer)
-    with gp.fresh_stack("planner", tmp_path / "s.log") as url:
+    with gp.fresh_stack("planner", tmp_path / "s.log") as (url, metrics):
         host, port = url.rsplit(":", 1)
         assert host == "127.0.0.1" and int(port) > 0
+        assert metrics.startswith("http://127.0.0.1:") and metrics.endswith("/metrics")
     assert events == ["start " + ",".join(gp.STACK_MODELS), "ready", "stop"]
     events.clear()
     with pytest.raises(RuntimeError), gp.fresh_stack("assistant", tmp_path / "s.log"):
         raise RuntimeError("the rate failed")
     assert events[-1] == "stop"
+
+
+def test_calibration_reads_the_admissions_estimate_error_around_a_rate() -> None:
+    """The estimate's calibration per rate: the admitted requests' mean error and the shares
+    within 100 ms, too early (pessimistic) and too late, from the histogram's deltas."""
+    import http.server
+    import threading
+
+    fam = gp.ESTIMATE_ERROR["assistant"]
+    bodies = []
+    for count, total, under_m01, under_01 in ((10, 1.0, 2, 9), (30, -1.0, 8, 26)):
+        labels = 'model="rufus_assistant",version="1"'
+        lines = [f'{fam}_bucket{{le="-0.1",{labels}}} {under_m01}',
+                 f'{fam}_bucket{{le="0.1",{labels}}} {under_01}',
+                 f'{fam}_bucket{{le="+Inf",{labels}}} {count}',
+                 f'{fam}_count{{{labels}}} {count}',
+                 f'{fam}_sum{{{labels}}} {total}']
+        bodies.append("\n".join(["# TYPE x histogram", *lines]) + "\n")
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = bodies.pop(0).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a: Any) -> None:
+            pass
+
+    srv = http.server.HTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{srv.server_address[1]}/metrics"
+        before, after = gp.scrape_histogram(url, fam), gp.scrape_histogram(url, fam)
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    c = gp.calibration(before, after)
+    assert c is not None and c["admitted"] == 20
+    assert c["mean_error_s"] == pytest.approx(-0.1)
+    assert c["pessimistic"] == pytest.approx(6 / 20) and c["within_band"] == pytest.approx(11 / 20)
+    assert c["optimistic"] == pytest.approx(3 / 20)
+    assert "of 20" in gp.format_calibration(c)
+    assert gp.calibration(None, after) is None

@@ -249,7 +249,8 @@ def test_the_contract_names_what_the_issue_needs() -> None:
     assert "rufus_time_to_first_token_seconds_bucket" in metric_names.series_names()
     assert metric_names.exporter_files() == [
         "proxy/agent_http.py", "proxy/orchestrator.py", "rufus/assistant/triton_model.py",
-        "rufus/frontend/app.py", "rufus/qp/model.py", "rufus/serving/metrics.py",
+        "rufus/frontend/app.py", "rufus/frontend/assistant_hook.py", "rufus/qp/model.py",
+        "rufus/serving/metrics.py",
         "rufus/serving/triton_backend.py"], "a new exporter: check that the contract reads it"
 
 
@@ -281,6 +282,7 @@ class FakeFamily:
 def registered_by_the_code(monkeypatch: pytest.MonkeyPatch) -> dict[str, tuple[str, set[str]]]:
     """name -> (kind, label names) of what each exporter registers when it runs, every
     lazily labelled child made once."""
+    from prometheus_client import CollectorRegistry
     from prometheus_client.metrics import MetricWrapperBase
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -293,7 +295,8 @@ def registered_by_the_code(monkeypatch: pytest.MonkeyPatch) -> dict[str, tuple[s
     from proxy.orchestrator_policy import RegionSignals
     from proxy.probes import NodeCheck, Snapshot
     from rufus.frontend.app import FrontendMetrics
-    from rufus.serving.admission import AdmissionSettings
+    from rufus.frontend.assistant_hook import AdmissionSeries
+    from rufus.serving.admission import AdmissionSettings, queue_features
     from rufus.serving.metrics import EngineCapacity, TritonMetrics
 
     pb = SimpleNamespace(MetricFamily=FakeFamily)
@@ -310,13 +313,15 @@ def registered_by_the_code(monkeypatch: pytest.MonkeyPatch) -> dict[str, tuple[s
     am.count("ok", "products")
     am.dropped("brand")
     planner = SimpleNamespace(name="m", version="1", _spec_families=[], settings=SimpleNamespace(
-        admission=AdmissionSettings(slo_s=0.3), report_custom_metrics=True))
+        admission=AdmissionSettings(slo_s=0.3), report_custom_metrics=True),
+        backend=SimpleNamespace(admission_features=lambda: queue_features))
     qp.QueryPlannerModel._make_admission(planner)  # type: ignore[arg-type]
     planner._admission_metrics.close()
     qp.QueryPlannerModel._spec_counters(planner)  # type: ignore[arg-type]
     out = {n: (f.kind, f.labels) for n, f in FakeFamily.made.items()}
 
-    for m in vars(FrontendMetrics()).values():
+    for m in [*vars(FrontendMetrics()).values(),
+              *vars(AdmissionSeries(CollectorRegistry())).values()]:
         if isinstance(m, MetricWrapperBase):
             name = m._name + ("_total" if m._type == "counter" else "")
             out[name] = (m._type, set(m._labelnames))
