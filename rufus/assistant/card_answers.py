@@ -21,12 +21,14 @@ the products an earlier answer showed.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 from rufus.assistant.answer import pick_line
 from rufus.retrieval.attributes import asked_keys, better, differing, label, value_text
+from rufus.retrieval.base import norm_brand
 from rufus.retrieval.catalog import Product
 from rufus.retrieval.constraints import COLOURS, Constraint
 
@@ -159,12 +161,13 @@ def colour_asked(question: str) -> str | None:
 @dataclass
 class CardAnswer:
     """What the system answers from the cards: ``products`` to show (in order), the keys
-    asked (best first), and for a comparison whether it asks "which"."""
+    asked (best first), the colour (kind colour) or size (kind variant) asked, and for a
+    comparison whether it asks "which"."""
 
     kind: Kind
     products: list[Product]
     keys: list[str] = field(default_factory=list)
-    colour: str = ""
+    value: str = ""  # the colour or size asked ("blue", "9"; "" when the words name none)
     which: bool = False
     asked: str = ""  # the attribute as asked, when no card states it
 
@@ -183,6 +186,25 @@ def brand_models(question: str, products: Sequence[Product]) -> list[Product]:
         if bw and f" {bw} " in text and len({p.model for p in ps}) == 1 and ps[0].model:
             out.append((text.index(f" {bw} "), ps[0]))
     return [p for _, p in sorted(out, key=lambda x: x[0])]
+
+
+def targets(question: str, products: Sequence[Product], models: Sequence[str]) -> list[Product]:
+    """The products a question is about, one listing per model, from a search's results
+    and the models it recognised by name: what :func:`plan` answers from the cards."""
+    named = [next(p for p in products if p.model == m)
+             for m in models if any(p.model == m for p in products)]
+    if not named and products and len({p.model for p in products}) == 1 \
+            and products[0].model and norm_brand(products[0].brand) in norm_brand(question):
+        named = list(products[:1])  # "the le creuset dutch oven": its only one
+    if len(named) < 2:  # "le creuset or staub dutch oven?": each brand's one model
+        more = brand_models(question, products)
+        if len({p.model for p in [*named, *more]}) >= 2:
+            named = list({p.model: p for p in [*named, *more]}.values())
+    if len(named) >= 3:  # "sonos arc vs bose 900 vs samsung q990c": no TV among soundbars
+        top, n = Counter(p.category for p in named).most_common(1)[0]
+        if n >= 2 and n == len(named) - 1:
+            named = [p for p in named if p.category == top]
+    return named
 
 
 def _name(p: Product) -> str:
@@ -207,11 +229,11 @@ def plan(question: str, targets: Sequence[Product], catalog_keys: Iterable[str],
         return None
     colour = colour_asked(question)
     if colour:
-        return CardAnswer("colour", targets, colour=colour)
+        return CardAnswer("colour", targets, value=colour)
     size = _SIZE_ASK.search(q)
     if size or re.search(r"\b(?:come|comes|available|make\s+(?:it|them))\s+in\b", q):
         value = (size.group("a") or size.group("b")).replace(" ", "").upper() if size else ""
-        return CardAnswer("variant", targets, colour=value, asked=question)
+        return CardAnswer("variant", targets, value=value, asked=question)
     if keys:
         return CardAnswer("attribute", targets, keys)
     elsewhere = asked_keys(question, set(catalog_keys) - set(own), ignore)
@@ -242,7 +264,7 @@ def render_colour(a: CardAnswer, listings: Sequence[Product]) -> list[str]:
     """``listings``: every listing of the product's model (its colours)."""
     p = a.products[0]
     mine = [x for x in listings if x.model == p.model] or [p]
-    want = a.colour
+    want = a.value
     hit = [x for x in mine if want in str(x.attributes.get("color", "")).lower().replace("gray", "grey")]
     colours = list(dict.fromkeys(str(x.attributes.get("color", "")) for x in mine
                                  if x.attributes.get("color")))
@@ -267,7 +289,7 @@ def render_variant(a: CardAnswer, listings: Sequence[Product]) -> list[str]:
     the model's listings has that size (or the value named), from their cards."""
     p = a.products[0]
     mine = [x for x in listings if x.model == p.model] or [p]
-    want = a.colour
+    want = a.value
     q = f" {a.asked.lower()} "
     for x in mine:
         sizes = _sizes(x)

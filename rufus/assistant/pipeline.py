@@ -31,7 +31,6 @@ import dataclasses
 import json
 import logging
 import time
-from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -60,7 +59,7 @@ from rufus.assistant.prompt import (
 from rufus.assistant.settings import AssistantSettings, PipelineSettings
 from rufus.client import AsyncStreams, RequestFailed, output_str
 from rufus.errors import RufusError
-from rufus.retrieval.base import MAX_QUERY_CHARS, ProductSource, Retriever, norm_brand, query_terms
+from rufus.retrieval.base import MAX_QUERY_CHARS, ProductSource, Retriever, query_terms
 from rufus.retrieval.catalog import Product
 from rufus.retrieval.grounding import GroundedSearch, SearchOutcome
 from rufus.serving.admission import SloAdmission, Ticket
@@ -316,21 +315,22 @@ class Assistant:
         return card_answers.plan(question, products, self.catalog_keys, by_reference=True)
 
     def _card_lines(self, card: card_answers.CardAnswer, question: str
-                    ) -> tuple[list[str], list[Product]]:
-        """The system-written lines of a card answer, and the products they show."""
+                    ) -> tuple[list[str], list[Product], bool]:
+        """The system-written lines of a card answer, the products they show, and whether
+        the model must still pick (a "which" that no spec on the cards decides)."""
         if card.kind == "compare":
             lines = card_answers.render_table(card)
             decided = card_answers.decide(card, question) if card.which else None
-            return lines + ([decided] if decided else []), card.products
+            return lines + ([decided] if decided else []), card.products, card.which and not decided
         if card.kind in ("colour", "variant"):
             p = card.products[0]
             render = card_answers.render_colour if card.kind == "colour" else card_answers.render_variant
             lines = render(card, self.by_model.get(p.model, [p]))
             shown = [x for x in self.by_model.get(p.model, [p]) if x.url in lines[-1]] or [p]
-            return lines, shown
+            return lines, shown, False
         if card.kind == "details":
-            return card_answers.render_details(card), card.products
-        return card_answers.render_attribute(card), card.products
+            return card_answers.render_details(card), card.products, False
+        return card_answers.render_attribute(card), card.products, False
 
     def admit(self) -> Ticket:
         """Admission for a new turn (rufus/serving/admission.py): a ticket, or a retryable
@@ -399,27 +399,15 @@ class Assistant:
                 timings["retrieval_s"] = time.monotonic() - t
                 if rs is not None:
                     tracing.end(rs, **_search_attributes(found))
-                named = [next(p for p in found.products if p.model == m)
-                         for m in found.models if any(p.model == m for p in found.products)]
-                if not named and found.products and len({p.model for p in found.products}) == 1 \
-                        and found.products[0].model and norm_brand(found.products[0].brand) \
-                        in norm_brand(question):
-                    named = found.products[:1]  # "the le creuset dutch oven": its only one
-                if len(named) < 2:  # "le creuset or staub dutch oven?": each brand's one model
-                    more = card_answers.brand_models(question, found.products)
-                    if len({p.model for p in [*named, *more]}) >= 2:
-                        named = list({p.model: p for p in [*named, *more]}.values())
-                if len(named) >= 3:  # "sonos arc vs bose 900 vs samsung q990c": no TV among soundbars
-                    top, n = Counter(p.category for p in named).most_common(1)[0]
-                    if n >= 2 and n == len(named) - 1:
-                        named = [p for p in named if p.category == top]
+                named = card_answers.targets(question, found.products, found.models)
                 card = card_answers.plan(question, named, self.catalog_keys) if named else None
             else:
                 path = "service" if intent in SERVICE_REPLIES else "general"
             lines: list[str] = []
+            model_picks = False  # a "which" the cards' specs do not decide: the model picks
             rd = _child(span, "render cards", **{"rufus.path": path})
             if card is not None:
-                lines, products = self._card_lines(card, question)
+                lines, products, model_picks = self._card_lines(card, question)
             timings["cards_s"] = time.monotonic() - t0
             shown = cards(products)
             tracing.end(rd, **{"rufus.cards": len(shown),
@@ -433,7 +421,7 @@ class Assistant:
                 for line in lines:
                     timings.setdefault("first_token_s", time.monotonic() - t0)
                     yield AssistantEvent("text", text=line)
-                if card.kind == "compare" and card.which and lines and not lines[-1].startswith("\n"):
+                if model_picks:
                     # "which is better for flights, A or B?": the model picks one of them
                     # from a menu of their differences
                     menus = card_answers.difference_menus(card.products, question)

@@ -90,7 +90,7 @@ def test_plan_kinds(by_model):
     w = ca.plan("which lasts longer, the sony wh-1000xm5 or the bose qc45?", [xm5, qc45], keys)
     assert w is not None and w.which and w.keys[0] == "battery_hours"
     colour = ca.plan("does it come in blue?", [xm5], keys, by_reference=True)
-    assert colour is not None and colour.kind == "colour" and colour.colour == "blue"
+    assert colour is not None and colour.kind == "colour" and colour.value == "blue"
     gone = ca.plan("what is the water rating of the sony wh-1000xm5", [xm5], keys)  # not on its card
     assert gone is not None and gone.kind == "attribute" and not gone.keys
 
@@ -122,10 +122,10 @@ def test_colour_answer_links_the_listing_in_that_colour(by_model):
     listings = [p for p in default_catalog() if p.model == "Sony WH-1000XM5"]
     colours = {str(p.attributes["color"]) for p in listings}
     have = next(iter(colours)).split()[0].lower()
-    yes = ca.render_colour(ca.CardAnswer("colour", listings[:1], colour=have), listings)
+    yes = ca.render_colour(ca.CardAnswer("colour", listings[:1], value=have), listings)
     assert yes[0].startswith("Yes") and any(p.url in yes[1] for p in listings
                                             if have in str(p.attributes["color"]).lower())
-    no = ca.render_colour(ca.CardAnswer("colour", listings[:1], colour="orange"), listings)
+    no = ca.render_colour(ca.CardAnswer("colour", listings[:1], value="orange"), listings)
     assert no[0].startswith("No") and all(c in no[0] for c in colours)
 
 
