@@ -324,17 +324,19 @@ def calibration(before: dict[str, Any] | None, after: dict[str, Any] | None,
         return after["buckets"].get(key, 0.0) - before["buckets"].get(key, 0.0)
 
     low, high = cum(-band_s), cum(band_s)
+    # error = estimate - measured: above the band the estimate was too slow (pessimistic:
+    # it refuses what would have been in time), below it too fast (admits what is late)
     return {"admitted": int(n), "mean_error_s": (after["sum"] - before["sum"]) / n,
-            "within_band": (high - low) / n, "pessimistic": low / n,
-            "optimistic": (n - high) / n, "band_s": band_s}
+            "within_band": (high - low) / n, "pessimistic": (n - high) / n,
+            "optimistic": low / n, "band_s": band_s}
 
 
 def format_calibration(c: dict[str, Any] | None) -> str:
     if not c or not c.get("admitted"):
         return ""
     return (f"  estimate-measured mean {c['mean_error_s'] * 1000:+.0f} ms, within "
-            f"{c['band_s'] * 1000:.0f} ms {c['within_band']:.0%} (early {c['pessimistic']:.0%}, "
-            f"late {c['optimistic']:.0%}) of {c['admitted']}")
+            f"{c['band_s'] * 1000:.0f} ms {c['within_band']:.0%} (over {c['pessimistic']:.0%}, "
+            f"under {c['optimistic']:.0%}) of {c['admitted']}")
 
 
 async def sweep(target: Target, questions: Sequence[str], rates: Sequence[float],

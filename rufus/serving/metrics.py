@@ -316,7 +316,8 @@ class TritonMetrics(Metrics):
         self.vllm_waiting.set(waiting)
 
 
-# estimate minus measured, seconds: negative is a pessimistic estimate (refuses too early)
+# estimate minus measured, seconds: positive is a pessimistic estimate (refuses too early),
+# negative an optimistic one (admits what will be late)
 ADMISSION_ERROR_BUCKETS = [-2.0, -1.0, -0.5, -0.25, -0.1, 0.0, 0.1, 0.25, 0.5, 1.0, 2.0]
 
 
