@@ -54,6 +54,7 @@ _VERB_OBJECT = frozenset({"a", "an", "the", "my", "your", "up", "more", "less", 
 PHRASE_END = frozenset("""
 for with without under below over above in on to of by from near like than that who thats
 at into between compatible fits fit sleeps holds keeps works rated has whose
+inside within behind beside beneath underneath
 """.split())
 # A noun right after these is not wanted: "without a watch", "no tv".
 NEGATIONS = frozenset({"without", "no", "not", "instead", "besides", "except"})
@@ -64,6 +65,21 @@ carry carrying pack packing store storing hold holding charge charging protect p
 organize clean cleaning mount hang
 """.split())
 OBJECT_AFTER = frozenset("dies died dying dead charged broke broken".split())
+# A verb of how a thing performs right after its noun says it is the customer's own ("the tv
+# dialog sounds tinny": a soundbar is wanted), unless a relative word makes it a wish ("a
+# speaker that sounds full").
+JUDGED_AFTER = frozenset("sounds looks feels smells stopped quit leaks squeaks wobbles".split())
+RELATIVES = frozenset({"that", "which", "who", "whose"})
+# A one-word noun opening the question (or after "to") with one of these after it is a verb:
+# "watch the driveway", "to monitor my blood pressure".
+DETERMINERS = frozenset({"the", "a", "an", "my", "our", "your", "his", "her", "their", "this"})
+# A cap on time says speed: "in under an hour", "less than 10 minutes" ask for "fast".
+_DURATION = frozenset("second seconds minute minutes min mins hour hours hr hrs".split())
+_DURATION_COUNT = frozenset({"a", "an", "one", "half", "few", "couple", "of"})
+# "while" opens a clause of when the product is used, not what for ("walk while i'm on
+# calls"), but not in "a while", "for a while".
+WHILE = "while"
+CHANGE_VERBS = frozenset("turn turning make making convert converting transform change".split())
 # A product line after these, past the first phrase, is one the customer has, not the one
 # wanted: "extra screen for working from home with my macbook" asks for a monitor.
 POSSESSIVES = frozenset({"my", "our", "his", "her", "their", "your"})
@@ -115,6 +131,61 @@ def _majority(counts: dict[str, Counter[str]], ok: Callable[[str], bool]) -> dic
 def _one_deleted(w: str) -> set[str]:
     """``w`` and ``w`` less any one letter: a symmetric-delete index of one edit."""
     return {w, *(w[:i] + w[i + 1:] for i in range(len(w)))}
+
+
+def _in_order(seq: Sequence[str], st: Sequence[str]) -> bool:
+    """Whether ``seq`` is said word for word in ``st``."""
+    n = len(seq)
+    return any(tuple(st[i:i + n]) == tuple(seq) for i in range(len(st) - n + 1))
+
+
+def said_fast(ws: Sequence[str]) -> list[str]:
+    """``ws`` with each cap on time ("under an hour", "less than 10 minutes", "within a
+    few minutes") said as the need it is: "fast"."""
+    out: list[str] = []
+    i = 0
+    while i < len(ws):
+        cue = 2 if list(ws[i:i + 2]) == ["less", "than"] else 1 if ws[i] in ("under", "within") else 0
+        j = i + cue
+        while cue and j < len(ws) and j - i - cue < 3 and (ws[j] in _DURATION_COUNT or ws[j].isdigit()):
+            j += 1
+        if cue and j > i + cue and j < len(ws) and ws[j] in _DURATION:
+            out.append("fast")
+            i = j + 1
+            continue
+        out.append(ws[i])
+        i += 1
+    return out
+
+
+def _as_verb(ws: Sequence[str], s: int, e: int) -> bool:
+    """A one-word noun that opens the question (or follows "to") with an article or
+    possessive after it is a verb: "watch the driveway", "to monitor my sleep"."""
+    return e == s + 1 and (s == 0 or ws[s - 1] == "to") and e < len(ws) and ws[e] in DETERMINERS
+
+
+def _judged(ws: Sequence[str], e: int) -> bool:
+    """A verb of how it performs right after the noun ending at ``e`` (or a word on: "tv
+    dialog sounds tinny"), not in a relative clause ("a speaker that sounds full")."""
+    return e < len(ws) and ws[e] not in RELATIVES and bool(set(ws[e:e + 2]) & JUDGED_AFTER)
+
+
+def during(ws: Sequence[str]) -> set[int]:
+    """The positions of a "while" clause ("walk | while i'm on zoom calls"): when the product
+    is used, not what it does. Not "a while", "for a while"."""
+    for i, w in enumerate(ws):
+        if w == WHILE and i > 0 and ws[i - 1] != "a":
+            return set(range(i, len(ws)))
+    return set()
+
+
+def becomes(ws: Sequence[str]) -> list[str]:
+    """The words after "into" when a verb of change comes before it ("turn the wall | into a
+    movie screen", "make my garage into a gym"): what the product makes of the place."""
+    for i, w in enumerate(ws):
+        if w == "into" and set(ws[max(i - 6, 0):i]) & CHANGE_VERBS:
+            return list(ws[i + 1:])
+    return []
 
 
 def tokens(text: str) -> list[str]:
@@ -183,6 +254,7 @@ class Taxonomy:
         self._own: dict[str, set[str]] = {}  # category -> the stems of its nouns and needs
         self._need_deletes: dict[str, set[str]] = {}  # a need word's stem less a letter -> it
         self._need_by_word: dict[str, list[frozenset[str]]] = {}  # stem -> need phrases with it
+        self._verbatim: dict[frozenset[str], tuple[str, ...]] = {}  # a common-words need, in full
 
     @classmethod
     def from_products(cls, products: Iterable[Product],
@@ -257,13 +329,7 @@ class Taxonomy:
             for w in stems(tokens(" ".join(spec.uses + spec.needs) if spec else "")):
                 doc[w] += NEED_WEIGHT
             for need in (spec.needs if spec else ()):
-                key = frozenset(_content(tokens(need)))
-                t._own.setdefault(c, set()).update(key)
-                if key:
-                    if key not in t._need_phrases:
-                        for w in key:
-                            t._need_by_word.setdefault(w, []).append(key)
-                    t._need_phrases.setdefault(key, set()).add(c)
+                t._index_need(c, need)
         for p_cat, text in t._texts:
             for w in set(stems(tokens(text))):
                 t._doc[p_cat][w] += DESCRIPTION_WEIGHT
@@ -276,6 +342,23 @@ class Taxonomy:
             for w in doc:
                 t._df.setdefault(w, set()).add(c)
         return t
+
+    def _index_need(self, c: str, need: str) -> None:
+        """Index one need phrase of ``c`` by its content stems. A need of common words only
+        ("tell time", "work from home") keeps its plain words, to be matched only as said,
+        word for word (:meth:`_need_said`): scattered, they say nothing."""
+        key = frozenset(_content(tokens(need)))
+        self._own.setdefault(c, set()).update(key)
+        if not key:
+            plain = [w for w in tokens(need) if w.isalpha() and len(w) > 2 and w not in STOPWORDS]
+            if len(plain) < 2:
+                return
+            key = frozenset(stems(plain))
+            self._verbatim[key] = tuple(stems(tokens(need)))
+        if key not in self._need_phrases:
+            for w in key:
+                self._need_by_word.setdefault(w, []).append(key)
+        self._need_phrases.setdefault(key, set()).add(c)
 
     def _index_nouns(self, nouns: dict[tuple[str, ...], str]) -> None:
         """The lookups of the nouns (stemmed noun -> category): longest first, by head word,
@@ -446,7 +529,7 @@ class Taxonomy:
         strongest evidence found: a noun or model in the first phrase; a model anywhere; a
         noun in a phrase that names what is wanted ("looking | for a tent"); a product line
         or one-type brand; the nearest type to a need (:meth:`classify`); any noun."""
-        ws = self._need_typos(tokens(text))
+        ws = said_fast(self._base_degree(self._need_typos(tokens(text))))
         st = stems(ws)
         named = self.models_in(ws)
         models = [(s, e, m) for s, e, m, _line in named]
@@ -466,9 +549,7 @@ class Taxonomy:
         ends = {s: e for s, e, _ in matches}
         bare = self._bare_heads(ws, st, matches, in_model)
         kept, acted_on, negated, excluded = self._read_nouns(ws, st, matches, phrase, bare, res)
-        # a negated noun's words count toward no need either
-        need_ws = [w for i, w in enumerate(ws) if i not in negated]
-        need, need_key = self._need_said(stems(need_ws), excluded)
+        need, need_key, need_ws, main_ws = self._need_of(ws, negated, excluded)
         # a need said in full that holds the noun ("my phone dies", "netflix on an old tv")
         # names the type instead of the noun
         if need and len(need_key) > 1:
@@ -483,10 +564,10 @@ class Taxonomy:
         res.named_first = bool(firsts)
         if res.accessory and not [c for s, c in kept if phrase[s] == 0]:
             return Resolution(accessory=True)
-        # said in the first phrase, its words together ("surround sound", not "moving our
-        # 2 year old out")
-        at = [i for i, w in enumerate(st) if w in need_key and phrase[i] == 0]
-        first_said = bool(at) and need_key <= {st[i] for i in at} and (
+        # said from the first phrase on, its words together ("surround sound", "light for
+        # reading" whose "for" is the need's own; not "moving our 2 year old out")
+        at = [i for i, w in enumerate(st) if w in need_key]
+        first_said = bool(at) and phrase[min(at)] == 0 and need_key <= {st[i] for i in at} and (
             max(at) - min(at) < len(need_key) + 1)
         chosen = (firsts or [m.category for _, _, m in models]
                   # "surround sound for the living room tv": the need said first, not the tv
@@ -503,7 +584,7 @@ class Taxonomy:
             chosen = self._interest(ws, st, need_ws, excluded)
             res.inferred, res.need_words = bool(chosen), 2 if chosen else 0
         if not chosen and infer:  # a need ("boil water for tea"): the nearest type
-            chosen = self.classify(need_ws, excluded)
+            chosen = self._nearest(need_ws, main_ws, becomes(ws), excluded)
             res.inferred = bool(chosen)
             if chosen:
                 res.need_words = len({w for w in _content(need_ws) if w in self._doc[chosen[0]]})
@@ -517,6 +598,33 @@ class Taxonomy:
             chosen = [c for _, c in kept] or [c for _, c in acted_on]
         res.categories = list(dict.fromkeys(chosen))
         return res
+
+    def _need_of(self, ws: Sequence[str], negated: set[int], excluded: set[str]
+                 ) -> tuple[str | None, frozenset[str], list[str], list[str]]:
+        """The need said in full (:meth:`_need_said`) and its stems, the words a need is read
+        from (a negated noun's count toward none) and those of the main clause (no "while"
+        clause: :func:`during`). A need said only in the "while" clause is when, not what:
+        "walk while i'm on zoom calls" asks for no headset."""
+        when = during(ws)
+        need_ws = [w for i, w in enumerate(ws) if i not in negated]
+        main_ws = [w for i, w in enumerate(ws) if i not in negated and i not in when]
+        need, key = self._need_said(stems(need_ws), excluded, need_ws)
+        if when and key and not key & set(stems(main_ws)) and _content(main_ws):
+            need, key = None, frozenset()
+        return need, key, need_ws, main_ws
+
+    def _nearest(self, need_ws: Sequence[str], main_ws: Sequence[str], made: Sequence[str],
+                 excluded: set[str]) -> list[str]:
+        """The nearest type (:meth:`classify`). What a place or thing is turned into says it
+        first ("turn the wall into a movie screen": a projector, whatever "living room" says
+        of TVs). With a "while" clause, the main clause says what the product does and the
+        rest picks among the types it scores ("cleans the floors while i'm at work": a robot
+        vacuum; "walk while i'm on zoom calls": a treadmill, no headset)."""
+        chosen = self.classify(made, excluded) if made else []
+        if not chosen and len(main_ws) < len(need_ws) and _content(main_ws):
+            does = {c for c, v in self.classify_scores(main_ws) if v > 0}
+            chosen = self.classify(need_ws, excluded | (set(self._doc) - does))
+        return chosen or self.classify(need_ws, excluded)
 
     @staticmethod
     def _phrases(ws: Sequence[str]) -> tuple[list[int], list[str]]:
@@ -566,11 +674,31 @@ class Taxonomy:
                     continue
                 del bare[e]
             same_phrase = [w for i, w in enumerate(ws[:s]) if phrase[i] == phrase[s]]
-            if set(same_phrase) & OBJECT_BEFORE or set(ws[e:e + 3]) & OBJECT_AFTER:
+            if (set(same_phrase) & OBJECT_BEFORE or set(ws[e:e + 3]) & OBJECT_AFTER
+                    or _judged(ws, e) or _as_verb(ws, s, e)):
                 acted_on.append((s, cat))  # "carry my laptop": the laptop is carried
                 continue
             kept.append((s, cat))
         return kept, acted_on, negated, excluded
+
+    def _base_degree(self, ws: list[str]) -> list[str]:
+        """``ws`` with the base of each comparative or superlative said after it when a need
+        has that base ("faster" -> "faster fast", "quietest" -> "quietest quiet"): "dry my
+        hair faster" says the need "dry hair fast". English words only (no typo: "projecter"),
+        no type's noun ("speaker")."""
+        out: list[str] = []
+        for w in ws:
+            out.append(w)
+            if (len(w) < 5 or not w.endswith(("er", "est")) or stem1(w) in self._noun_words
+                    or w not in common_words()):
+                continue
+            root = w[:-2] if w.endswith("er") else w[:-3]
+            forms = [root[:-1] + "y" if root.endswith("i") else "", root, root + "e",
+                     root[:-1] if len(root) > 3 and root[-1] == root[-2] else ""]
+            base = next((f for f in forms if len(f) > 2 and stem1(f) in self._need_by_word), None)
+            if base:
+                out.append(base)
+        return out
 
     def _need_typos(self, ws: list[str]) -> list[str]:
         """``ws`` with each typo of a need's word replaced by it ("bagles every morning" says
@@ -669,27 +797,38 @@ class Taxonomy:
                     return [self._ranked_among(cats, need_ws)[0][0]]
         return []
 
-    def _need_said(self, st: Sequence[str], excluded: Iterable[str] = ()
-                   ) -> tuple[str | None, frozenset[str]]:
-        """The one type whose need phrase the question says in full (every content word of
-        it), the longest such phrase first, and that phrase's stems; None when none is, or
-        two types tie. The ``excluded`` types (a negated noun's) tie with none."""
+    def _need_said(self, st: Sequence[str], excluded: Iterable[str] = (),
+                   ws: Sequence[str] = ()) -> tuple[str | None, frozenset[str]]:
+        """The type whose need phrase the question says in full (every content word of it),
+        the longest such phrase first, and that phrase's stems; (None, empty) when none is.
+        The ``excluded`` types (a negated noun's) have none. Of tied phrases, the one said
+        most tightly, then first ("light for reading | in bed" is a lamp, no e-reader); of
+        types sharing it, the one the question's words ``ws`` (else ``st``) score best ("dry my hair":
+        a hair dryer, not a towel)."""
         have = set(st)
-        best: tuple[int, set[str]] = (0, set())
-        best_key: frozenset[str] = frozenset()
-        keys = {k for w in have for k in self._need_by_word.get(w, ())}
-        for key in keys:
+        found: dict[frozenset[str], set[str]] = {}
+        for key in {k for w in have for k in self._need_by_word.get(w, ())}:
             cats = self._need_phrases[key] - set(excluded)
-            if not cats:
-                continue
             # one word is a need only when few types have it ("allergies", not "work")
-            if len(key) == 1 and len(self._df.get(next(iter(key)), ())) > 3:
+            if (not cats or not key <= have
+                    or (len(key) == 1 and len(self._df.get(next(iter(key)), ())) > 3)
+                    or (key in self._verbatim and not _in_order(self._verbatim[key], st))):
                 continue
-            if len(key) >= best[0] and key <= have:
-                if len(key) > best[0]:
-                    best_key = key
-                best = (len(key), best[1] | cats) if len(key) == best[0] else (len(key), set(cats))
-        return (next(iter(best[1])), best_key) if len(best[1]) == 1 else (None, frozenset())
+            found[key] = cats
+        if not found:
+            return None, frozenset()
+        longest = max(len(k) for k in found)
+
+        def place(key: frozenset[str]) -> tuple[int, int]:
+            at = [st.index(w) for w in key]
+            return max(at) - min(at), min(at)
+
+        tied = [k for k in found if len(k) == longest]
+        best = min(place(k) for k in tied)
+        keys = [k for k in tied if place(k) == best]
+        cats = {c for k in keys for c in found[k]}
+        cat = next(iter(cats)) if len(cats) == 1 else self._ranked_among(cats, ws or st)[0][0]
+        return cat, next(k for k in keys if cat in found[k])
 
     def classify(self, ws: Sequence[str], excluded: Iterable[str] = ()) -> list[str]:
         """The nearest type to the need ``ws`` says (:meth:`classify_scores`), the

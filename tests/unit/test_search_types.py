@@ -290,3 +290,34 @@ def test_spec_value_read_the_same_whatever_the_set_order():
     for vals in (["all", "dry", "oily"], ["oily", "dry", "all"], ["dry", "all"]):
         assert _value_said(vals, _norm(q), _compact(q)) == "dry"
     assert _value_said(["all", "dry"], _norm("nonstick for allday"), _compact("nonstick for allday")) == "all"
+
+
+@pytest.mark.parametrize("q, category", [
+    # a verb of how it performs after the noun: the customer's own tv, a soundbar wanted ...
+    ("the tv sounds muffled when actors whisper", "soundbar"),
+    ("a bluetooth speaker that sounds full", "bluetooth_speaker"),  # ... not after "that"
+    ("watch our garage while we travel", "security_camera"),  # a noun opening as a verb
+    ("my heels blister inside my new boots", "socks"),  # "inside" ends the first phrase
+    ("turn the bedroom ceiling into a cinema screen", "projector"),  # what it is turned into
+    ("mop the kitchen floors while i'm out", "robot_vacuum"),  # "while" picks among the main's
+    ("a good light for reading novels in bed", "lamp"),  # a need whose "for" is its own
+    ("looking for something to tell time, nothing digital", "watch"),  # a need of common words
+    ("make dinner in less than 30 minutes", "pressure_cooker"),  # a cap on time says "fast"
+    ("dry my curly hair faster after showers", "hair_dryer"),  # a comparative's base
+])
+def test_how_shoppers_say_the_type(search, q, category):
+    assert search.taxonomy.resolve(q).categories == [category], q
+
+
+def test_need_of_common_words_only_counts_said_word_for_word(search):
+    assert "watch" not in search.taxonomy.resolve("what time do i tell the kids to sleep").categories
+
+
+def test_time_caps_and_comparatives_are_read_as_their_need(search):
+    from rufus.retrieval.taxonomy import said_fast
+    assert said_fast("ready in under an hour".split()) == ["ready", "in", "fast"]
+    assert said_fast("less than 10 minutes".split()) == ["fast"]
+    assert said_fast("under 20 lbs".split()) == ["under", "20", "lbs"]  # no time: a weight
+    tax = search.taxonomy
+    assert tax._base_degree(["dries", "faster"]) == ["dries", "faster", "fast"]
+    assert tax._base_degree(["projecter"]) == ["projecter"]  # a typo is no comparative
