@@ -12,7 +12,9 @@ token dimension dynamic), and the model's own warm-up (rufus/serving/llm.py
 ``warmup_requests``: a long prompt among them) then runs the real shapes before the model
 reports ready.
 
-Only for an engine of one worker with no speculative decoding, where the KV cache size is
+Only for an engine of one worker with no draft model (no speculative decoding, or n-gram
+drafts, which are looked up in the prompt on the CPU: vLLM's dummy run starts no drafter
+for them), where the KV cache size is
 given (``VLLM_CPU_KVCACHE_SPACE`` or ``kv_cache_memory_bytes``; ``make serve`` and the rigs
 set it): without an explicit size vLLM sizes the cache from the process's memory after this
 run, which a shorter run would change; and the dummy run also sizes buffers that outlive
@@ -41,13 +43,19 @@ def warmup_tokens(env: Mapping[str, str] | None = None) -> int:
     return env_int("RUFUS_VLLM_WARMUP_TOKENS", DEFAULT_TOKENS, env, minimum=0)
 
 
+# speculative methods whose drafts need no model (no drafter buffers sized by the dummy run)
+MODEL_FREE_DRAFTS = ("ngram",)
+
+
 def short_run_is_safe(runner: Any) -> bool:
-    """One worker (no pipeline stages, no tensor-parallel peers), no speculative decoding,
-    and an explicit KV cache size: nothing that outlives the dummy run is sized by it."""
+    """One worker (no pipeline stages, no tensor-parallel peers), no draft model, and an
+    explicit KV cache size: nothing that outlives the dummy run is sized by it."""
     world = getattr(getattr(runner, "parallel_config", None), "world_size", None)
     explicit_kv = getattr(getattr(runner, "cache_config", None), "kv_cache_memory_bytes",
                           None) is not None
-    return world == 1 and getattr(runner, "speculative_config", None) is None and explicit_kv
+    spec = getattr(runner, "speculative_config", None)
+    model_free = spec is None or getattr(spec, "method", None) in MODEL_FREE_DRAFTS
+    return world == 1 and model_free and explicit_kv
 
 
 def short_warmup(original: Any) -> Any:

@@ -152,6 +152,22 @@ def test_freeze_heap_takes_what_exists_out_of_the_collectors_scans():
         gc.unfreeze()
 
 
+def test_freeze_before_the_fork_does_not_collect(monkeypatch):
+    """Right before the EngineCore's fork the heap is frozen without a collection: it
+    found a few hundred unreachable objects and cost most of a second of each start."""
+    import gc
+
+    from rufus.serving import triton_backend
+
+    calls: list[str] = []
+    monkeypatch.setattr(triton_backend.gc, "collect", lambda *a: calls.append("collect") or 0)
+    try:
+        triton_backend.freeze_heap("test", collect=False)
+        assert calls == [] and gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+
+
 def test_free_port_never_hands_out_a_port_twice():
     from rufus.launch.server import free_port
 

@@ -19,11 +19,11 @@ class FakeRunner:
     """What vLLM's CPUModelRunner.warming_up_model reads: the dummy batch is max_num_tokens."""
 
     def __init__(self, max_num_tokens: int, kv_bytes: int | None, world_size: int = 1,
-                 speculative: bool = False) -> None:
+                 speculative: str | None = None) -> None:
         self.max_num_tokens = max_num_tokens
         self.cache_config = SimpleNamespace(kv_cache_memory_bytes=kv_bytes)
         self.parallel_config = SimpleNamespace(world_size=world_size)
-        self.speculative_config = SimpleNamespace(method="medusa") if speculative else None
+        self.speculative_config = SimpleNamespace(method=speculative) if speculative else None
         self.seen: list[int] = []
 
     def warming_up_model(self) -> None:  # vLLM's: profile_run() -> _dummy_run(max_num_tokens)
@@ -54,11 +54,20 @@ def test_auto_kv_cache_keeps_vllms_full_run(monkeypatch: pytest.MonkeyPatch) -> 
 @pytest.mark.parametrize("runner", [
     FakeRunner(2048, 1 << 30, world_size=2),  # a pipeline stage sizes its intermediate
                                               # tensors in this run (the CI failure)
-    FakeRunner(2048, 1 << 30, speculative=True),  # a drafter's buffers, likewise
-], ids=["two workers", "speculative decoding"])
+    FakeRunner(2048, 1 << 30, speculative="medusa"),  # a drafter's buffers, likewise
+    FakeRunner(2048, 1 << 30, speculative="eagle"),
+], ids=["two workers", "medusa drafts", "eagle drafts"])
 def test_engines_whose_buffers_the_run_sizes_keep_vllms_full_run(
         monkeypatch: pytest.MonkeyPatch, runner: FakeRunner) -> None:
     assert run(runner, monkeypatch, None) == [2048]
+
+
+def test_ngram_drafts_need_no_drafter_so_the_short_run_is_kept(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """rufus_llm drafts n-grams from the prompt: vLLM's dummy run starts no drafter for them,
+    so nothing the run sizes outlives it (a restart spends less on the 2,048-token batch)."""
+    runner = FakeRunner(2048, 1 << 30, speculative="ngram")
+    assert run(runner, monkeypatch, None) == [vllm_warmup.DEFAULT_TOKENS]
 
 
 @pytest.mark.parametrize(("env", "budget", "expected"), [
