@@ -15,7 +15,7 @@ from typing import Any
 
 from rufus.assistant.answer import reason_options
 from rufus.retrieval.catalog import Product
-from rufus.retrieval.grounding import parse_price_cap
+from rufus.retrieval.price import parse_price_cap
 
 HISTORY_TURNS = 4          # previous turns given to the answer model
 # Per previous turn, by role: a customer's question nearly whole; an earlier answer only its
@@ -102,7 +102,7 @@ def answer_messages(question: str, products: Sequence[Product],
 
 def price_cap(text: str) -> float | None:
     """A price cap stated in the question ("under $80", "below 50 dollars", "under 1k",
-    "under 30 euros" in US dollars): rufus.retrieval.grounding.parse_price_cap."""
+    "under 30 euros" in US dollars): rufus.retrieval.price.parse_price_cap."""
     cap = parse_price_cap(text)
     return None if cap is None else round(cap.usd, 2)
 

@@ -21,8 +21,10 @@ from pathlib import Path
 from rufus.retrieval.base import Filters, Retriever
 from rufus.retrieval.catalog import Product, load_catalog
 from rufus.retrieval.catalog_data import default_catalog, default_categories
-from rufus.retrieval.grounding import GroundedSearch, Price, SearchOutcome, Vocabulary, parse_price_cap
+from rufus.retrieval.grounding import GroundedSearch, SearchOutcome
+from rufus.retrieval.price import Price, parse_price_cap
 from rufus.retrieval.sqlite_fts import SqliteFtsRetriever
+from rufus.retrieval.vocabulary import Vocabulary
 
 __all__ = ["DEFAULT_INDEX", "Filters", "GroundedSearch", "Price", "Product", "Retriever",
            "SearchOutcome", "SqliteFtsRetriever", "Vocabulary", "default_retriever", "index_path",

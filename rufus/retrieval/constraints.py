@@ -7,7 +7,7 @@ against the attributes of the product types the question names (rufus/retrieval/
 Numbers find their attribute by the unit in the key's suffix (``capacity_qt``, ``screen_in``,
 ``capacity_people``): no per-category table, so a user's catalog that names its keys that way
 gets the same (docs/catalog.md). A price floor or range ("over $100", "between $50 and $80")
-is parsed here too; the cap ("under $80") is rufus.retrieval.grounding.parse_price_cap.
+is parsed here too; the cap ("under $80") is rufus.retrieval.price.parse_price_cap.
 
 When the catalog cannot meet them all, the search drops as few as it can, the least
 important kind first (:data:`RELAX_RANK`), and says which in a system-written note.
@@ -264,13 +264,38 @@ def parse(question: str, cats: Sequence[str], tax: Taxonomy,
     for c in cats:
         for k, t in tax.attr_types.get(c, {}).items():
             types.setdefault(k, t)
+    out = _numbers(low, cats, tax, types)
+    out += _sizes(low, types)
+    if "gender" in types:
+        for g, rx in _GENDER:
+            if (m := rx.search(low)) is not None:
+                out.append(Constraint("gender", ("gender",), g, "=", m.group(0)))
+                break
+    out += _features(q, low, types)
+    for rx, key, value in USES:
+        if key in types and (m := rx.search(low)) is not None:
+            out.append(Constraint("value", (key,), value, "=", m.group(0)))
+    out += _values(question, q, cats, tax, {c.keys[0] for c in out if c.kind == "value"})
+    if "color" in types:
+        for col in COLOURS:
+            if _has(q, col):
+                out.append(Constraint("colour", ("color",), col.replace("gray", "grey"), "=", col))
+                break
+    if brands:
+        out.append(Constraint("brand", (), tuple(brands), "=", " or ".join(brands)))
+    return out
+
+
+def _numbers(low: str, cats: Sequence[str], tax: Taxonomy, types: dict[str, str]) -> list[Constraint]:
+    """Counts of people first ("sleeps 4", "for 6 people", "4 person"), then numbers with a
+    unit ("65 inch", "20 lb"), then counts of things; each span of the question read once."""
     out: list[Constraint] = []
     used: list[tuple[int, int]] = []
 
     def free(m: re.Match[str]) -> bool:
+        """Whether ``m`` overlaps no span already read as a number."""
         return not any(s < m.end() and m.start() < e for s, e in used)
 
-    # counts of people first ("sleeps 4", "for 6 people", "4 person")
     people = _keys_with(tax, cats, "people")
     for m in _SLEEPS.finditer(low):
         if people and free(m) and (m.group(0).startswith(("sleeps", "seats", "family", "group")) or
@@ -279,31 +304,9 @@ def parse(question: str, cats: Sequence[str], tax: Taxonomy,
             out.append(Constraint("number", people, float(m.group("num")), op, m.group(0).strip()))
             used.append(m.span())
     for m in _NUM_UNIT.finditer(low):
-        if not free(m):
-            continue
-        unit = _UNIT_OF[m.group("unit")]
-        before = low[max(0, m.start() - 20):m.start()]
-        if unit == "in" and m.group("unit") == "in" and (re.search(r"size\s*$", before)
-                                                          or re.match(r"\s+\d", low[m.end():])):
-            continue  # "size 9 in black", "3 in 1"
-        value = float(m.group("num"))
-        keys = _keys_with(tax, cats, unit)
-        limits = tuple(k for k in keys if k.startswith(("max_", "min_")))
-        if limits and _LIMIT.search(before):  # "rated up to 65 lbs", "for a 70 lb dog": the
-            # upper limit where there is one (a car seat's max_weight_lb, not its min_)
-            keys = tuple(k for k in limits if k.startswith("max_")) or limits
-        elif limits and len(limits) < len(keys):  # "35 lb kettlebell": its own weight, and
-            # "at least 50 lb" an adjustable one's top weight too; "under 10 lb" its lowest
-            op0 = _op(before, bool(m.group("plus")), low[m.end():m.end() + 20])
-            side = {">=": "max_", "<=": "min_"}.get(op0)
-            keys = tuple(k for k in keys if k not in limits or (side and k.startswith(side)))
-        if unit == "tb":
-            keys, value = _keys_with(tax, cats, "gb"), value * 1024
-        if not keys:
-            continue
-        op = _op(before, bool(m.group("plus")), low[m.end():m.end() + 20])
-        out.append(Constraint("number", keys, value, op, m.group(0).strip()))
-        used.append(m.span())
+        if free(m) and (c := _with_unit(m, low, cats, tax)) is not None:
+            out.append(c)
+            used.append(m.span())
     for m in _NUM_COUNT.finditer(low):
         thing = m.group("thing")
         keys = tuple(k for k, t in types.items() if t in ("number", "integer")
@@ -313,19 +316,55 @@ def parse(question: str, cats: Sequence[str], tax: Taxonomy,
                                   _op(low[max(0, m.start() - 20):m.start()], False,
                                       low[m.end():m.end() + 20]), m.group(0).strip()))
             used.append(m.span())
+    return out
+
+
+def _with_unit(m: re.Match[str], low: str, cats: Sequence[str], tax: Taxonomy) -> Constraint | None:
+    """The constraint a number with a unit states ("65 inch", "rated up to 65 lbs"), or None
+    when no attribute of these types has that unit."""
+    unit = _UNIT_OF[m.group("unit")]
+    before = low[max(0, m.start() - 20):m.start()]
+    if unit == "in" and m.group("unit") == "in" and (re.search(r"size\s*$", before)
+                                                      or re.match(r"\s+\d", low[m.end():])):
+        return None  # "size 9 in black", "3 in 1"
+    value = float(m.group("num"))
+    keys = _keys_with(tax, cats, unit)
+    limits = tuple(k for k in keys if k.startswith(("max_", "min_")))
+    if limits and _LIMIT.search(before):  # "rated up to 65 lbs", "for a 70 lb dog": the
+        # upper limit where there is one (a car seat's max_weight_lb, not its min_)
+        keys = tuple(k for k in limits if k.startswith("max_")) or limits
+    elif limits and len(limits) < len(keys):  # "35 lb kettlebell": its own weight, and
+        # "at least 50 lb" an adjustable one's top weight too; "under 10 lb" its lowest
+        op0 = _op(before, bool(m.group("plus")), low[m.end():m.end() + 20])
+        side = {">=": "max_", "<=": "min_"}.get(op0)
+        keys = tuple(k for k in keys if k not in limits or (side and k.startswith(side)))
+    if unit == "tb":
+        keys, value = _keys_with(tax, cats, "gb"), value * 1024
+    if not keys:
+        return None
+    op = _op(before, bool(m.group("plus")), low[m.end():m.end() + 20])
+    return Constraint("number", keys, value, op, m.group(0).strip())
+
+
+def _sizes(low: str, types: dict[str, str]) -> list[Constraint]:
+    """Shoe and clothing sizes ("size 10", "in a kids 12c")."""
     size_keys = tuple(k for k in ("sizes", "size") if k in types)
+    if not size_keys:
+        return []
+    out = []
     for m in _SIZE.finditer(low):
-        if size_keys:
-            v = m.group("v").replace(" ", "")
-            out.append(Constraint("size", size_keys, _SIZE_WORDS.get(v, v.upper()), "=", m.group(0)))
-    if size_keys and not _SIZE.search(low):
+        v = m.group("v").replace(" ", "")
+        out.append(Constraint("size", size_keys, _SIZE_WORDS.get(v, v.upper()), "=", m.group(0)))
+    if not _SIZE.search(low):
         for m in _KIDS_SIZE.finditer(low):  # "in a kids 12c": a kids' size without "size"
             out.append(Constraint("size", size_keys, m.group("v").upper(), "=", m.group(0)))
-    if "gender" in types:
-        for g, rx in _GENDER:
-            if (m := rx.search(low)) is not None:
-                out.append(Constraint("gender", ("gender",), g, "=", m.group(0)))
-                break
+    return out
+
+
+def _features(q: str, low: str, types: dict[str, str]) -> list[Constraint]:
+    """The boolean features the question asks for, by name, by another way to say it, or by
+    the key's own words in any order; "waterproof" as a water rating."""
+    out = []
     seen_features: set[str] = set()
     q_stems = {_stem(w) for w in q.split()}
     for k, t in types.items():
@@ -347,10 +386,14 @@ def parse(question: str, cats: Sequence[str], tax: Taxonomy,
     if "waterproof" not in seen_features and "water_rating" in types and (
             _has(q, "waterproof") or _has(q, "water proof") or _WET.search(low)):
         out.append(Constraint("feature", ("water_rating",), "true", "=", "waterproof"))
-    for rx, key, value in USES:
-        if key in types and (m := rx.search(low)) is not None:
-            out.append(Constraint("value", (key,), value, "=", m.group(0)))
-    taken = {c.keys[0] for c in out if c.kind == "value"}
+    return out
+
+
+def _values(question: str, q: str, cats: Sequence[str], tax: Taxonomy,
+            taken: set[str]) -> list[Constraint]:
+    """String specs the question names by value ("oled", "cast iron"), one per key, the keys
+    in ``taken`` (already constrained) left out."""
+    out = []
     q_compact = _compact(question)
     for c in cats:
         for k, vals in tax.values.get(c, {}).items():
@@ -360,13 +403,6 @@ def parse(question: str, cats: Sequence[str], tax: Taxonomy,
             if v is not None:
                 out.append(Constraint("value", (k,), v, "=", v))
                 taken.add(k)
-    if "color" in types:
-        for col in COLOURS:
-            if _has(q, col):
-                out.append(Constraint("colour", ("color",), col.replace("gray", "grey"), "=", col))
-                break
-    if brands:
-        out.append(Constraint("brand", (), tuple(brands), "=", " or ".join(brands)))
     return out
 
 
@@ -404,6 +440,7 @@ def parse_price_range(text: str) -> tuple[float | None, float | None]:
 # ------------------------------------------------------------------ relaxing
 
 def meeting(products: Sequence[Product], constraints: Sequence[Constraint]) -> list[Product]:
+    """The products meeting every one of ``constraints`` (order kept)."""
     return [p for p in products if all(c.met(p) for c in constraints)]
 
 

@@ -12,17 +12,11 @@ import pytest
 from rufus.retrieval.base import Filters
 from rufus.retrieval.catalog import Product
 from rufus.retrieval.catalog_data import default_catalog
-from rufus.retrieval.grounding import (
-    GroundedSearch,
-    Price,
-    SearchOutcome,
-    Vocabulary,
-    category_display,
-    edit_distance,
-    parse_price_cap,
-    stem1,
-)
+from rufus.retrieval.grounding import GroundedSearch, SearchOutcome
+from rufus.retrieval.price import Price, parse_price_cap
+from rufus.retrieval.spelling import category_display, edit_distance, stem1
 from rufus.retrieval.sqlite_fts import SqliteFtsRetriever
+from rufus.retrieval.vocabulary import Vocabulary
 
 
 @pytest.fixture(scope="module")
@@ -301,7 +295,7 @@ def test_tantivy_lists_its_products(catalog):
 def test_common_words_are_never_typos(vocab):
     """"is the mattress firm or soft": "firm" is one letter from "fire" (Fire tablets), but it
     is a word; only what is no word is corrected."""
-    from rufus.retrieval.grounding import common_words
+    from rufus.retrieval.spelling import common_words
     words_ = common_words()
     assert {"firm", "mattress", "college", "collage", "warm"} <= words_
     typos = {"wireles", "vaccum", "beginer", "headphons", "keybord", "speakr", "bluetooh",
@@ -346,12 +340,12 @@ def test_what_the_catalog_lacks_gets_no_unrelated_cards(grounded, queries, quest
     ("65 in tv", ["tv"]),
 ])
 def test_product_phrase(query, phrase):
-    from rufus.retrieval.grounding import product_phrase
+    from rufus.retrieval.query import product_phrase
     assert product_phrase(query) == phrase
 
 
 def test_what_a_query_asks_for(vocab):
-    from rufus.retrieval.grounding import Ask
+    from rufus.retrieval.query import Ask
     assert vocab.ask("kids bike 16 inch") == Ask(head="bike", brand=None)
     assert vocab.ask("camping essentials") == Ask(head="camping", brand=None)
     assert vocab.ask("gifts for teacher") == Ask(head=None, brand=None)
