@@ -290,7 +290,7 @@ def scrape_histogram(url: str, family: str) -> dict[str, Any] | None:
             text = r.read().decode()
     except OSError:
         return None
-    out: dict[str, Any] = {"sum": 0.0, "count": 0.0, "buckets": {}}
+    out: dict[str, Any] = {"sum": 0.0, "count": 0.0, "buckets": {}, "has_sum": False}
     found = False
     for line in text.splitlines():
         if not line.startswith(family + "_"):
@@ -299,6 +299,7 @@ def scrape_histogram(url: str, family: str) -> dict[str, Any] | None:
         found = True
         if name.startswith(family + "_sum"):
             out["sum"] += float(value)
+            out["has_sum"] = True
         elif name.startswith(family + "_count"):
             out["count"] += float(value)
         elif name.startswith(family + "_bucket"):
@@ -325,16 +326,37 @@ def calibration(before: dict[str, Any] | None, after: dict[str, Any] | None,
 
     low, high = cum(-band_s), cum(band_s)
     # error = estimate - measured: above the band the estimate was too slow (pessimistic:
-    # it refuses what would have been in time), below it too fast (admits what is late)
-    return {"admitted": int(n), "mean_error_s": (after["sum"] - before["sum"]) / n,
+    # it refuses what would have been in time), below it too fast (admits what is late).
+    # prometheus_client leaves a histogram's _sum out when buckets are negative (the
+    # frontend's): then no mean, the median from the buckets either way
+    mean = (after["sum"] - before["sum"]) / n if after.get("has_sum") else None
+    return {"admitted": int(n), "mean_error_s": mean,
+            "median_error_s": _bucket_median(before, after, n),
             "within_band": (high - low) / n, "pessimistic": (n - high) / n,
             "optimistic": low / n, "band_s": band_s}
+
+
+def _bucket_median(before: dict[str, Any], after: dict[str, Any], n: float) -> float | None:
+    """The median of a histogram's new observations, interpolated within its bucket."""
+    bounds = sorted((float(le), after["buckets"][le] - before["buckets"].get(le, 0.0))
+                    for le in after["buckets"])
+    prev_bound, prev_cum = None, 0.0
+    for bound, c in bounds:
+        if c >= n / 2:
+            if prev_bound is None or bound == float("inf") or c == prev_cum:
+                return prev_bound if bound == float("inf") else bound
+            return prev_bound + (bound - prev_bound) * (n / 2 - prev_cum) / (c - prev_cum)
+        prev_bound, prev_cum = bound, c
+    return None
 
 
 def format_calibration(c: dict[str, Any] | None) -> str:
     if not c or not c.get("admitted"):
         return ""
-    return (f"  estimate-measured mean {c['mean_error_s'] * 1000:+.0f} ms, within "
+    mean = "" if c.get("mean_error_s") is None else f"mean {c['mean_error_s'] * 1000:+.0f} ms, "
+    median = c.get("median_error_s")
+    mid = "" if median is None else f"median {median * 1000:+.0f} ms, "
+    return (f"  estimate-measured {mean}{mid}within "
             f"{c['band_s'] * 1000:.0f} ms {c['within_band']:.0%} (over {c['pessimistic']:.0%}, "
             f"under {c['optimistic']:.0%}) of {c['admitted']}")
 

@@ -573,4 +573,8 @@ def test_calibration_reads_the_admissions_estimate_error_around_a_rate() -> None
     assert c["optimistic"] == pytest.approx(6 / 20) and c["within_band"] == pytest.approx(11 / 20)
     assert c["pessimistic"] == pytest.approx(3 / 20)
     assert "of 20" in gp.format_calibration(c)
+    # 20 new: 6 at or below -0.1, 11 in (-0.1, 0.1], 3 above: the median within (-0.1, 0.1]
+    assert -0.1 < c["median_error_s"] <= 0.1
+    without_sum = {**after, "has_sum": False}
+    assert gp.calibration(before, without_sum)["mean_error_s"] is None
     assert gp.calibration(None, after) is None
