@@ -117,14 +117,6 @@ def freeze_heap(name: str, collect: bool = True) -> None:
              name, gc.get_freeze_count(), time.monotonic() - t0)
 
 
-def config_param(model_config: dict[str, Any], name: str, default: str = "") -> str:
-    """A ``parameters`` entry of config.pbtxt; ``RUFUS_<NAME>`` in the environment wins."""
-    env = os.environ.get("RUFUS_" + name.upper())
-    if env is not None:
-        return env
-    return model_config.get("parameters", {}).get(name, {}).get("string_value", default)
-
-
 class TritonSink:
     """The responses of one request, sent on the thread that produced them (the serving loop).
 
@@ -294,10 +286,6 @@ class TritonModel:
         self.start()
         freeze_heap(self.name)
         mark_initialized(self.name)
-
-    def param(self, name: str, default: str = "") -> str:
-        """A config.pbtxt ``parameters`` entry (``RUFUS_<NAME>`` in the environment wins)."""
-        return config_param(self.model_config, name, default)
 
     def warmup_enabled(self) -> bool:
         """``warmup`` in config.pbtxt (``RUFUS_WARMUP``): serve warm-up requests before
