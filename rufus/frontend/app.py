@@ -135,23 +135,11 @@ class Frontend:
                     log.warning("model %s not offered: %s", model_id, exc)
         log.info("serving %s from Triton at %s", sorted([*self.triton_models, *self.hooks]),
                  s.triton_url)
-        # a hook that builds something slow (the assistant: its product index) starts now,
-        # in the background, so the first request after ready does not wait for it
-        self._starts = [asyncio.create_task(self._start_hook(m, h.start))
-                        for m, h in self.hooks.items() if hasattr(h, "start")]
-
-    @staticmethod
-    async def _start_hook(model_id: str, start: Callable[[], Awaitable[None]]) -> None:
-        try:
-            await start()
-        except Exception as exc:  # noqa: BLE001 - the first request retries it and says why
-            log.warning("model %s: building at start failed (retried on first use): %s",
-                        model_id, exc)
+        self._starts = targets.start_hooks(self.hooks)
 
     def registries(self) -> list[CollectorRegistry]:
         """The frontend's series, then each hook's own (the assistant's admission)."""
-        own = [h.registry for h in self.hooks.values() if hasattr(h, "registry")]
-        return [self.metrics.registry, *own]
+        return [self.metrics.registry, *targets.hook_registries(self.hooks)]
 
     async def stop(self) -> None:
         for t in self._starts:

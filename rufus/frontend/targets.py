@@ -7,8 +7,9 @@ logs, metrics and dashboards. Other ids are registered with :func:`register` (th
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -86,6 +87,25 @@ HOOKS: dict[str, Callable[..., ChatHook]] = {}
 def register(model_id: str, factory: Callable[..., ChatHook]) -> None:
     """Expose a chat pipeline as an OpenAI model id (chat completions only)."""
     HOOKS[model_id] = factory
+
+
+def start_hooks(hooks: Mapping[str, ChatHook]) -> list[asyncio.Task[None]]:
+    """Start, in the background, each hook that builds something slow (its ``start``: the
+    assistant's product index), so the first request after ready does not wait for it."""
+    async def run(model_id: str, start: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await start()
+        except Exception as exc:  # noqa: BLE001 - the first request retries it and says why
+            log.warning("model %s: building at start failed (retried on first use): %s",
+                        model_id, exc)
+
+    return [asyncio.create_task(run(m, h.start)) for m, h in hooks.items()
+            if hasattr(h, "start")]
+
+
+def hook_registries(hooks: Mapping[str, ChatHook]) -> list[Any]:
+    """The Prometheus registries of the hooks that export series of their own."""
+    return [h.registry for h in hooks.values() if hasattr(h, "registry")]
 
 
 __all__ = [
