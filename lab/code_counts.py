@@ -8,9 +8,9 @@ Product code only: rufus/, proxy/, follower/, deploy/ (not lab/, scripts/ or tes
 
 from __future__ import annotations
 
+import argparse
 import ast
 import re
-import sys
 from pathlib import Path
 
 PRODUCT = ("rufus", "proxy", "follower", "deploy")
@@ -44,9 +44,11 @@ def counts(tree: Path) -> dict[str, object]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    tree = Path(args[0]) if args else Path(__file__).resolve().parents[1]
-    c = counts(tree)
+    ap = argparse.ArgumentParser(prog="python -m lab.code_counts", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("tree", nargs="?", type=Path, default=Path(__file__).resolve().parents[1],
+                    help="a checkout (default: this one)")
+    c = counts(ap.parse_args(argv).tree)
     mods, fns = c["modules_over_600"], c["functions_over_80"]
     assert isinstance(mods, list) and isinstance(fns, list)
     print(f"modules over {MAX_MODULE_LINES} lines: {len(mods)}  "

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from rufus.assistant.answer import pick_line
-from rufus.retrieval.attributes import asked_keys, better, differing, label, value_text
+from rufus.retrieval.attributes import asked_keys, better, differing, label, value_keys, value_text
 from rufus.retrieval.base import norm_brand
 from rufus.retrieval.catalog import Product
 from rufus.retrieval.constraints import COLOURS, Constraint
@@ -62,6 +62,9 @@ _IT = re.compile(r"\b(?:it|that\s+one|this\s+one)\b")
 _NARROWING = re.compile(r"\b(?:any|ones|those|these|others|them|they)\b")
 # "is a lighter than b": a comparative asks which, too
 _COMPARATIVE = re.compile(r"\b\w+er\s+than\b|\b(?:more|less)\s+\w+\s+than\b")
+_VERSUS = re.compile(r"\b(?:vs|versus|against)\b|\bcompared?\s+(?:to|with)\b")
+# "a vs b", "which ... a or b": two products asked about (one recognised is not the answer)
+_ONE_OF_TWO = re.compile(r"\b(?:vs|versus)\b|\bwhich\b.*\bor\b|\bcompared?\s+(?:to|with)\b")
 _WHICH = re.compile(r"\b(?:which|better|or|should\s+i\s+(?:get|buy|go\s+with|pick|choose)|"
                     r"what\s+(?:one|would\s+you))\b")
 # A question that wants other products, not a fact about the one named.
@@ -222,11 +225,14 @@ def plan(question: str, targets: Sequence[Product], catalog_keys: Iterable[str],
     ignore = [_name(p) for p in targets] + [p.category.replace("_", " ") for p in targets]
     own = list(dict.fromkeys(k for p in targets for k in p.attributes))
     keys = asked_keys(question, own, ignore)
+    if not keys and len(targets) == 1:  # "can it play 78s": a value its card lists
+        keys = value_keys(question, targets[0].attributes, ignore)
     if len(targets) >= 2:  # two products named or referred to: compare them
-        which = bool(_WHICH.search(q) or _COMPARATIVE.search(q))
+        # "a vs b battery life": the spec named decides, as "which lasts longer" would
+        which = bool(_WHICH.search(q) or _COMPARATIVE.search(q) or (keys and _VERSUS.search(q)))
         return CardAnswer("compare", targets, keys, which=which)
-    if _SEARCHING.search(q) and not by_reference:
-        return None
+    if (_SEARCHING.search(q) or _ONE_OF_TWO.search(q)) and not by_reference:
+        return None  # "a vs b" with b not recognised: the usual picks, not a's card alone
     colour = colour_asked(question)
     if colour:
         return CardAnswer("colour", targets, value=colour)

@@ -24,7 +24,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 
 from rufus.retrieval.catalog import AttrValue
-from rufus.retrieval.constraints import _KEY_GLUE, FEATURE_WORDS, UNITS
+from rufus.retrieval.constraints import _KEY_GLUE, _SLEEPS, FEATURE_WORDS, UNITS
 from rufus.retrieval.spelling import edit_distance, stem1
 
 # Question phrases -> words of the keys they ask about (matched against a key's words).
@@ -46,6 +46,7 @@ ASK_WORDS: dict[str, tuple[str, ...]] = {
     "water resistant": ("waterproof", "water"), "water resistance": ("waterproof", "water"),
     "swim": ("waterproof", "water"), "swimming": ("waterproof", "water"),
     "ip rating": ("water",), "in the rain": ("waterproof", "water"),
+    "in the shower": ("waterproof", "water", "wet"), "in the bath": ("waterproof", "water", "wet"),
     "made of": ("material",), "made from": ("material",), "what material": ("material",),
     "how powerful": ("wattage", "power", "motor"), "watts": ("wattage", "power"),
     "how thick": ("thickness",), "thick": ("thickness",), "how tall": ("height",),
@@ -57,6 +58,9 @@ ASK_WORDS: dict[str, tuple[str, ...]] = {
     "at the same time": ("multipoint", "multi"), "phone and laptop": ("multipoint", "multi"),
     "swivel": ("rotating", "swivel"), "rotate": ("rotating",), "spin around": ("rotating",),
     "how deep": ("depth",), "deeper": ("depth",), "underwater": ("depth", "waterproof"),
+    "dive": ("depth", "waterproof"), "diving": ("depth", "waterproof"),
+    "scuba": ("depth", "waterproof"), "snorkel": ("depth", "waterproof"),
+    "snorkeling": ("depth", "waterproof"), "submerge": ("depth", "waterproof"),
     "stays up": ("flight",), "stay up": ("flight",), "flight time": ("flight",),
     "fly for": ("flight",), "how high": ("height",), "goes up to": ("height",),
     "wet": ("wet", "dry"), "how firm": ("firmness",), "firm": ("firmness",),
@@ -86,6 +90,27 @@ _WIFI = re.compile(r"\bwi\s*-?\s*fi\s*\d|\b6e\b")
 # "how long does the first one run", "how long will it last": battery or run time.
 _ASK_PATTERNS = ((re.compile(r"\bhow\s+long\s+(?:does|do|will|can|would)\b.{0,40}\b(?:run|last|go|play)\b"),
                   ("battery", "runtime")),)
+# "how long does a round take", "which runs longer": a duration asked (keys in these units)
+_DURATION = re.compile(r"\bhow\s+long\s+(?:does|do|will|can|would|is\s+it\s+good\s+for)\b|"
+                       r"\b(?:run|last|play|go|stay|work|take)(?:s|es|ing)?\s+(?:\w+\s+)?long(?:er|est)?\b")
+_TAKES_TO = re.compile(r"\btak(?:e|es|ing)\s+(?:\w+\s+)?to\s+(?:fully\s+)?([a-z]+)")
+_DURATION_UNITS = frozenset({"hours", "minutes", "days", "weeks", "s"})
+# "for a family of 6", "sleeps 4", "a group of 5" (rufus.retrieval.constraints), "with 5
+# people": a head count
+_HEADCOUNT = re.compile(_SLEEPS.pattern + r"|\b\d{1,2}\s+(?:people|persons|players|guests|adults|kids)\b")
+_PEOPLE_WORDS = ("people", "players", "persons", "sleeps", "seats", "riders", "guests")
+# What a unit measures, as customers ask it ("more heat": BTU; "how bright": lumens).
+_MEASURES = {"btu": ("heat", "hotter", "hot"), "lumens": ("bright", "brighter", "brightest"),
+             "w": ("power", "powerful"), "mph": ("speed", "fast", "faster"),
+             "ppm": ("fast", "faster", "speed"), "mbps": ("fast", "faster", "speed"),
+             "rpm": ("speed", "speeds"), "mah": ("battery",), "mp": ("megapixel", "megapixels"),
+             "people": _PEOPLE_WORDS}
+# Unit names too plain to ask for a key alone ("in", "h", "man", "degrees").
+_WEAK_UNITS = frozenset({"in", "h", "l", "g", "w", "v", "f", "man", "min", "hr", "degree",
+                         "degrees", "°", "'", '"', "fast", "speed"})
+# Words before the things a count key counts ("how many pieces", "more modes").
+_COUNTING = frozenset({"many", "more", "most", "fewer", "fewest", "number"})
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
 # Units customers write for a key's unit suffix, plus words a number key may be asked by.
 _UNIT_WORDS = {u: set(al) for u, al in UNITS.items()}
 # A key's words that a question need not say ("battery_hours" is asked as "battery").
@@ -194,6 +219,88 @@ def _own_words(key: str) -> list[str]:
     return [stem1(w) for w in key_words(key) if w not in _GLUE]
 
 
+def _hints(q: str, raw: set[str], skip: set[str]) -> set[str]:
+    """The key words the question's phrases ask about (:data:`ASK_WORDS`, their one-typo
+    forms, the Wi-Fi standard, "how long does it run", a head count)."""
+    hinted: set[str] = set()
+    for phrase, kws in ASK_WORDS.items():
+        if f" {phrase} " in q and not set(_stems(phrase)) <= skip:
+            hinted.update(kws)
+    for w in raw:  # "ligher", "wieght": one typo of a one-word phrase
+        for phrase, kws in _ONE_WORD_ASKS.items():
+            if w != phrase and typo_of(w, phrase):
+                hinted.update(kws)
+    if _WIFI.search(q):
+        hinted.update(("wifi", "standard"))
+    for pat, kws in _ASK_PATTERNS:
+        if pat.search(q):
+            hinted.update(kws)
+    if _HEADCOUNT.search(q):  # "for a family of 6", "seats 4": how many people it takes
+        hinted.update(_PEOPLE_WORDS)
+    return {stem1(h) for h in hinted}
+
+
+def _unit_asks(key: str, unit: str, q: str) -> tuple[set[str], bool]:
+    """The words that ask for a key in ``unit`` (the unit's names, "lumens", "hours", and
+    the quantity it measures, "heat" for BTU), and whether ``q`` asks a duration in it
+    ("how long does a round take", "which runs longer": hours, minutes)."""
+    units = _UNIT_WORDS.get(unit, {unit} if unit and unit != "count" else set())
+    duration = unit in _DURATION_UNITS and bool(_DURATION.search(q))
+    doing = _TAKES_TO.search(q)  # "how long does it take to recharge": that, not its run time
+    if duration and doing:
+        verb = {doing.group(1), stem1(doing.group(1))}
+        duration = any(_has_word(verb, w) for w in _own_words(key))
+    return units | set(_MEASURES.get(unit, ())), duration
+
+
+def _counted(key: str, q: str) -> bool:
+    """"how many cards", "more modes", "the most pieces": a count of one of the key's own
+    words (``card_capacity_count``, ``brushing_modes_count``), its glue words too."""
+    ws = _TOKEN.findall(q)
+    own = {stem1(w) for w in key_words(key) if w != "count"}
+    return any(w in _COUNTING and any(stem1(x) in own for x in ws[i + 1:i + 3])
+               for i, w in enumerate(ws))
+
+
+def _key_score(key: str, q: str, raw: set[str], words: set[str], hint: set[str],
+               skip: set[str]) -> float:
+    """How strongly ``q`` asks about ``key`` (0: not at all); see :func:`asked_keys`."""
+    own = _own_words(key)
+    unit = unit_of(key)
+    if not own and unit:  # "max_dpi": its unit is its word
+        own = [unit]
+    score = 0.0
+    if own and all(_has_word(words, w) for w in own):
+        score = 2.0 + len(own) + 0.1 * len(own)  # the key naming more of what is said first
+    elif own and all(w in hint or _has_word(words, w) for w in own) and set(own) & hint:
+        # "how heavy" -> weight_lb; "filter out pfas" -> removes_pfas; "how loud" is no
+        # noise_cancelling (its "cancelling" is neither said nor hinted)
+        score = 2.0 + 0.5 * len(own)
+    elif len(own) >= 2 and own[-1] in hint:
+        score = 1.75  # "how deep does it go": waterproof_depth_ft, a depth (its head word)
+    elif key.endswith("_type") and re.search(r"\b(?:kind|type|sort)\s+of\b", q):
+        score = 2.5  # "what kind of shaver is it": shaver_type
+    # a key's words the question does not say ("max" of max_weight_lb when "weight" is
+    # asked): the plainer key first
+    if score > 0:
+        # "for a group of 6": a head count asks what it takes at most
+        said = raw | ({"max"} if raw & _SAYS_MAX or _HEADCOUNT.search(q) else set())
+        score -= 0.25 * sum(1 for w in key_words(key) if w in _GLUE and w not in said and w != unit)
+    if key.endswith("_count") and _counted(key, q):
+        score = max(score, 3.0)  # "how many cards fit": card_capacity_count; "more modes"
+    for phrase in FEATURE_WORDS.get(key, ()):
+        if f" {phrase} " in q and not set(_stems(phrase)) <= skip:  # not the name's words
+            score = max(score, 3.0 + len(phrase.split()))
+    units, duration = _unit_asks(key, unit, q)
+    said_unit = bool(raw & units or {w.removesuffix("s") for w in raw} & units) or duration
+    strong = duration or bool(raw & (units - _WEAK_UNITS))
+    if score and unit and said_unit:
+        score += 1.0  # "how many hours": the key in hours over the one in minutes
+    elif not score and units and (_how_many(frozenset(units)).search(q) or strong):
+        score = 1.5  # "in lumens", "how many nights", "more heat" (BTU), "how long does it run"
+    return score
+
+
 def asked_keys(question: str, keys: Iterable[str], ignore: Sequence[str] = ()) -> list[str]:
     """The keys of ``keys`` (a card's attribute keys) that ``question`` asks about, the best
     match first; ``ignore``: text whose words ask nothing (the product's own name, "jbl flip
@@ -208,55 +315,28 @@ def asked_keys(question: str, keys: Iterable[str], ignore: Sequence[str] = ()) -
     raw |= {a + b for a, b in itertools.pairwise(toks)
             if a not in named and b not in named}  # "wi fi", "shut off": wifi, shutoff
     words = {stem1(w) for w in raw} | raw
-    hinted: set[str] = set()
-    for phrase, kws in ASK_WORDS.items():
-        if f" {phrase} " in q and not set(_stems(phrase)) <= skip:
-            hinted.update(kws)
-    for w in raw:  # "ligher", "wieght": one typo of a one-word phrase
-        for phrase, kws in _ONE_WORD_ASKS.items():
-            if w != phrase and typo_of(w, phrase):
-                hinted.update(kws)
-    if _WIFI.search(q):
-        hinted.update(("wifi", "standard"))
-    for pat, kws in _ASK_PATTERNS:
-        if pat.search(q):
-            hinted.update(kws)
+    hint = _hints(q, raw, skip)
     scored: list[tuple[float, str]] = []
     for key in keys:
         if key in ("color", "colors", "sizes", "gender"):
             continue  # variant axes: asked through colour and size words (rufus.assistant)
-        own = _own_words(key)
-        unit = unit_of(key)
-        if not own and unit:  # "max_dpi": its unit is its word
-            own = [unit]
-        score = 0.0
-        hint = {stem1(h) for h in hinted}
-        if own and all(_has_word(words, w) for w in own):
-            score = 2.0 + len(own)
-        elif own and all(w in hint or _has_word(words, w) for w in own) and set(own) & hint:
-            # "how heavy" -> weight_lb; "filter out pfas" -> removes_pfas; "how loud" is no
-            # noise_cancelling (its "cancelling" is neither said nor hinted)
-            score = 2.0 + 0.5 * len(own)
-        elif key.endswith("_type") and re.search(r"\b(?:kind|type|sort)\s+of\b", q):
-            score = 2.5  # "what kind of shaver is it": shaver_type
-        # a key's words the question does not say ("max" of max_weight_lb when "weight" is
-        # asked): the plainer key first
-        if score > 0:
-            said = raw | ({"max"} if raw & _SAYS_MAX else set())
-            score -= 0.25 * sum(1 for w in key_words(key) if w in _GLUE and w not in said and w != unit)
-        if key.endswith("_count") and own and re.search(rf"\bhow\s+many\s+{re.escape(own[0])}", q):
-            score = max(score, 3.0)  # "how many cards fit": card_capacity_count
-        for phrase in FEATURE_WORDS.get(key, ()):
-            if f" {phrase} " in q and not set(_stems(phrase)) <= skip:  # not the name's words
-                score = max(score, 3.0 + len(phrase.split()))
-        units = _UNIT_WORDS.get(unit, {unit} if unit and unit != "count" else set())
-        if score and unit and (raw & units or {w.removesuffix("s") for w in raw} & units):
-            score += 1.0  # "how many hours": the key in hours over the one in minutes
-        elif not score and units and _how_many(frozenset(units)).search(q):
-            score = 1.5
+        score = _key_score(key, q, raw, words, hint, skip)
         if score > 0:
             scored.append((score, key))
     return [k for _, k in sorted(scored, key=lambda x: -x[0])]
+
+
+def value_keys(question: str, attributes: Mapping[str, AttrValue], ignore: Sequence[str] = ()) -> list[str]:
+    """Keys whose list or text value holds a number the question says ("can it play 78s":
+    speeds_rpm [33 1/3, 45, 78]); numbers of ``ignore`` (the product's name) say nothing."""
+    skip = set(_NUMBER.findall(" ".join(ignore).lower()))
+    nums = [n for n in _NUMBER.findall(question.lower()) if n not in skip]
+    out = []
+    for k, v in attributes.items():
+        items = v if isinstance(v, list) else [v] if isinstance(v, str) else []
+        if nums and any(n in _NUMBER.findall(str(x)) for x in items for n in nums):
+            out.append(k)
+    return out
 
 
 def better(key: str, question: str = "") -> int:

@@ -16,6 +16,7 @@ important kind first (:data:`RELAX_RANK`), and says which in a system-written no
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -242,6 +243,13 @@ def _keys_with(tax: Taxonomy, cats: Sequence[str], suffix: str) -> tuple[str, ..
     return tuple(out)
 
 
+def _at_word(q: str, compact: str, most: int = 4) -> bool:
+    """``compact`` (:func:`_compact`) starts at one of ``q``'s words, up to ``most`` of them
+    run together: "wi fi 6" holds "wifi6", "allday" "all"; "sunglasses" holds no "glass"."""
+    ws = [w for w in (_compact(x) for x in q.split()) if w]
+    return any("".join(ws[i:i + most]).startswith(compact) for i in range(len(ws)))
+
+
 def _value_said(vals: Iterable[str], q: str, q_compact: str) -> str | None:
     """The spec value ``q`` says, the longest first: as words before run together ("dry"
     in "really dry skin", not "all" in "really"), ties in name order, so that the answer
@@ -249,7 +257,23 @@ def _value_said(vals: Iterable[str], q: str, q_compact: str) -> str | None:
     ok = [v for v in sorted(vals, key=lambda v: (-len(v), v))
           if len(v) >= 2 and v.lower() not in STOPWORDS and v.lower() not in _NOT_VALUES]
     return (next((v for v in ok if _has(q, v)), None)
-            or next((v for v in ok if _compact(v) in q_compact), None))
+            or next((v for v in ok if _compact(v) in q_compact and _at_word(q, _compact(v))), None))
+
+
+def _shade(q: str, cats: Sequence[str], tax: Taxonomy) -> str | None:
+    """A colour of these types' own listings that :data:`COLOURS` lacks, said in ``q``: a
+    listing's whole colour ("matte tortoise"), else a word of two colours at least
+    ("tortoise" of "Matte Tortoise" and "Tortoise on Gold"; one listing's fancy name, "Nice
+    Vice Grip", names no colour by a word of it)."""
+    counts: Counter[str] = Counter()
+    whole: set[str] = set()
+    for c in cats:
+        for v in tax.values.get(c, {}).get("color", ()):
+            counts.update(set(v.lower().split()))
+            whole.add(v.lower())
+    said = [v for v in sorted(whole, key=lambda v: (-len(v), v)) if " " in v and _has(q, v)]
+    return said[0] if said else next((w for w, n in sorted(counts.items()) if n >= 2 and len(w) >= 4
+                                      and w.isalpha() and w not in STOPWORDS and _has(q, w)), None)
 
 
 def parse(question: str, cats: Sequence[str], tax: Taxonomy,
@@ -277,10 +301,9 @@ def parse(question: str, cats: Sequence[str], tax: Taxonomy,
             out.append(Constraint("value", (key,), value, "=", m.group(0)))
     out += _values(question, q, cats, tax, {c.keys[0] for c in out if c.kind == "value"})
     if "color" in types:
-        for col in COLOURS:
-            if _has(q, col):
-                out.append(Constraint("colour", ("color",), col.replace("gray", "grey"), "=", col))
-                break
+        col = next((c for c in COLOURS if _has(q, c)), None) or _shade(q, cats, tax)
+        if col:
+            out.append(Constraint("colour", ("color",), col.replace("gray", "grey"), "=", col))
     if brands:
         out.append(Constraint("brand", (), tuple(brands), "=", " or ".join(brands)))
     return out
@@ -444,16 +467,19 @@ def meeting(products: Sequence[Product], constraints: Sequence[Constraint]) -> l
     return [p for p in products if all(c.met(p) for c in constraints)]
 
 
-def relax(products: Sequence[Product], constraints: Sequence[Constraint]
-          ) -> tuple[list[Product], list[Constraint]]:
+def relax(products: Sequence[Product], constraints: Sequence[Constraint],
+          said: Sequence[Constraint] | None = None) -> tuple[list[Product], list[Constraint]]:
     """The products meeting the most important constraints that some products meet, and the
-    constraints dropped for them: the fewest, the least important first (:data:`RELAX_RANK`).
-    Products missing a dropped number come nearest first."""
+    constraints dropped for them: the fewest, the least important first (:data:`RELAX_RANK`),
+    those of an earlier turn before those ``said`` in this one ("polarized sunglasses", then
+    "any in tortoise?": tortoise ones first). Products missing a dropped number come nearest
+    first."""
     met = meeting(products, constraints)
     if met or not constraints:
         return met, []
     cs = list(constraints)
-    order = sorted(range(len(cs)), key=lambda i: (RELAX_RANK[cs[i].kind], i))
+    now = set(cs if said is None else said)
+    order = sorted(range(len(cs)), key=lambda i: (cs[i] in now, RELAX_RANK[cs[i].kind], i))
     from itertools import combinations
     for n in range(1, len(cs) + 1):
         for drop in combinations(order, n):

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from rufus.retrieval.base import STOPWORDS, norm_brand
 from rufus.retrieval.catalog import Product
 from rufus.retrieval.catalog_data import CategorySpec
-from rufus.retrieval.model_names import ModelIndex, ModelName
+from rufus.retrieval.model_names import ModelIndex, ModelName, name_aliases
 from rufus.retrieval.needs import NOUN_WEIGHT, NeedIndex, content_stems
 from rufus.retrieval.question_words import (
     ACCESSORY,
@@ -97,6 +97,9 @@ class Taxonomy(NeedIndex, ModelIndex):
         self._noun_words: set[str] = set()  # the stems of every noun
         self._fuzzy: dict[str, str] = {}  # one-word nouns (and "e reader" as "ereader")
         self._models: list[ModelName] = []
+        self._owners: dict[str, set[str]] = {}  # a name's word -> the brands using it
+        self._word_models: dict[str, int] = {}  # a name's word -> how many models have it
+        self._word_texts: dict[str, int] = {}  # a name's word -> how many models' texts say it
         self.model_brand: dict[str, str] = {}  # model -> its brand
         self._first: dict[str, set[str]] = {}  # a model's first word -> brands using it
         self._line_words: dict[str, str] = {}  # a product line's word -> its one category
@@ -169,8 +172,11 @@ class Taxonomy(NeedIndex, ModelIndex):
         return nouns
 
     def _index_models(self, models: list[ModelName]) -> None:
-        """The models, their brands, and the product lines' words (one category, one brand)."""
+        """The models (and the other names shoppers give them), their brands, and the
+        product lines' words (one category, one brand)."""
+        models = [*models, *(a for m in models for a in name_aliases(m))]
         self._models = models
+        self._index_words(models, [t for _, t in self._texts])
         self.model_brand = {m.model: m.brand for m in models}
         firsts: dict[str, Counter[str]] = {}
         for m in models:
@@ -255,6 +261,18 @@ class Taxonomy(NeedIndex, ModelIndex):
                 taken[i] = True
         return sorted(out)
 
+    @staticmethod
+    def _not_for(models: list[tuple[int, int, ModelName]], kept: Sequence[tuple[int, str]],
+                 res: Resolution) -> list[tuple[int, int, ModelName]]:
+        """The models named, less those whose name, shared by several models, comes right
+        before a noun of another type ("ps5 controller", "iphone charger": what the thing is
+        for, not what is wanted; "nanit pro camera", one model, is it); ``res.models`` too."""
+        nouns = dict(kept)
+        span = Counter((s, e) for s, e, _ in models)
+        gone = {m.model for s, e, m in models if span[s, e] > 1 and e in nouns and nouns[e] != m.category}
+        res.models = [x for x in res.models if x not in gone]
+        return [x for x in models if x[2].model not in gone]
+
     def resolve(self, text: str, infer: bool = True) -> Resolution:
         """The product types and models ``text`` names (see the module docstring), from the
         strongest evidence found: a noun or model in the first phrase; a model anywhere; a
@@ -290,6 +308,7 @@ class Taxonomy(NeedIndex, ModelIndex):
                     for s, c in kept]
         else:  # "camera to keep an eye on the dog": the sense its other words give it
             kept = [(s, self._sense(st[s:ends[s]], c, need_ws, excluded)) for s, c in kept]
+        models = self._not_for(models, kept, res)
         firsts = [c for s, c in kept if phrase[s] == 0] + [m.category for s, _, m in models
                                                            if phrase[s] == 0]
         res.named_first = bool(firsts)

@@ -74,7 +74,8 @@ class TypedSearch:
             pool = [p for p in pool if p.model in res.line_models] or pool
         stated = dataclasses.replace(requested, max_price=max_price, min_price=lo, categories=cats)
         notes = [n for n in [relax_note(stated, relaxed)] if n]
-        found, dropped = constraints.relax(pool, cons)
+        said = cons if text == question else constraints.parse(question, cats, self.taxonomy, choice.named)
+        found, dropped = constraints.relax(pool, cons, said)
         if dropped:
             name = self.taxonomy.name(cats[0]) if len(cats) == 1 else "products"
             notes.append(constraint_note(name, dropped, len(cons) > len(dropped)))
