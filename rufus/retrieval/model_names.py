@@ -73,6 +73,17 @@ def _said_at(words: Sequence[str], w: str, pos: int) -> int:
     return -1
 
 
+def _initials(words: Sequence[str]) -> set[str]:
+    """The initials of two to four name words in a row (what :func:`_said_at` accepts)."""
+    out = set()
+    for p in range(len(words) - 1):
+        for k in range(2, 5):
+            run = words[p:p + k]
+            if len(run) == k and all(x.isalpha() for x in run):
+                out.add("".join(x[0] for x in run))
+    return {w for w in out if len(w) >= 3}
+
+
 class ModelIndex:
     """The models and the words that name them; :class:`Taxonomy` fills these in."""
 
@@ -83,6 +94,7 @@ class ModelIndex:
     _word_models: dict[str, int]  # a name's word -> how many models' names have it
     _word_texts: dict[str, int]  # a name's word -> how many models' listing texts say it
     _nouns: list[tuple[tuple[str, ...], str]]  # stemmed noun -> category, longest first
+    _by_word: dict[str, list[int]]  # a name's word or initials -> positions in _models
 
     def models_in(self, ws: Sequence[str]) -> list[tuple[int, int, ModelName, bool]]:
         """(start, end, model, line) of every model ``ws`` (tokens) names, the brand before it
@@ -93,7 +105,9 @@ class ModelIndex:
         for i, w in enumerate(ws):
             starts.setdefault(w, []).append(i)
         cands: dict[tuple[str, str], list[tuple[tuple[int, float], int, int, ModelName]]] = {}
-        for m in self._models:
+        # only the models one of whose words (or initials) the question says can match
+        maybe = sorted({i for w in have for i in self._by_word.get(w, ())})
+        for m in (self._models[i] for i in maybe):
             hit = self._match(ws, have, starts, m)
             if hit is not None:
                 cands.setdefault((norm_brand(m.brand), m.words[0]), []).append((*hit, m))
@@ -215,6 +229,12 @@ class ModelIndex:
         per word, how many models' listing texts (``texts``, one a model) say it."""
         self._owners = {}
         counts: dict[str, set[str]] = {}
+        # word or initials -> the models (positions in ``models``) a question saying it may
+        # name: every rule of _match needs one of the name's words or initials said
+        self._by_word = {}
+        for n, m in enumerate(models):
+            for w in {*m.words, *_initials(m.words)}:
+                self._by_word.setdefault(w, []).append(n)
         for m in models:
             for w in m.words:
                 self._owners.setdefault(w, set()).add(norm_brand(m.brand))
