@@ -19,7 +19,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Gauge, Histogram
 
 from rufus.assistant import Assistant
-from rufus.assistant.pipeline import turn_span, validate_request
+from rufus.assistant.pipeline import NullMetrics, turn_span, validate_request
 from rufus.client import RequestFailed
 from rufus.errors import InvalidInput, RufusError
 from rufus.frontend.protocol import ParsedRequest, bad_request, openai_error
@@ -53,10 +53,11 @@ def split_messages(messages: list[dict[str, str]]) -> tuple[str, list[dict[str, 
     return turns[-1]["content"], turns[:-1][-MAX_HISTORY_TURNS:]
 
 
-class AdmissionSeries:
+class AdmissionSeries(NullMetrics):
     """The frontend's own assistant admission, as the Triton model exports its own
     (rufus/serving/metrics.py AdmissionMetrics): the estimate a new turn would get and each
-    admitted turn's error, so the OpenAI path's estimate can be calibrated too."""
+    admitted turn's error, so the OpenAI path's estimate can be calibrated too (the stage
+    series are the Triton model's own: not counted twice here)."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.estimate_gauge = Gauge(
@@ -67,15 +68,6 @@ class AdmissionSeries:
             "rufus_openai_assistant_first_token_estimate_error_seconds",
             "The frontend's assistant admission: estimate minus measured first answer text, "
             "per admitted turn", buckets=ADMISSION_ERROR_BUCKETS, registry=registry)
-
-    def observe(self, stage: str, seconds: float) -> None:
-        pass
-
-    def count(self, outcome: str, path: str) -> None:
-        pass
-
-    def dropped(self, kind: str) -> None:
-        pass
 
     def estimate(self, seconds: float) -> None:
         self.estimate_gauge.set(seconds)
