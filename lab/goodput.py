@@ -281,9 +281,11 @@ CALIBRATION_BAND_S = 0.1  # an estimate within this of the measured latency coun
 
 
 def scrape_histogram(url: str, family: str) -> dict[str, Any] | None:
-    """A histogram's sum, count and cumulative buckets, summed over its label sets; None
-    when the endpoint does not answer or lacks the family."""
+    """A histogram's sum, count and cumulative buckets (le -> count), summed over its label
+    sets; None when the endpoint does not answer or lacks the family."""
     import urllib.request
+
+    from proxy.prometheus import prometheus_samples
 
     try:
         with urllib.request.urlopen(url, timeout=5) as r:
@@ -292,19 +294,18 @@ def scrape_histogram(url: str, family: str) -> dict[str, Any] | None:
         return None
     out: dict[str, Any] = {"sum": 0.0, "count": 0.0, "buckets": {}, "has_sum": False}
     found = False
-    for line in text.splitlines():
-        if not line.startswith(family + "_"):
-            continue
-        name, _, value = line.rpartition(" ")
-        found = True
-        if name.startswith(family + "_sum"):
-            out["sum"] += float(value)
+    for name, labels, value in prometheus_samples(text):
+        if name == family + "_sum":
+            out["sum"] += value
             out["has_sum"] = True
-        elif name.startswith(family + "_count"):
-            out["count"] += float(value)
-        elif name.startswith(family + "_bucket"):
-            le = name.split('le="', 1)[1].split('"', 1)[0]
-            out["buckets"][le] = out["buckets"].get(le, 0.0) + float(value)
+        elif name == family + "_count":
+            out["count"] += value
+        elif name == family + "_bucket" and "le" in labels:
+            le = float(labels["le"])  # "+Inf" parses
+            out["buckets"][le] = out["buckets"].get(le, 0.0) + value
+        else:
+            continue
+        found = True
     return out if found else None
 
 
@@ -314,40 +315,24 @@ def calibration(before: dict[str, Any] | None, after: dict[str, Any] | None,
     (estimate minus measured), and the shares within ``band_s`` of the truth, pessimistic
     beyond it (refuses too early) and optimistic beyond it (admits what will be late).
     The band must be bucket bounds (rufus/serving/metrics.py ADMISSION_ERROR_BUCKETS)."""
+    from proxy.orchestrator_policy import ttft_quantile
+
     if before is None or after is None:
         return None
     n = after["count"] - before["count"]
     if n <= 0:
         return {"admitted": 0}
-
-    def cum(le: float) -> float:
-        key = f"{le:g}" if f"{le:g}" in after["buckets"] else str(float(le))
-        return after["buckets"].get(key, 0.0) - before["buckets"].get(key, 0.0)
-
-    low, high = cum(-band_s), cum(band_s)
+    delta = {le: c - before["buckets"].get(le, 0.0) for le, c in after["buckets"].items()}
+    low, high = delta.get(-band_s, 0.0), delta.get(band_s, 0.0)
     # error = estimate - measured: above the band the estimate was too slow (pessimistic:
     # it refuses what would have been in time), below it too fast (admits what is late).
     # prometheus_client leaves a histogram's _sum out when buckets are negative (the
     # frontend's): then no mean, the median from the buckets either way
     mean = (after["sum"] - before["sum"]) / n if after.get("has_sum") else None
-    return {"admitted": int(n), "mean_error_s": mean,
-            "median_error_s": _bucket_median(before, after, n),
+    median = ttft_quantile(list(delta.items()), 0.5, floor=min(delta)) if delta else None
+    return {"admitted": int(n), "mean_error_s": mean, "median_error_s": median,
             "within_band": (high - low) / n, "pessimistic": (n - high) / n,
             "optimistic": low / n, "band_s": band_s}
-
-
-def _bucket_median(before: dict[str, Any], after: dict[str, Any], n: float) -> float | None:
-    """The median of a histogram's new observations, interpolated within its bucket."""
-    bounds = sorted((float(le), after["buckets"][le] - before["buckets"].get(le, 0.0))
-                    for le in after["buckets"])
-    prev_bound, prev_cum = None, 0.0
-    for bound, c in bounds:
-        if c >= n / 2:
-            if prev_bound is None or bound == float("inf") or c == prev_cum:
-                return prev_bound if bound == float("inf") else bound
-            return prev_bound + (bound - prev_bound) * (n / 2 - prev_cum) / (c - prev_cum)
-        prev_bound, prev_cum = bound, c
-    return None
 
 
 def format_calibration(c: dict[str, Any] | None) -> str:

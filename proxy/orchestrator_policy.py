@@ -520,16 +520,18 @@ def _done(before: dict[str, int], shares: dict[str, int], kinds: dict[str, str],
                                       rounds=state.rounds + 1))
 
 
-def ttft_quantile(buckets: Sequence[tuple[float, float]], q: float) -> float | None:
+def ttft_quantile(buckets: Sequence[tuple[float, float]], q: float,
+                  floor: float = 0.0) -> float | None:
     """Quantile from cumulative histogram buckets ``[(le, count), ...]`` (Prometheus's
     ``histogram_quantile``: linear within the bucket; the +Inf bucket answers with the
-    highest finite bound). None without observations."""
+    highest finite bound). ``floor``: the lowest bucket's lower bound (0 for latencies; a
+    histogram of signed values passes its lowest bound). None without observations."""
     pts = sorted(buckets)
     if not pts or pts[-1][1] <= 0:
         return None
     total = pts[-1][1]
     rank = q * total
-    prev_le, prev_c = 0.0, 0.0
+    prev_le, prev_c = floor, 0.0
     for le, c in pts:
         if c >= rank:
             if math.isinf(le):
