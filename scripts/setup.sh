@@ -27,10 +27,21 @@ if [[ -n "${RUFUS_WHEELHOUSE:-}" ]] && compgen -G "$RUFUS_WHEELHOUSE/*.whl" >/de
   printf '[setup] installing from the wheelhouse %s (no package index)\n' "$RUFUS_WHEELHOUSE"
 fi
 
+# the lock's key: the files' contents only (sha256sum's output would name the clone's path)
+lock_hash() { cat "$ROOT/requirements.lock" "$ROOT/pyproject.toml" | sha256sum | cut -c1-16; }
+
+# venv_cache_dir PYTHON: where the venv of this lock and that interpreter's version is kept
+# (nothing with RUFUS_VENV_CACHE=0)
+venv_cache_dir() {
+  [[ "${RUFUS_VENV_CACHE:-1}" != 0 ]] || return 0
+  local pyver
+  pyver="$("$1" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')"
+  echo "${RUFUS_CACHE_DIR:-$HOME/.cache/rufus}/venvs/py$pyver-$(lock_hash)"
+}
+
 setup_venv() {
   local want have
-  # the files' contents only (sha256sum's output would name the clone's path)
-  want="$(cat "$ROOT/requirements.lock" "$ROOT/pyproject.toml" | sha256sum | cut -c1-16)"
+  want="$(lock_hash)"
   have="$(cat "$VENV/.rufus-lock" 2>/dev/null || true)"
   if [[ "$want" == "$have" && -x "$VENV/bin/python" ]]; then
     step "venv up to date ($VENV)"
@@ -39,11 +50,8 @@ setup_venv() {
   # A venv installed once per lock (and Python) is kept in the cache, as the models and the
   # image's wheelhouse are: a new clone's venv is made of hard links to it (copies across
   # filesystems) in seconds instead of minutes of pip. RUFUS_VENV_CACHE=0: pip every time.
-  local pyver cache=""
-  pyver="$("$PY" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')"
-  if [[ "${RUFUS_VENV_CACHE:-1}" != 0 ]]; then
-    cache="${RUFUS_CACHE_DIR:-$HOME/.cache/rufus}/venvs/py$pyver-$want"
-  fi
+  local cache
+  cache="$(venv_cache_dir "$PY")"
   if [[ -n "$cache" && -f "$cache/.complete" && ! -e "$VENV" ]]; then
     step "venv from the cache: $cache (hard links)"
     cp -al "$cache" "$VENV" 2>/dev/null || { rm -rf "$VENV"; cp -a "$cache" "$VENV"; }
@@ -90,12 +98,10 @@ relocate_venv() {
 # shared_venv: the venv cache this .venv was linked from (setup_venv), if it is still there
 # and of the same lock; else nothing.
 shared_venv() {
-  [[ "${RUFUS_VENV_CACHE:-1}" != 0 ]] || return 0
-  local want pyver cache
-  want="$(cat "$ROOT/requirements.lock" "$ROOT/pyproject.toml" | sha256sum | cut -c1-16)"
-  pyver="$("$VENV/bin/python" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')"
-  cache="${RUFUS_CACHE_DIR:-$HOME/.cache/rufus}/venvs/py$pyver-$want"
-  if [[ -f "$cache/.complete" && "$(cat "$VENV/.rufus-lock" 2>/dev/null)" == "$want" ]]; then
+  local cache
+  cache="$(venv_cache_dir "$VENV/bin/python")"
+  if [[ -n "$cache" && -f "$cache/.complete" \
+        && "$(cat "$VENV/.rufus-lock" 2>/dev/null)" == "$(lock_hash)" ]]; then
     echo "$cache"
   fi
 }
