@@ -58,9 +58,7 @@ def _digest(*paths: Path) -> str:
     def compute() -> str:
         h = hashlib.sha256()
         for p in paths:
-            with p.open("rb") as f:
-                for chunk in iter(lambda f=f: f.read(1 << 20), b""):
-                    h.update(chunk)
+            fingerprint.feed(h, p)
         return h.hexdigest()[:16]
     return fingerprint.store().digest("qp-inputs", list(paths), compute)
 

@@ -22,6 +22,7 @@ import os
 from collections.abc import Callable, Sequence
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from rufus.serving.caches import cache_dir
 
@@ -40,12 +41,17 @@ def stat_key(path: Path) -> list[int]:
     return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
 
 
-def file_sha256(path: Path) -> str:
-    """SHA-256 of a file, read in 1 MiB chunks."""
-    h = hashlib.sha256()
+def feed(h: Any, path: Path) -> None:
+    """Add a file's bytes to the hash ``h``, read in 1 MiB chunks."""
     with path.open("rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
+
+
+def file_sha256(path: Path) -> str:
+    """SHA-256 of a file."""
+    h = hashlib.sha256()
+    feed(h, path)
     return h.hexdigest()
 
 
