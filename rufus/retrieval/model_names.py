@@ -10,7 +10,7 @@ is its own problem."""
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from rufus.retrieval.base import STOPWORDS, norm_brand
@@ -59,29 +59,24 @@ def name_aliases(m: ModelName) -> list[ModelName]:
     return out
 
 
-def _said_at(words: Sequence[str], w: str, pos: int) -> int:
-    """Where in ``words``, from ``pos`` on, the shopper's word ``w`` ends: the word itself,
-    or the initials of two to four words in a row ("ucs": Ultimate Collector Series); -1."""
-    if w in words[pos:]:
-        return words.index(w, pos)
-    if len(w) >= 3 and w.isalpha():
-        for p in range(pos, len(words) - 1):
-            for k in range(2, 5):
-                run = words[p:p + k]
-                if len(run) == k and all(x.isalpha() for x in run) and "".join(x[0] for x in run) == w:
-                    return p + k - 1
-    return -1
-
-
-def _initials(words: Sequence[str]) -> set[str]:
-    """The initials of two to four name words in a row (what :func:`_said_at` accepts)."""
-    out = set()
-    for p in range(len(words) - 1):
+def _initial_runs(words: Sequence[str], pos: int = 0) -> Iterator[tuple[int, str]]:
+    """(last position, initials) of every run of two to four letter-only words in ``words``
+    from ``pos`` on ("ucs": Ultimate Collector Series)."""
+    for p in range(pos, len(words) - 1):
         for k in range(2, 5):
             run = words[p:p + k]
             if len(run) == k and all(x.isalpha() for x in run):
-                out.add("".join(x[0] for x in run))
-    return {w for w in out if len(w) >= 3}
+                yield p + k - 1, "".join(x[0] for x in run)
+
+
+def _said_at(words: Sequence[str], w: str, pos: int) -> int:
+    """Where in ``words``, from ``pos`` on, the shopper's word ``w`` ends: the word itself,
+    or the initials of two to four words in a row; -1."""
+    if w in words[pos:]:
+        return words.index(w, pos)
+    if len(w) >= 3 and w.isalpha():
+        return next((end for end, initials in _initial_runs(words, pos) if initials == w), -1)
+    return -1
 
 
 class ModelIndex:
@@ -233,7 +228,8 @@ class ModelIndex:
         # name: every rule of _match needs one of the name's words or initials said
         self._by_word = {}
         for n, m in enumerate(models):
-            for w in {*m.words, *_initials(m.words)}:
+            initials = {i for _, i in _initial_runs(m.words) if len(i) >= 3}
+            for w in {*m.words, *initials}:
                 self._by_word.setdefault(w, []).append(n)
         for m in models:
             for w in m.words:
