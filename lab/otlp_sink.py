@@ -39,15 +39,28 @@ class Receiver:
 
     def __init__(self, port: int = 0) -> None:
         self.spans: list[Span] = []
+        # bodies answered 400 (why, its first bytes): a test that misses spans prints them
+        self.rejected: list[str] = []
+        self.posts = 0
         self.lock = threading.Lock()
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
+            # HTTP/1.1: answers ``Expect: 100-continue`` at once (tritonserver's libcurl asks
+            # it of every body over 1 KB and, from an HTTP/1.0 server, waits 1 s per export
+            # for an answer that never comes) and keeps the exporter's connection open
+            protocol_version = "HTTP/1.1"
+
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 as_json = "json" in (self.headers.get("Content-Type") or "")
                 ok = self.path == "/v1/traces" and (receiver.take_json(body) if as_json
                                                     else receiver.take(body))
+                with receiver.lock:
+                    receiver.posts += 1
+                    if not ok:
+                        receiver.rejected.append(f"{self.path} {'json' if as_json else 'proto'} "
+                                                 f"{len(body)} bytes: {body[:120]!r}")
                 self.send_response(200 if ok else 400)
                 self.send_header("Content-Type", "application/x-protobuf")
                 self.send_header("Content-Length", "0")
@@ -123,6 +136,16 @@ class Receiver:
         with self.lock:
             self.spans.extend(got)
         return True
+
+    def summary(self) -> str:
+        """What came so far, for a test's failure message: posts, spans per service, the
+        bodies refused."""
+        with self.lock:
+            services: dict[str, int] = {}
+            for s in self.spans:
+                services[s.service] = services.get(s.service, 0) + 1
+            return (f"{self.posts} posts, spans per service {services}, "
+                    f"{len(self.rejected)} refused {self.rejected[-3:]}")
 
     def trace(self, trace_id: str) -> list[Span]:
         with self.lock:

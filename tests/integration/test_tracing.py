@@ -25,19 +25,28 @@ def new_parent() -> tuple[str, str]:
     return tid, f"00-{tid}-{secrets.token_hex(8)}-01"
 
 
-def spans_of(rx: Receiver, tid: str, want: set[str], timeout: float = 60) -> list[Span]:
-    """The trace's spans once every service in ``want`` has reported and its root spans
-    (a model's generate, a turn, a request) have ended (exported every 0.5 s)."""
+def spans_of(rx: Receiver, tid: str, want: set[str], timeout: float = 60,
+             names: set[str] = frozenset()) -> list[Span]:
+    """The trace's spans once every service in ``want`` has reported, its root spans (a
+    model's generate, a turn, a request) and the spans in ``names`` have ended, and every
+    span's parent that is in the trace has come too (exported every 0.5 s; tritonserver's
+    own spans by its exporter, ended last). Fails with what the receiver got otherwise."""
     def complete() -> bool:
         spans = rx.trace(tid)
-        names = {s.name for s in spans}
+        have = {s.name for s in spans}
         roots = {"rufus_assistant turn"} if "rufus_assistant" in want else set()
         if "rufus-frontend" in want:
             roots |= {"POST /v1/chat/completions", "rufus-assistant turn"}
-        return want <= {s.service for s in spans} and roots <= names and \
-            ("rufus_llm" not in want or "rufus_llm generate" in names)
+        if "rufus_llm" in want:
+            roots |= {"rufus_llm generate"}
+        ids = {s.span_id for s in spans}
+        # a parent outside the trace's spans is the client's (the traceparent sent)
+        outside = {s.parent_id for s in spans if s.parent_id and s.parent_id not in ids}
+        return want <= {s.service for s in spans} and (roots | names) <= have and \
+            len(outside) <= 1
 
-    wait_for(complete, timeout=timeout, interval=0.5)
+    assert wait_for(complete, timeout=timeout, interval=0.5), \
+        (sorted({(s.service, s.name) for s in rx.trace(tid)}), rx.summary())
     return rx.trace(tid)
 
 
@@ -135,7 +144,7 @@ def test_a_bad_request_is_a_span_with_the_error_code(stack, otlp):
     with pytest.raises(RequestFailed):
         list(stream_outputs(f"127.0.0.1:{stack.grpc_port}", "rufus_llm", [t, bad],
                             trace={"traceparent": parent}))
-    spans = spans_of(otlp, tid, {"rufus_llm"})
+    spans = spans_of(otlp, tid, set(), names={"rufus_llm refused"})
     refused = next(s for s in spans if s.name == "rufus_llm refused")
     assert refused.error and refused.attributes["error.type"] == "INVALID_ARG"
 
