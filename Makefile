@@ -39,8 +39,9 @@ TEST_PREBUILD ?= auto
 STOP_TEST_ENGINE = if [ -f build/docker/engine-by-test ]; then bash docker/engine.sh stop; \
 	rm -f build/docker/engine-by-test; fi
 
-test: setup check-deploy  ## lint + deploy checks + unit + integration tests
+test: setup check-deploy  ## lint + type check + deploy checks + unit + integration tests
 	$(PY) -m ruff check .
+	$(PY) -m mypy
 	@rm -f build/image-beside-unit.rc build/docker/engine-by-test; \
 	if [ "$(IMAGE_BESIDE_UNIT)" = 1 ] && { command -v docker >/dev/null || [ "$$(id -u)" = 0 ]; }; then \
 	  mkdir -p build/docker; timeout 10 docker info >/dev/null 2>&1 || touch build/docker/engine-by-test; \
@@ -66,8 +67,9 @@ check-deploy: setup  ## static checks of docker/ and deploy/ (no Docker engine n
 unit: setup
 	$(PY) -m pytest -q $(XDIST) tests/unit
 
-lint:
+lint:             ## ruff + mypy (the trees and settings: [tool.mypy] in pyproject.toml)
 	$(PY) -m ruff check .
+	$(PY) -m mypy
 
 bench: setup      ## Triton path vs in-process vLLM, concurrency 1 and 16
 	$(PY) scripts/bench.py --concurrency 1 16
@@ -76,7 +78,7 @@ bench-openai: setup  ## OpenAI API: frontend -> Triton vs vLLM's OpenAI server (
 	$(PY) scripts/bench_openai.py --concurrency 1 16 --output-len 64
 
 clean:
-	rm -rf build .pytest_cache .ruff_cache
+	rm -rf build .pytest_cache .ruff_cache .mypy_cache
 
 rig: setup        ## two-node unit (leader tritonserver + follower) on this machine, supervised
 	$(PY) scripts/rig.py --grpc-port $(GRPC_PORT) --http-port $(HTTP_PORT) --metrics-port $(METRICS_PORT) $(RIG_ARGS)

@@ -509,12 +509,13 @@ def generate(instances: int, seed: int = 1, layers: int = 3, mixed: float = 0.15
         paths: list[tuple[str, ...]] = []
         for _top in range(rng.randint(2, 4)):
             top = (new_id("nn"),)
-            mids = [(*top, new_id("nn")) for _ in range(rng.randint(10, 40))]
+            mids: list[tuple[str, ...]] = [(*top, new_id("nn")) for _ in range(rng.randint(10, 40))]
             for _extra in range(layers - 3):
                 mids = [(*m, new_id("nn")) for m in mids for _ in range(rng.randint(2, 4))]
             paths.extend(mids)
         tree.append(paths)
-    names, weights = zip(*TYPES, strict=True)
+    names = [name for name, _ in TYPES]
+    weights = [weight for _, weight in TYPES]
     out: list[Instance] = []
     while len(out) < instances:
         z = rng.choices(range(len(ZONES)), weights=zone_weights)[0]

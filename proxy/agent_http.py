@@ -121,7 +121,7 @@ def metrics_text(unit: str, snap: Snapshot, stale: bool, transitions: dict[str, 
             lines += [f"# HELP rufus_unit_{name} {help_}", f"# TYPE rufus_unit_{name} gauge",
                       f"rufus_unit_{name}{{{lab}}} {v}"]
     if snap.load is not None:
-        for name, help_, v in (
+        for name, help_, value in (
             ("outstanding", "Requests admitted and not finished on the leader.",
              snap.load.outstanding),
             ("waiting", "Requests queued in the engine(s).", snap.load.waiting),
@@ -135,7 +135,7 @@ def metrics_text(unit: str, snap: Snapshot, stale: bool, transitions: dict[str, 
              _or_nan(snap.load.first_token_slo_s)),
         ):
             lines += [f"# HELP rufus_unit_{name} {help_}", f"# TYPE rufus_unit_{name} gauge",
-                      f"rufus_unit_{name}{{{lab}}} {v}"]
+                      f"rufus_unit_{name}{{{lab}}} {value}"]
     return "\n".join(lines) + "\n"
 
 

@@ -128,7 +128,7 @@ def parse_capacity(text: str, models: Sequence[str]) -> Capacity | None:
     for name, labels, value in prometheus_samples(text):
         key = _CAPACITY_FIELDS.get(name)
         model = labels.get("model")
-        if key is None or model not in models:
+        if key is None or model is None or model not in models:
             continue
         try:
             found.setdefault(model, {})[key] = int(value)

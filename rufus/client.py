@@ -19,7 +19,7 @@ import json
 import queue
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypedDict, Unpack
 
@@ -222,7 +222,7 @@ async def astream_outputs(url: str, model: str, inputs: list[Any], *, timeout: f
                           client: Any = None, prefix: str = "", conversation: str | None = None,
                           parameters: dict[str, Any] | None = None,
                           trace: Mapping[str, str] | None = None
-                          ) -> AsyncIterator[dict[str, Any]]:
+                          ) -> AsyncGenerator[dict[str, Any], None]:
     """asyncio version of :func:`stream_outputs` (``client``: a ``tritonclient.grpc.aio``
     client, one HTTP/2 connection for many streams). ``prefix`` goes in front of error
     messages (a pipeline names the model that failed); ``parameters``: Triton request
@@ -275,7 +275,7 @@ class AsyncStreams:
 
     def stream(self, model: str, values: dict[str, Any], timeout: float = 600.0,
                conversation: str | None = None, parameters: dict[str, Any] | None = None,
-               trace: Mapping[str, str] | None = None) -> AsyncIterator[dict[str, Any]]:
+               trace: Mapping[str, str] | None = None) -> AsyncGenerator[dict[str, Any], None]:
         """Each response's outputs (:func:`astream_outputs`); ``values`` are Python values
         (:func:`value_tensors`). Errors name the model; ``trace``: W3C trace headers."""
         import tritonclient.grpc as grpcclient

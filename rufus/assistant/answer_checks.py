@@ -387,7 +387,8 @@ def _contradiction(kind: str, value: str, card: dict[str, Any]) -> str:
             return f"rating {value} but {name} is rated {want_r:.1f}"
     elif kind == "size":
         attrs = card.get("attributes") or {}
-        sizes = attrs.get("sizes") if isinstance(attrs.get("sizes"), list) else []
+        listed = attrs.get("sizes")
+        sizes: list[Any] = listed if isinstance(listed, list) else []
         if isinstance(attrs.get("size"), str):
             sizes = [*sizes, attrs["size"]]
         # the card's sizes (a shoe's size list) or, for a card without them, its title

@@ -97,9 +97,10 @@ def check_comparison(item: dict[str, Any], answer: str, cards: Sequence[Card]) -
     differs = False
     for k in sorted(keys):
         vals = [(c.get("attributes") or {}).get(k) for c in ms]
-        if any(v is None for v in vals) or len({str(v) for v in vals}) < 2:
+        present = [v for v in vals if v is not None]
+        if len(present) < len(vals) or len({str(v) for v in present}) < 2:
             continue
-        if all(value_text(k, v).lower() in low for v in vals):
+        if all(value_text(k, v).lower() in low for v in present):
             differs = True
             break
     prices = [float(c.get("price", 0)) for c in ms]
@@ -121,8 +122,8 @@ def check_comparison(item: dict[str, Any], answer: str, cards: Sequence[Card]) -
             known = [x for x in nums if x is not None]
             if len(known) >= 2 and len(set(known)) > 1:
                 best = max(known) if better == "higher" else min(known)
-                want = ms[nums.index(best)]
-                if want.get("url") not in " ".join(pick_lines):
+                url = ms[nums.index(best)].get("url")  # a card without one is no pick's link
+                if url is None or url not in " ".join(pick_lines):
                     problems.append(f"the pick is not the one with the {better} {key}")
     return problems
 

@@ -31,7 +31,7 @@ import dataclasses
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -344,7 +344,7 @@ class Assistant:
 
     async def stream(self, question: str, history: list[dict[str, str]] | None = None,
                      conversation: str | None = None, ticket: Ticket | None = None,
-                     span: Any = None) -> AsyncIterator[AssistantEvent]:
+                     span: Any = None) -> AsyncGenerator[AssistantEvent, None]:
         """One turn, as events. ``conversation``: the conversation key, passed on to the
         answer model's requests (prefill and answer) so that behind an ingress they land on
         the unit holding this conversation's prefix (rufus.client.CONVERSATION_HEADER). The
@@ -476,7 +476,7 @@ class Assistant:
                       conversation: str | None = None, notes: Sequence[str] = (),
                       ticket: Ticket | None = None, menus: list[list[str]] | None = None,
                       max_picks: int = MAX_PICKS, met: dict[str, str] | None = None,
-                      span: Any = None) -> AsyncIterator[AssistantEvent]:
+                      span: Any = None) -> AsyncGenerator[AssistantEvent, None]:
         """The answer model's stream, rendered. With products: picks under the answer
         grammar (rufus.assistant.answer), every fact rendered from the cards, the search's
         notes ahead of the first pick. Off-topic: the model's short reply, links removed."""
@@ -530,7 +530,7 @@ class Assistant:
     async def _answer_stream(self, an: Any, tensors: dict[str, Any], conversation: str | None,
                              renderer: PickRenderer | LinkRenderer, lead: str,
                              timings: dict[str, Any], t0: float, sent: float,
-                             ticket: Ticket | None) -> AsyncIterator[AssistantEvent]:
+                             ticket: Ticket | None) -> AsyncGenerator[AssistantEvent, None]:
         """The answer model's stream through the renderer (``an``: the answer's span, which
         the request to the answer model joins). Ends with a ``render`` event: the seconds
         spent rendering, and the answer model's finish reason."""

@@ -256,8 +256,9 @@ class Frontend:
             for j, text in enumerate(d.texts[:parsed.n]):
                 texts[i][j] += text
                 finish[i][j] = d.finish[j] or finish[i][j]
-                if j < len(d.logprobs) and d.logprobs[j]:
-                    lps[i][j].extend(d.logprobs[j])
+                entries = d.logprobs[j] if j < len(d.logprobs) else None
+                if entries:
+                    lps[i][j].extend(entries)
         top = parsed.calls[0].sampling.get("logprobs", 0)
         choices = []
         for i in range(n_calls):
@@ -305,9 +306,10 @@ class Frontend:
                 else:
                     if i not in started:
                         started.add(i)
-                        if parsed.echo and parsed.calls[i].prompt:
-                            yield w.delta(i, parsed.calls[i].prompt, None)
-                            offsets[i] = len(parsed.calls[i].prompt)
+                        prompt = parsed.calls[i].prompt
+                        if parsed.echo and prompt:
+                            yield w.delta(i, prompt, None)
+                            offsets[i] = len(prompt)
                     lp = render.completion_logprobs(entries, top, offsets[i]) \
                         if parsed.logprobs else None
                     offsets[i] += len(text)

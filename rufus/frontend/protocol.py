@@ -379,10 +379,9 @@ def parse_chat(req: ChatCompletionRequest, conversation: str | None = None) -> P
 def parse_completion(req: CompletionRequest, conversation: str | None = None) -> ParsedRequest:
     if req.suffix:
         raise bad_request("suffix", "not supported by this server")
-    prompts = req.prompt
-    if isinstance(prompts, str):
-        prompts = [prompts]
-    if not prompts or not all(isinstance(p, str) for p in prompts):
+    given = [req.prompt] if isinstance(req.prompt, str) else req.prompt
+    prompts = [p for p in given if isinstance(p, str)]
+    if not given or len(prompts) < len(given):
         raise bad_request("prompt", "must be a string or a non-empty list of strings "
                           "(token id prompts are not supported)")
     if len(prompts) > MAX_PROMPTS:

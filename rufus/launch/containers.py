@@ -133,8 +133,7 @@ def chat_stream(prompt: str, max_tokens: int = 16, timeout: float = 300.0,
 def plan(question: str) -> dict[str, Any]:
     from rufus.qp.client import plan as qp_plan
 
-    r = qp_plan(GRPC, question)
-    return r.plan if hasattr(r, "plan") else dict(r)
+    return qp_plan(GRPC, question).plan
 
 
 def assistant(question: str, timeout: float = 300.0) -> dict[str, Any]:

@@ -239,9 +239,10 @@ class LocalUnit:
             dead = self.exited()
             if dead:
                 raise RuntimeError(f"unit failed to start: {dead} (logs in {self.log_dir})")
-            stalled = self.leader.stalled_loads() if self.leader is not None else []
-            if stalled:
-                raise RuntimeError(f"unit failed to start: {self.leader.stall_message(stalled)}")
+            leader = self.leader
+            stalled = leader.stalled_loads() if leader is not None else []
+            if leader is not None and stalled:
+                raise RuntimeError(f"unit failed to start: {leader.stall_message(stalled)}")
             if self.leader_ready() and all(self.follower_health(r)[0] == 200
                                            for r in self.followers):
                 return time.monotonic() - t0

@@ -473,10 +473,11 @@ class FollowerControl:
 
     def watch(self, on_lost: Callable[[str], None]) -> None:
         """Heartbeat in the background; ``on_lost(reason)`` when the leader goes away."""
-        assert self.sock is not None
+        sock = self.sock  # set once, by connect()
+        assert sock is not None
 
         def run() -> None:
-            why = _heartbeat(self.sock, self._reader, threading.Lock(), self.stop)
+            why = _heartbeat(sock, self._reader, threading.Lock(), self.stop)
             if why != "stopped":
                 on_lost(why)
 
@@ -501,7 +502,7 @@ def kill_vllm_children(pid: int | None = None) -> list[int]:
     """
     import psutil
 
-    killed = []
+    killed: list[int] = []
     try:
         kids = psutil.Process(pid or os.getpid()).children(recursive=True)
     except psutil.Error:

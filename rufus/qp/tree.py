@@ -48,7 +48,7 @@ def grow_tree(acc: list[list[float]], step_cost: Callable[[int], float], max_nod
     step incl. the verified token, modelled speedup over one-token steps)."""
     heads = len(acc)
     topk = len(acc[0])
-    frontier = [((r,), acc[0][r]) for r in range(topk)]
+    frontier: list[tuple[tuple[int, ...], float]] = [((r,), acc[0][r]) for r in range(topk)]
     tree: list[tuple[tuple[int, ...], float]] = []
     best: list[tuple[tuple[int, ...], float]] = []
     best_speed = 0.0

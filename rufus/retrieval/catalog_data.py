@@ -21,7 +21,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from rufus.retrieval.catalog import BASE_URL, IMAGE_URL, AttrValue, CatalogError, Product
 
@@ -79,6 +79,10 @@ def _type_ok(kind: str, v: Any) -> bool:
     return isinstance(v, list) and all(isinstance(x, str) for x in v)
 
 
+def _is_number(v: Any) -> TypeGuard[int | float]:
+    return _type_ok("number", v)
+
+
 def _category(obj: dict[str, Any], src: str, n: int) -> CategorySpec:
     def err(f: str, why: str) -> CatalogError:
         return CatalogError(src, n, f, why)
@@ -110,10 +114,10 @@ def _model(obj: dict[str, Any], cats: dict[str, CategorySpec], src: str, n: int)
     if not obj["model"].lower().startswith(obj["brand"].lower()):
         raise err("model", "must start with the brand")
     price = obj.get("list_price")
-    if not _type_ok("number", price) or price <= 0:
+    if not _is_number(price) or price <= 0:
         raise err("list_price", "must be a positive number")
     rating = obj.get("rating", 4.4)
-    if not _type_ok("number", rating) or not 1 <= rating <= 5:
+    if not _is_number(rating) or not 1 <= rating <= 5:
         raise err("rating", "must be a number in [1, 5]")
     specs = obj.get("specs") or {}
 
@@ -187,13 +191,14 @@ def read_models(directory: str = str(CATALOG_DIR)) -> tuple[tuple[CategorySpec, 
             else:
                 raise CatalogError(src, n, "kind", "must be header, category, needs or model")
     for src, n, obj in needs:  # a category's needs may come from a file read before it
-        c = cats.get(obj.get("category", ""))
+        spec = cats.get(obj.get("category", ""))
         phrases = obj.get("needs")
-        if c is None:
+        if spec is None:
             raise CatalogError(src, n, "category", f"unknown category {str(obj.get('category'))[:40]!r}")
         if not isinstance(phrases, list) or not all(isinstance(x, str) for x in phrases):
             raise CatalogError(src, n, "needs", "must be a list of strings")
-        cats[c.key] = dataclasses.replace(c, needs=c.needs + tuple(x.strip().lower() for x in phrases))
+        cats[spec.key] = dataclasses.replace(
+            spec, needs=spec.needs + tuple(x.strip().lower() for x in phrases))
     return tuple(cats.values()), tuple(models)
 
 

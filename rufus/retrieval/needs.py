@@ -6,7 +6,6 @@ part that scores rather than matches."""
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Iterable, Sequence
 
 from rufus.retrieval.base import STOPWORDS
@@ -55,6 +54,14 @@ def in_order(seq: Sequence[str], st: Sequence[str]) -> bool:
     return any(tuple(st[i:i + n]) == tuple(seq) for i in range(len(st) - n + 1))
 
 
+class WordWeights(dict[str, float]):
+    """A type's weighted stems (classify): as a ``Counter``, a word not in it weighs 0, but
+    the weights need not be whole (:data:`DESCRIPTION_WEIGHT`)."""
+
+    def __missing__(self, key: str) -> float:
+        return 0
+
+
 class NeedIndex:
     """Needs and the nearest type to them; :class:`Taxonomy` fills these in."""
 
@@ -64,7 +71,7 @@ class NeedIndex:
     _noun_words: set[str]
     _head_types: dict[str, set[str]]
     _noun_types: dict[str, set[str]]
-    _doc: dict[str, Counter[str]]
+    _doc: dict[str, WordWeights]
     _df: dict[str, set[str]]
     _need_phrases: dict[frozenset[str], set[str]]
     _own: dict[str, set[str]]
@@ -93,7 +100,7 @@ class NeedIndex:
         """Each type's weighted stems (its nouns, uses, needs and its models' words), the
         types per stem, the need phrases and the one-edit typos of their words."""
         for c in self.count:
-            doc = self._doc.setdefault(c, Counter())
+            doc = self._doc.setdefault(c, WordWeights())
             spec = self.specs.get(c)
             # a noun's head word weighs most ("chair" of "lawn chair"), its modifiers like
             # a need's words ("lawn" is no lawn mower)

@@ -139,7 +139,8 @@ class SqliteFtsRetriever:
 
     def _one(self, query: str, filters: Filters, limit: int) -> list[Hit]:
         terms = query_terms(query)
-        where, args = [], []
+        where: list[str] = []
+        args: list[str | float] = []  # SQL parameters: text, prices, the limit
         if filters.brand:
             where.append("p.brand_norm = ?")
             args.append(norm_brand(filters.brand))

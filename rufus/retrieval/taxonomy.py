@@ -32,7 +32,7 @@ from rufus.retrieval.base import STOPWORDS, norm_brand
 from rufus.retrieval.catalog import Product
 from rufus.retrieval.catalog_data import CategorySpec
 from rufus.retrieval.model_names import ModelIndex, ModelName, name_aliases
-from rufus.retrieval.needs import NOUN_WEIGHT, NeedIndex, content_stems
+from rufus.retrieval.needs import NOUN_WEIGHT, NeedIndex, WordWeights, content_stems
 from rufus.retrieval.question_words import (
     ACCESSORY,
     NEGATIONS,
@@ -105,7 +105,7 @@ class Taxonomy(NeedIndex, ModelIndex):
         self._line_words: dict[str, str] = {}  # a product line's word -> its one category
         self._line_brand: dict[str, str] = {}  # a product line's word -> its one brand
         self._brand_words: dict[str, str] = {}  # a one-type brand's word -> its category
-        self._doc: dict[str, Counter[str]] = {}  # category -> weighted stems (classify)
+        self._doc: dict[str, WordWeights] = {}  # category -> weighted stems (classify)
         self._df: dict[str, set[str]] = {}  # stem -> categories having it
         # a need phrase's content stems -> its categories (resolve: a need said in full)
         self._need_phrases: dict[frozenset[str], set[str]] = {}

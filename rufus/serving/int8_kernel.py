@@ -125,8 +125,8 @@ def load(env: Mapping[str, str] | None = None) -> tuple[Callable[..., None], int
         width = int(lib.w8_vector_width())
         fwd = lib.w8_forward
         fwd.restype = None
-        fwd.argtypes = ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
-                         ctypes.c_float] + [ctypes.c_void_p] * 4
+        fwd.argtypes = ([ctypes.c_void_p] + [ctypes.c_int64] * 2 + [ctypes.c_void_p]
+                        + [ctypes.c_float] + [ctypes.c_void_p] * 4
                         + [ctypes.c_int64] + [ctypes.c_void_p] * 3 + [ctypes.c_int])
         some = lib.w8_linear_some
         some.restype = None

@@ -296,7 +296,7 @@ class TritonMetrics(Metrics):
                      "prefix_queries", "prefix_hits"):
             setattr(self, name, None)
         self.record_vllm = lambda it: None  # type: ignore[method-assign]
-        self.record_prefix_cache = lambda q, h: None  # type: ignore[method-assign]
+        self.record_prefix_cache = lambda queries, hits: None  # type: ignore[method-assign]
         self.vllm.clear()
         self._request_metrics.clear()
         self._requests = None

@@ -24,7 +24,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -68,11 +68,16 @@ def prepare_process() -> None:
     caches.configure()  # before vLLM is imported: compile caches keyed by this CPU
 
 
+# The resource attribute a model's spans carry: a dotted name, passed as a keyword to
+# tracing.setup's **resource (a TypedDict: it binds to no named parameter such as ``env``).
+_ModelResource = TypedDict("_ModelResource", {"triton.model": str})
+
+
 def setup_tracing(model: str) -> None:
     """Each model's stub is its own process: its spans say ``service.name`` = the model
     (off unless an OTLP endpoint is set; rufus/telemetry/tracing.py)."""
     try:
-        tracing.setup(model, **{"triton.model": model})
+        tracing.setup(model, **_ModelResource({"triton.model": model}))
     except Exception as exc:  # noqa: BLE001 - a bad tracing setting must not stop the model
         log.error("%s: tracing stays off: %s", model, exc)
 

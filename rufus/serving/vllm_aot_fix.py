@@ -37,7 +37,7 @@ def apply() -> bool:
     def finalize_loading(self: Any, vllm_config: Any) -> None:
         """Nothing to do: the deserialized inductor function is complete."""
 
-    BundledAOTAutogradSerializableCallable.finalize_loading = finalize_loading  # type: ignore[attr-defined]
+    BundledAOTAutogradSerializableCallable.finalize_loading = finalize_loading
     return True
 
 

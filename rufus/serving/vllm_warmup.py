@@ -90,5 +90,5 @@ def apply() -> bool:
         return False
     if hasattr(current, "_rufus_original"):  # (vLLM's own decorator sets __wrapped__)
         return True
-    CPUModelRunner.warming_up_model = short_warmup(current)  # type: ignore[method-assign]
+    CPUModelRunner.warming_up_model = short_warmup(current)
     return True

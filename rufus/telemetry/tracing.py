@@ -228,9 +228,11 @@ def start_span(name: str, parent: Any = None, kind: str = "internal",
     return _tracer.start_span(name, context=ctx, kind=k, attributes=attrs, start_time=start_ns)
 
 
-def end(span: Any, error: Any = None, end_ns: int | None = None, **attributes: Any) -> None:
+def end(span: Any, error: Any = None, end_ns: int | None = None, /, **attributes: Any) -> None:
     """End ``span`` (None: nothing), with attributes and, for an error of the vocabulary
-    (anything with ``code``), ``error.type`` = its code and an error status."""
+    (anything with ``code``), ``error.type`` = its code and an error status. The first three
+    are positional only: an attribute's name (``**{"gen_ai.usage.input_tokens": n}``) never
+    binds to them."""
     if span is None:
         return
     for k, v in attributes.items():

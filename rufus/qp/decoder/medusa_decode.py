@@ -50,7 +50,7 @@ class Tree:
     @classmethod
     def from_paths(cls, paths: list[list[int]]) -> Tree:
         ps = sorted({tuple(int(r) for r in p) for p in paths}, key=lambda p: (len(p), p))
-        index = {(): 0}
+        index: dict[tuple[int, ...], int] = {(): 0}
         t = cls(ps, parent=[-1], depth=[0])
         for p in ps:
             if p[:-1] not in index:
@@ -333,15 +333,16 @@ class Decoder:
         for i in range(1, n):
             mask[i, rows[i]] = True
         allowed: dict[int, list[int]] = {}
-        node: int | None = 0
+        at = 0
         for d in range(len(skeleton) + 1):  # the skeleton's nodes: allowed sets by depth
             if d in allowed_at:
-                allowed[node] = allowed_at[d]
+                allowed[at] = allowed_at[d]
             if d == len(skeleton):
                 break
-            node = next((c for c in children[node] if tok[c] == skeleton[d]), None)
-            if node is None:
+            child = next((c for c in children[at] if tok[c] == skeleton[d]), None)
+            if child is None:
                 break
+            at = child
         return Draft(tok[1:], depth, children, mask, allowed)
 
     def _skeleton(self, seq: list[int], grammar: Grammar, limit: int
@@ -406,9 +407,10 @@ class Decoder:
                 for t in new[:limit - len(chain)]:
                     healed = is_forced and self.history.rare(ctx + chain, t, shape)
                     if healed:  # the model writes this text otherwise: its usual token
-                        t = self.history.predict(ctx + chain, shape)
-                        if t is None:
+                        usual = self.history.predict(ctx + chain, shape)
+                        if usual is None:
                             return chain, allowed
+                        t = usual
                     if text:
                         note()
                     if not take(t):

@@ -271,8 +271,9 @@ class TorchLlama:
         scale = hd ** -0.5
         spans = []  # (first row, rows, region start, write start, end, bias, sdpa mask)
         row = 0
-        fused = (self._fused is not None
-                 and sum(sg.ids.shape[0] for sg in segs) <= FUSED_MAX_ROWS)
+        stack = (self._fused if self._fused is not None
+                 and sum(sg.ids.shape[0] for sg in segs) <= FUSED_MAX_ROWS else None)
+        fused = stack is not None
         for sg in segs:
             n = sg.ids.shape[0]
             end = sg.start + n
@@ -289,8 +290,8 @@ class TorchLlama:
         else:
             ids, pos = torch.cat([sg.ids for sg in segs]), torch.cat([sg.pos for sg in segs])
         rows = row
-        if fused:
-            x = self._fused(self.embed[ids], pos, segs, spans)
+        if stack is not None:
+            x = stack(self.embed[ids], pos, segs, spans)
             return F.rms_norm(x, (self.hidden,), self.norm, self.eps)
         x = self.embed[ids]
         cos, sin = self.cos[pos], self.sin[pos]
