@@ -44,6 +44,7 @@ CPU_CLASSES = (
     "AVX-512 without bf16 (Intel Xeon, 2 cores)",
     "emulated AVX2 (on the Intel Xeon AMX VM)",
     "emulated AVX2 (on the AMD EPYC VM)",
+    "AVX2, no AVX-512 (AMD EPYC, 2 cores)",
 )
 
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
