@@ -124,8 +124,7 @@ class PlanHistory:
     def __init__(self, min_count: int = 2, min_share: float = 0.8,
                  max_keys: int = 1 << 16) -> None:
         self.min_count, self.min_share, self.max_keys = min_count, min_share, max_keys
-        # (question shape or 0, *the previous tokens) -> {next token: count}, for served
-        # plans and for the seed
+        # (question shape or 0, *previous tokens) -> {next token: count}: served plans, seed
         self.next_counts: dict[tuple[int, ...], dict[int, int]] = {}
         self.seed_counts: dict[tuple[int, ...], dict[int, int]] = {}
 
