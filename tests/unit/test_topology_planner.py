@@ -1,4 +1,4 @@
-"""deploy/topology.py: cells paired by EC2 network topology. No cloud call: the API's documented
+"""deploy/cell_placement/: cells paired by EC2 network topology. No cloud call: the API's documented
 example response (tests/fixtures/), a fake client for paging, and generated topologies."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
-from deploy import topology as T
-from deploy.topology import Instance
+from deploy import cell_placement as T
+from deploy.cell_placement import Instance
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "tests/fixtures/describe_instance_topology_example.json"
@@ -438,6 +438,6 @@ def test_cli_plan_generate_and_missing_boto3(tmp_path: Path, capsys: pytest.Capt
 
 
 def test_cli_help_runs_as_a_module() -> None:
-    out = subprocess.run([sys.executable, "-m", "deploy.topology", "--help"], cwd=ROOT,
+    out = subprocess.run([sys.executable, "-m", "deploy.cell_placement", "--help"], cwd=ROOT,
                          capture_output=True, text=True, check=True).stdout
     assert "plan" in out and "generate" in out and "bench" in out
