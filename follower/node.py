@@ -128,8 +128,10 @@ def parse_args(argv: list[str] | None = None) -> None:
         epilog=help_text(ENVIRONMENT)).parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parse_args(argv)
+def _setup_process() -> None:
+    """Logging, compile caches and tracing, in that order: caches must be configured before
+    vLLM is imported (they are keyed by this CPU), and a bad tracing setting must not stop
+    the follower (tracing stays off, logged)."""
     logging.basicConfig(level=os.environ.get("RUFUS_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
@@ -139,6 +141,12 @@ def main(argv: list[str] | None = None) -> int:
         tracing.setup("rufus-follower")
     except ValueError as exc:
         log.error("tracing stays off: %s", exc)
+
+
+def _configuration() -> tuple[Topology, dict[str, Any], bytes, float] | None:
+    """Topology, engine args, unit secret and leader wait bound from the environment, or
+    None (logged) on any configuration error: all of it is checked before any network or
+    vLLM work, so a misconfigured follower exits with EXIT_CONFIG at once."""
     try:
         topo = topology_from_env()
         if not topo.multi_node or topo.is_leader:
@@ -150,21 +158,30 @@ def main(argv: list[str] | None = None) -> int:
         wait_s = env_float("RUFUS_LEADER_WAIT_S", 300.0, minimum=0.0)
     except (TopologyError, ConfigError, UnitError, EnvError) as exc:
         log.error("follower configuration error: %s", exc)
-        return EXIT_CONFIG
+        return None
     log.info("follower rank %d of %d; leader %s (rendezvous %d, control %d); engine args %s",
              topo.node_rank, topo.nnodes, topo.leader_addr, topo.leader_port,
              topo.leader_control_port, args)
+    return topo, args, secret, wait_s
 
+
+def _start_health(topo: Topology) -> HealthState | None:
+    """This follower's /health, served before dialling the leader so the supervisor sees
+    every lifecycle state; None (logged) when its port cannot be bound."""
     health = HealthState(topo)
     try:
         serve_health(health, topo.health_port, os.environ.get("RUFUS_HEALTH_BIND", "0.0.0.0"))
     except OSError as exc:
         log.error("cannot serve /health on port %d: %s (set RUFUS_HEALTH_PORT / "
                   "RUFUS_HEALTH_BIND)", topo.health_port, exc)
-        return EXIT_CONFIG
+        return None
+    return health
 
-    stopping = threading.Event()
 
+def _handle_signals(health: HealthState, stopping: threading.Event) -> None:
+    """SIGTERM/SIGINT stop the follower cleanly: the first one marks it stopping (so the
+    leader's loss or a worker's death that follows is not reported as a failure) and
+    unwinds the main thread with SystemExit(EXIT_OK), running the teardown in main."""
     def on_term(signum: int, _frame: Any) -> None:
         if not stopping.is_set():
             stopping.set()
@@ -174,11 +191,11 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
 
-    control = FollowerControl(topo, fingerprint(args), secret)
-    health.set("waiting_for_leader", f"dialling {control.address}")
-    # the unit's formation, as one trace per start: dialling the leader, then joining
-    unit_span = tracing.start_span("follower start", attributes={
-        "rufus.node_rank": topo.node_rank, "rufus.nnodes": topo.nnodes})
+
+def _dial_leader(control: FollowerControl, health: HealthState, wait_s: float,
+                 unit_span: Any) -> int | None:
+    """Connect to the leader's control port (bounded by ``wait_s``) under its own span;
+    the exit code when the leader rejects our config or cannot be reached, else None."""
     dial = tracing.start_span("dial leader", unit_span)
     try:
         control.connect(wait_s)
@@ -195,12 +212,25 @@ def main(argv: list[str] | None = None) -> int:
         tracing.end(dial, exc)
         tracing.end(unit_span, exc)
         return EXIT_NO_LEADER
+    return None
 
+
+def _watch_leader(control: FollowerControl, health: HealthState,
+                  stopping: threading.Event) -> None:
+    """Losing the leader after joining ends this node (EXIT_LEADER_LOST) unless we are
+    already stopping: the unit is restarted whole, never patched up."""
     def leader_lost(why: str) -> None:
         if not stopping.is_set():
             _die(EXIT_LEADER_LOST, health, f"lost the leader at {control.address}: {why}")
 
     control.watch(leader_lost)
+
+
+def _run_unit(args: dict[str, Any], health: HealthState, stopping: threading.Event,
+              control: FollowerControl, unit_span: Any) -> int:
+    """Join the unit as vLLM's headless worker and block while it runs; whatever ends it
+    (a worker's death, a signal, a failed join), flush the spans and take the control
+    channel, the executor and every local vLLM worker down with it (no orphans)."""
     health.set("joining")
     t0 = time.monotonic()
     executor = None
@@ -235,3 +265,30 @@ def main(argv: list[str] | None = None) -> int:
         if executor is not None:
             executor.shutdown()
         kill_vllm_children()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The follower's lifecycle (module docstring); returns its exit code."""
+    parse_args(argv)
+    _setup_process()
+    config = _configuration()
+    if config is None:
+        return EXIT_CONFIG
+    topo, args, secret, wait_s = config
+    health = _start_health(topo)
+    if health is None:
+        return EXIT_CONFIG
+
+    stopping = threading.Event()
+    _handle_signals(health, stopping)
+
+    control = FollowerControl(topo, fingerprint(args), secret)
+    health.set("waiting_for_leader", f"dialling {control.address}")
+    # the unit's formation, as one trace per start: dialling the leader, then joining
+    unit_span = tracing.start_span("follower start", attributes={
+        "rufus.node_rank": topo.node_rank, "rufus.nnodes": topo.nnodes})
+    failed = _dial_leader(control, health, wait_s, unit_span)
+    if failed is not None:
+        return failed
+    _watch_leader(control, health, stopping)
+    return _run_unit(args, health, stopping, control, unit_span)

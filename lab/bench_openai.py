@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from rufus.env import help_text
-from rufus.launch.server import ROOT, TritonServer, die_with_parent, free_port
+from rufus.launch.children import die_with_parent
+from rufus.launch.server import ROOT, TritonServer, free_port
 from rufus.launch.stack import start_frontend, stop_process
 from rufus.serving.config import load_engine_config
 

@@ -40,8 +40,9 @@ from typing import Any
 from lab.loadgen import SHOPPING_PROMPTS
 from proxy.haproxy import HAProxy
 from proxy.orchestrator import RuntimeAPI, render_global
+from rufus.launch.children import stop_group
 from rufus.launch.fleet import FLEET_ENGINE_ARGS, Fleet, _python
-from rufus.launch.server import ROOT, free_port, stop_group
+from rufus.launch.server import ROOT, free_port
 
 log = logging.getLogger("lab.regions")
 MODEL = "rufus_llm"

@@ -273,6 +273,71 @@ def _http_frontend(name: str, bind: str, backend: str, limits: Limits,
             f"    default_backend {backend}"]
 
 
+def _frontends(bind: str, port: int, rr_port: int | None, equal_port: int | None,
+               http_port: int | None, limits: Limits) -> list[str]:
+    """The data-path frontends of :func:`render`, blank-line separated: the main gRPC one
+    (least outstanding requests, conversation affinity) and each optional one asked for."""
+    out = grpc_frontend("grpc_lor", f"{bind}:{port}", "units_lor", limits,
+                        affinity="units_affinity")
+    if rr_port is not None:
+        out += ["", *grpc_frontend("grpc_rr", f"{bind}:{rr_port}", "units_rr", limits)]
+    if equal_port is not None:
+        out += ["", *grpc_frontend("grpc_equal", f"{bind}:{equal_port}", "units_equal", limits)]
+    if http_port is not None:
+        out += ["", *_http_frontend("triton_http", f"{bind}:{http_port}", "units_http", limits)]
+    return out
+
+
+def _stats_frontend(bind: str, stats_port: int) -> list[str]:
+    """HAProxy's own Prometheus exporter (``/metrics``) and stats page, on their own port,
+    apart from the data path's access rules."""
+    return ["frontend stats", f"    bind {bind}:{stats_port}",
+            "    http-request use-service prometheus-exporter if { path /metrics }",
+            "    stats enable", "    stats uri /stats", "    stats refresh 2s"]
+
+
+def _lor_backend(units: list[Backend], check_inter_ms: int, fall: int, rise: int
+                 ) -> list[str]:
+    """The one backend that health-checks the units (HTTP and agent checks on the unit
+    agent); the other backends' servers track these, so membership is decided here."""
+    return [
+        "backend units_lor",
+        "    # least outstanding requests: HAProxy counts in-flight streams per unit itself",
+        f"    balance {BALANCE}",
+        "    option httpchk",
+        "    # the check goes to the unit agent (HTTP/1.1 on the server's `check port`), not to",
+        "    # the h2c gRPC port: without `proto h1` here HAProxy would speak h2 to it",
+        "    http-check connect default proto h1",
+        "    http-check send meth GET uri /health",
+        "    http-check expect status 200",
+        f"    default-server inter {check_inter_ms}ms fastinter 500ms downinter {check_inter_ms}ms "
+        f"fall {fall} rise {rise} agent-inter {check_inter_ms}ms",
+        *(f"    server {u.name} {u.host}:{u.grpc_port} proto h2 check port {u.agent_port} "
+          f"agent-check agent-port {u.agent_check_port} weight 100" for u in units),
+    ]
+
+
+def _tracking_backends(units: list[Backend], tracked: list[str], *, http_port: int | None,
+                       rr_port: int | None, equal_port: int | None) -> list[str]:
+    """The optional frontends' backends, blank-line separated, tracking units_lor's health:
+    Triton HTTP (:data:`HTTP_RETRY`) and the benchmark's round-robin and equal baselines."""
+    out: list[str] = []
+    if http_port is not None:
+        http = [f"    server {u.name} {u.host}:{u.http_port} track units_lor/{u.name}"
+                for u in units if u.http_port is not None]
+        out += ["", "backend units_http", f"    balance {BALANCE}", *HTTP_RETRY, *http]
+    if rr_port is not None:
+        out += ["", "backend units_rr",
+                "    # the baseline the benchmark compares against; same health as units_lor",
+                "    balance roundrobin", *tracked]
+    if equal_port is not None:
+        out += ["", "backend units_equal",
+                "    # leastconn with equal static weights (tracked servers keep their configured",
+                "    # weight, not the agent's): the capacity benchmark's baseline",
+                f"    balance {BALANCE}", *tracked]
+    return out
+
+
 def render(
     units: list[Backend],
     *,
@@ -312,52 +377,16 @@ def render(
     if not units:
         raise ValueError("no units to balance")
     out = [*global_section(limits, stats_socket), "", *defaults_section(limits), "",
-           *grpc_frontend("grpc_lor", f"{bind}:{port}", "units_lor", limits,
-                           affinity="units_affinity")]
-    if rr_port is not None:
-        out += ["", *grpc_frontend("grpc_rr", f"{bind}:{rr_port}", "units_rr", limits)]
-    if equal_port is not None:
-        out += ["", *grpc_frontend("grpc_equal", f"{bind}:{equal_port}", "units_equal", limits)]
-    if http_port is not None:
-        out += ["", *_http_frontend("triton_http", f"{bind}:{http_port}", "units_http", limits)]
+           *_frontends(bind, port, rr_port, equal_port, http_port, limits)]
     if stats_port is not None:
-        out += ["", "frontend stats", f"    bind {bind}:{stats_port}",
-                "    http-request use-service prometheus-exporter if { path /metrics }",
-                "    stats enable", "    stats uri /stats", "    stats refresh 2s"]
-    out += [
-        "", *per_source_table(limits),
-        "",
-        "backend units_lor",
-        "    # least outstanding requests: HAProxy counts in-flight streams per unit itself",
-        f"    balance {BALANCE}",
-        "    option httpchk",
-        "    # the check goes to the unit agent (HTTP/1.1 on the server's `check port`), not to",
-        "    # the h2c gRPC port: without `proto h1` here HAProxy would speak h2 to it",
-        "    http-check connect default proto h1",
-        "    http-check send meth GET uri /health",
-        "    http-check expect status 200",
-        f"    default-server inter {check_inter_ms}ms fastinter 500ms downinter {check_inter_ms}ms "
-        f"fall {fall} rise {rise} agent-inter {check_inter_ms}ms",
-    ]
-    for u in units:
-        out.append(f"    server {u.name} {u.host}:{u.grpc_port} proto h2 check port {u.agent_port} "
-                   f"agent-check agent-port {u.agent_check_port} weight 100")
+        out += ["", *_stats_frontend(bind, stats_port)]
+    out += ["", *per_source_table(limits),
+            "", *_lor_backend(units, check_inter_ms, fall, rise)]
     tracked = [f"    server {u.name} {u.host}:{u.grpc_port} proto h2 track units_lor/{u.name}"
                for u in units]
     out += ["", *_affinity_backend("units_affinity", tracked)]
-    if http_port is not None:
-        http = [f"    server {u.name} {u.host}:{u.http_port} track units_lor/{u.name}"
-                for u in units if u.http_port is not None]
-        out += ["", "backend units_http", f"    balance {BALANCE}", *HTTP_RETRY, *http]
-    if rr_port is not None:
-        out += ["", "backend units_rr",
-                "    # the baseline the benchmark compares against; same health as units_lor",
-                "    balance roundrobin", *tracked]
-    if equal_port is not None:
-        out += ["", "backend units_equal",
-                "    # leastconn with equal static weights (tracked servers keep their configured",
-                "    # weight, not the agent's): the capacity benchmark's baseline",
-                f"    balance {BALANCE}", *tracked]
+    out += _tracking_backends(units, tracked, http_port=http_port, rr_port=rr_port,
+                              equal_port=equal_port)
     return "\n".join(out) + "\n"
 
 

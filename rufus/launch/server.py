@@ -11,6 +11,9 @@ load/unload and uploads, shared memory, statistics, trace, logging) is
 restricted with Triton's own ``--grpc-restricted-protocol`` / ``--http-restricted-api`` and
 keyed by ``RUFUS_ADMIN_KEY`` (a random key per start when unset, so nobody holds it). The
 key is never logged: :meth:`TritonServer.command` shows a placeholder.
+
+Its ports come from rufus/launch/ports.py and the cleanup of what it starts (die with us,
+end the whole process group) from rufus/launch/children.py.
 """
 
 from __future__ import annotations
@@ -18,20 +21,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from rufus.env import EnvError, env_port, exits_on_env_error, help_text
+from rufus.launch.children import child_setup, start_reaper, stop_group
+from rufus.launch.ports import free_port  # also imported from here (the lab, the tests)
 from rufus.telemetry import tracing
 from rufus.wire import CONVERSATION_HEADER
 
@@ -64,121 +67,6 @@ def admin_key_from_env(env: Mapping[str, str] | None = None) -> str:
         raise EnvError(f"{ADMIN_KEY_ENV} must be at least 16 characters with no ',', ':', "
                        "'=' or whitespace (e.g. `openssl rand -hex 32`); value not shown")
     return key or secrets.token_hex(32)
-
-
-_GIVEN_PORTS: set[int] = set()
-_PORT_RANDOM = random.SystemRandom()  # not `random`'s state: a test that seeds it repeats none
-_LOW_PORT = 20000  # servers' ports are drawn from here up to the kernel's ephemeral range
-
-
-def _ephemeral_low() -> int:
-    """The first port the kernel hands to outgoing connections (and to a bind to port 0)."""
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-def free_port() -> int:
-    """A free port for a server that binds it *later*: below the kernel's ephemeral range,
-    free on every address now, and never handed out twice by this process.
-
-    tritonserver binds its ports only after loading its models (a minute or more on 2
-    cores), and every outgoing connection on the machine (the agents, a multi-node unit's
-    Gloo sockets) takes its local port from the ephemeral range: a port drawn there was seen
-    taken by such a connection when the server finally bound it ("failed to start Metrics
-    service ... already in use", "No address added ... wildcard listeners"). The socket is
-    closed again at once, so a later draw could return the same port: two servers (or one
-    server's gRPC and HTTP ports) would then collide, for good across a supervisor's
-    restarts, hence the set of ports given.
-    """
-    high = _ephemeral_low()
-    for _ in range(200 if high - _LOW_PORT >= 1000 else 0):
-        port = _PORT_RANDOM.randrange(_LOW_PORT, high)
-        if port in _GIVEN_PORTS:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("0.0.0.0", port))
-            except OSError:
-                continue
-        _GIVEN_PORTS.add(port)
-        return port
-    for _ in range(100):  # no room below the ephemeral range: the kernel's choice
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if port not in _GIVEN_PORTS:
-            _GIVEN_PORTS.add(port)
-            return port
-    raise RuntimeError("no free port that was not handed out before")
-
-
-def die_with_parent() -> None:
-    """preexec_fn: the child gets SIGTERM when the process that started it dies, so a
-    killed test run or benchmark never leaves a tritonserver (and its engines) behind."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
-def child_setup(cpus: tuple[int, ...] | None) -> Callable[[], None]:
-    """preexec_fn: :func:`die_with_parent`, and with ``cpus`` the server and every process it
-    starts (model stubs, vLLM engine cores) confined to those cores: one host's share of
-    this machine when several "hosts" (a local fleet's units) share it."""
-    def setup() -> None:
-        die_with_parent()
-        if cpus:
-            os.sched_setaffinity(0, cpus)
-
-    return setup
-
-
-# Watches the process that started a tritonserver; when that process is gone (a test run
-# or benchmark killed with SIGKILL runs no cleanup), it ends the server's whole process
-# group: PR_SET_PDEATHSIG reaches tritonserver only, and vLLM engine cores and workers
-# (children of the model stubs, same process group) were left behind as orphans.
-_REAPER = """
-import os, signal, sys, time
-parent, pgid = int(sys.argv[1]), int(sys.argv[2])
-def alive(pid):
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-while True:
-    time.sleep(1.0)
-    try:
-        os.killpg(pgid, 0)
-    except (ProcessLookupError, PermissionError):
-        sys.exit(0)
-    if os.getppid() != parent and not alive(parent):
-        break
-for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 0.0)):
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        sys.exit(0)
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < wait:
-        time.sleep(0.2)
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            sys.exit(0)
-"""
-
-
-def start_reaper(pgid: int) -> subprocess.Popen[bytes]:
-    """A tiny watchdog that ends process group ``pgid`` once this process is gone."""
-    return subprocess.Popen([sys.executable, "-c", _REAPER, str(os.getpid()), str(pgid)],
-                            start_new_session=True, stdin=subprocess.DEVNULL)
 
 
 def triton_env() -> dict[str, str]:
@@ -474,24 +362,6 @@ def engine_ready_from_metrics(text: str, model: str) -> bool | None:
             except (IndexError, ValueError):
                 return None
     return None
-
-
-def stop_group(proc: subprocess.Popen[bytes], grace_s: float) -> None:
-    """SIGTERM a child started with ``start_new_session=True``, then SIGKILL its group."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        proc.wait(5)
-    except subprocess.TimeoutExpired:
-        pass
 
 
 # serve(): tritonserver restarts after stalled loads, then this exit code (a supervisor's turn)

@@ -17,15 +17,8 @@ import time
 from types import FrameType
 
 from rufus.env import env_port, exits_on_env_error
-from rufus.launch.server import (
-    EXIT_LOAD_STALLED,
-    ROOT,
-    LoadWatch,
-    TritonServer,
-    die_with_parent,
-    server_parser,
-    stop_group,
-)
+from rufus.launch.children import die_with_parent, stop_group
+from rufus.launch.server import EXIT_LOAD_STALLED, ROOT, LoadWatch, TritonServer, server_parser
 from rufus.telemetry import tracing
 
 

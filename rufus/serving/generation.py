@@ -122,22 +122,74 @@ def _request_error(exc: Exception, host: EngineHost, request_id: str) -> RufusEr
     return client_error(exc, log, f"request {request_id}")
 
 
+def _tokenize_span(span: Any, t_render: float) -> None:
+    """The prompt's rendering as a child span, measured before the span could exist (the
+    render runs in a worker thread); nothing when tracing is off."""
+    if span is not None:
+        tracing.child_span(span, "tokenize", tracing.mono_to_ns(t_render),
+                           tracing.mono_to_ns(time.monotonic()))
+
+
+def _engine_params(host: EngineHost, req: GenerateRequest, n_prompt: int,
+                   field_name: str) -> tuple[Any, Any]:
+    """vLLM sampling params and LoRA for a rendered prompt, once per request; the length
+    checks and the clamp to the context the prompt leaves reject what the engine could
+    never finish before it sees the request."""
+    from vllm.sampling_params import RequestOutputKind
+
+    check_prompt_length(n_prompt, req.sampling["max_tokens"], host.max_model_len, field_name)
+    max_tokens = min(req.sampling["max_tokens"], host.max_model_len - n_prompt)
+    if max_tokens < req.sampling["max_tokens"]:
+        check_min_tokens(req.sampling.get("min_tokens", 0), max_tokens,
+                         " after clamping to the context the prompt leaves")
+    params = make_sampling_params(req, max_tokens, RequestOutputKind.DELTA if req.stream
+                                  else RequestOutputKind.FINAL_ONLY)
+    return params, host_lora_request(host, req.lora_name)
+
+
+def _engine_stream(host: EngineHost, ids: list[int], params: Any, request_id: str,
+                   lora: Any) -> Any:
+    """The engine's output generator for the prompt tokens; ``lora_request`` is passed only
+    for an adapter, so hosts (and fakes) without LoRA keep their plain signature."""
+    from vllm.inputs import TokensPrompt
+
+    prompt = TokensPrompt(prompt_token_ids=ids)
+    if lora is None:
+        return host.generate(prompt, params, request_id)
+    return host.generate(prompt, params, request_id, lora_request=lora)
+
+
+def _complete(req: GenerateRequest, sink: ResponseSink, metrics: Metrics, final_out: Any,
+              text: str, n_prompt: int, n_gen: int, arrival: float) -> str:
+    """A request that finished: the one response of a non-streaming request (streams sent
+    theirs token by token), usage and latency metrics; returns the outcome label."""
+    if not req.stream:
+        prefix = "" if req.exclude_input_in_output else text
+        sink.send(build_outputs(req, final_out.outputs, num_input_tokens=n_prompt,
+                                prefix=prefix), None, True)
+    metrics.add_tokens(n_prompt, n_gen)
+    metrics.observe_latency(time.monotonic() - arrival)
+    return str(final_out.outputs[0].finish_reason or "finished")
+
+
+def _release(host: EngineHost, watcher: CancelWatcher, metrics: Metrics, request_id: str,
+             admitted: bool, outcome: str) -> None:
+    """Every request's teardown, on every path: stop watching for its cancellation, give
+    back its admission slot (if it got one) and count it under its outcome."""
+    watcher.forget(request_id)
+    if admitted:
+        host.release()
+        metrics.set_outstanding(host.outstanding)
+    metrics.count_request(outcome)
+
+
 async def run_generate(
-    host: EngineHost,
-    watcher: CancelWatcher,
-    req: GenerateRequest,
-    sink: ResponseSink,
-    metrics: Metrics,
-    arrival: float,
-    request_id: str,
-    internal: bool = False,
+    host: EngineHost, watcher: CancelWatcher, req: GenerateRequest, sink: ResponseSink,
+    metrics: Metrics, arrival: float, request_id: str, internal: bool = False,
 ) -> None:
     """Serve one request to completion; always ends the response stream exactly once.
     ``internal``: the model's own warm-up request (admitted while the engine warms up, not
     counted in the client-facing metrics)."""
-    from vllm.inputs import TokensPrompt
-    from vllm.sampling_params import RequestOutputKind
-
     if internal:
         metrics = Metrics()
 
@@ -158,23 +210,11 @@ async def run_generate(
         t_render = time.monotonic()
         text, ids, field_name = await asyncio.get_running_loop().run_in_executor(
             None, render_prompt, host.tokenizer, req)
-        if span is not None:
-            tracing.child_span(span, "tokenize", tracing.mono_to_ns(t_render),
-                               tracing.mono_to_ns(time.monotonic()))
-        check_prompt_length(len(ids), req.sampling["max_tokens"], host.max_model_len, field_name)
-        max_tokens = min(req.sampling["max_tokens"], host.max_model_len - len(ids))
-        if max_tokens < req.sampling["max_tokens"]:
-            check_min_tokens(req.sampling.get("min_tokens", 0), max_tokens,
-                             " after clamping to the context the prompt leaves")
-        params = make_sampling_params(req, max_tokens, RequestOutputKind.DELTA if req.stream
-                                      else RequestOutputKind.FINAL_ONLY)
-        lora = host_lora_request(host, req.lora_name)
+        _tokenize_span(span, t_render)
+        params, lora = _engine_params(host, req, len(ids), field_name)
         cancelled = watcher.watch(request_id, sink, lambda: host.abort(request_id))
         last = arrival
-        gen = (host.generate(TokensPrompt(prompt_token_ids=ids), params, request_id)
-               if lora is None else
-               host.generate(TokensPrompt(prompt_token_ids=ids), params, request_id,
-                             lora_request=lora))
+        gen = _engine_stream(host, ids, params, request_id, lora)
         async for out in _engine_checked(gen, req):
             if cancelled.is_set():
                 break
@@ -199,12 +239,7 @@ async def run_generate(
             raise Cancelled("request was cancelled")
         if not req.stream:
             n_gen = sum(len(c.token_ids) for c in final_out.outputs)
-            prefix = "" if req.exclude_input_in_output else text
-            sink.send(build_outputs(req, final_out.outputs, num_input_tokens=len(ids),
-                                    prefix=prefix), None, True)
-        metrics.add_tokens(len(ids), n_gen)
-        metrics.observe_latency(time.monotonic() - arrival)
-        outcome = str(final_out.outputs[0].finish_reason or "finished")
+        outcome = _complete(req, sink, metrics, final_out, text, len(ids), n_gen, arrival)
     except asyncio.CancelledError:
         await host.abort(request_id)
         outcome = "unavailable"
@@ -216,11 +251,7 @@ async def run_generate(
         outcome = error.outcome
         sink.send(None, error, True)
     finally:
-        watcher.forget(request_id)
-        if admitted:
-            host.release()
-            metrics.set_outstanding(host.outstanding)
-        metrics.count_request(outcome)
+        _release(host, watcher, metrics, request_id, admitted, outcome)
         if span is not None:
             tracing.detach(token)
             _end_request_span(span, error, outcome, len(ids), n_gen, first, final_out)

@@ -169,7 +169,7 @@ def test_freeze_before_the_fork_does_not_collect(monkeypatch):
 
 
 def test_free_port_never_hands_out_a_port_twice():
-    from rufus.launch.server import free_port
+    from rufus.launch.ports import free_port
 
     ports = [free_port() for _ in range(64)]
     assert len(set(ports)) == len(ports)
@@ -180,7 +180,7 @@ def test_free_port_is_below_the_ephemeral_range_and_bindable(monkeypatch):
     kernel gives outgoing connections, every one free on all addresses."""
     import socket
 
-    from rufus.launch import server
+    from rufus.launch import ports as server
 
     low = server._ephemeral_low()
     if low - server._LOW_PORT < 1000:
@@ -199,7 +199,7 @@ def test_free_port_never_repeats_a_random_draw(monkeypatch):
     not return it, or two servers would share a port for good."""
     import socket
 
-    from rufus.launch import server
+    from rufus.launch import ports as server
 
     free = []
     for port in range(21000, 32000, 97):

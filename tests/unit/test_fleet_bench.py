@@ -92,8 +92,8 @@ def test_single_node_units_each_get_one_core_and_their_children_inherit_it(tmp_p
     """A local fleet's single-node units are pinned one core each (the planner too), as
     hosts of their own; multi-node units keep their per-node vLLM binding; a started child
     (what tritonserver's stubs and engine cores are) runs on the pinned core only."""
+    from rufus.launch.children import child_setup
     from rufus.launch.fleet import Fleet
-    from rufus.launch.server import child_setup
 
     cpus = sorted(os.sched_getaffinity(0))
     one = Fleet(n_units=2, nnodes=1, log_dir=tmp_path)
