@@ -33,23 +33,12 @@ import logging
 import time
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any
 
-import numpy as np
-
-from rufus.assistant import card_answers
-from rufus.assistant.answer import (
-    MAX_PICKS,
-    REPETITION_PENALTY,
-    CatalogNames,
-    PickRenderer,
-    answer_grammar,
-    reason_options,
-)
+from rufus.assistant import answer_stream, card_answers
+from rufus.assistant.answer import CatalogNames
 from rufus.assistant.prompt import (
     SERVICE_REPLIES,
-    LinkRenderer,
-    answer_messages,
     answer_prefix_messages,
     cards,
     clip,
@@ -57,6 +46,13 @@ from rufus.assistant.prompt import (
     price_cap,
 )
 from rufus.assistant.settings import AssistantSettings, PipelineSettings
+
+# the turn's events, metrics sink and spans: named here too, where callers import them from
+from rufus.assistant.turn_events import AssistantEvent as AssistantEvent
+from rufus.assistant.turn_events import AssistantMetrics as AssistantMetrics
+from rufus.assistant.turn_events import NullMetrics as NullMetrics
+from rufus.assistant.turn_events import child, search_attributes
+from rufus.assistant.turn_events import turn_span as turn_span
 from rufus.client import AsyncStreams, RequestFailed, output_str
 from rufus.errors import RufusError
 from rufus.retrieval.base import MAX_QUERY_CHARS, ProductSource, Retriever, query_terms
@@ -75,52 +71,6 @@ PRODUCT_INTENTS = frozenset({"product_search", "product_comparison", "product_qu
 # search queries) and every character of prompt costs plan time on the critical path
 # (docs/benchmarks-history.md, "Shopping assistant").
 PLANNER_HISTORY_CHARS = {"user": 300, "assistant": 80}
-
-EventType = Literal["plan", "products", "text", "done", "render"]
-
-
-@dataclass(frozen=True)
-class AssistantEvent:
-    type: EventType
-    plan: dict[str, Any] | None = None           # plan
-    fallback: bool = False                       # plan
-    fallback_reason: str = ""                    # plan
-    products: list[dict[str, Any]] | None = None  # products: id, title, brand, price, rating, url, image_url
-    text: str = ""                               # text
-    finish_reason: str = ""                      # done: stop | length | service (system-written)
-    # done: seconds (*_s); answer_tokens, answer_prompt_tokens (the answer model's usage)
-    timings: dict[str, float] = field(default_factory=dict)
-    path: str = ""                               # products, done: products | service | general
-    seconds: float = 0.0                         # render (internal to the pipeline)
-
-
-class AssistantMetrics(Protocol):
-    def observe(self, stage: str, seconds: float) -> None: ...
-    def count(self, outcome: str, path: str) -> None: ...
-    def dropped(self, kind: str) -> None: ...
-    def estimate(self, seconds: float) -> None: ...
-    def estimate_error(self, seconds: float) -> None: ...
-
-
-class NullMetrics:
-    def observe(self, stage: str, seconds: float) -> None:
-        pass
-
-    def count(self, outcome: str, path: str) -> None:
-        pass
-
-    def dropped(self, kind: str) -> None:
-        pass
-
-    def estimate(self, seconds: float) -> None:
-        pass
-
-    def estimate_error(self, seconds: float) -> None:
-        pass
-
-
-# The general (off-topic) answer: one or two sentences (SYSTEM_GENERAL), bounded.
-GENERAL_MAX_TOKENS = 64
 
 
 def validate_request(question: Any, history: Any) -> list[dict[str, str]]:
@@ -159,6 +109,25 @@ def search_queries(plan: dict[str, Any], question: str, history: Sequence[dict[s
         if turn["role"] == "user" and query_terms(turn["content"]):
             return [turn["content"][:80]]
     return queries
+
+
+@dataclass
+class _Turn:
+    """One turn's state as its steps fill it in. The path is kept the moment it is chosen,
+    so that a turn failing later (in retrieval, say) is still counted under it."""
+
+    question: str
+    turns: list[dict[str, str]]
+    conversation: str | None
+    ticket: Ticket
+    span: Any
+    t0: float
+    timings: dict[str, float] = field(default_factory=dict)
+    path: str = "none"
+    intent: Any = "other"
+    products: list[Product] = field(default_factory=list)
+    found: SearchOutcome | None = None
+    card: card_answers.CardAnswer | None = None
 
 
 class Assistant:
@@ -270,7 +239,7 @@ class Assistant:
         tensors = {"messages": answer_prefix_messages(turns), "stream": False,
                    "exclude_input_in_output": True,
                    "sampling_parameters": {"max_tokens": 1, "temperature": 0.0}}
-        ps = _child(span, "prefill answer prefix")
+        ps = child(span, "prefill answer prefix")
         try:
             async with contextlib.aclosing(self.streams().stream(
                     self.answer_model, tensors, conversation=conversation,
@@ -352,258 +321,173 @@ class Assistant:
         cache across requests, so the key would only pile plans onto one unit (measured:
         docs/benchmarks-history.md, "Conversation affinity"). ``span``: the turn's span
         (rufus/telemetry/tracing.py); each stage becomes a child span of it, and the planner's
-        and answer model's requests join the trace."""
+        and answer model's requests join the trace. Its steps: admission, plan, route (with
+        the search), cards, reply; :meth:`_settle` counts the turn however it ended."""
+        turns, ticket = self._admit_turn(question, history, ticket)
+        turn = _Turn(question, turns, conversation, ticket, span, time.monotonic())
+        outcome = "error"
+        warm = asyncio.create_task(self._prewarm(turns, conversation, span)) \
+            if turns and self.prewarm else None
+        try:
+            plan, fallback, reason = await self._plan_step(turn)
+            yield AssistantEvent("plan", plan=plan, fallback=fallback, fallback_reason=reason)
+            await self._route(turn, plan, fallback)
+            shown, lines, model_picks = self._render_cards(turn)
+            yield AssistantEvent("products", products=shown, path=turn.path)
+            finish = ""
+            async with contextlib.aclosing(self._reply(turn, lines, model_picks)) as reply:
+                async for ev in reply:
+                    if ev.type == "done":
+                        finish = ev.finish_reason
+                    else:
+                        yield ev
+            turn.timings["total_s"] = time.monotonic() - turn.t0
+            outcome = "fallback" if fallback else "ok"
+            yield AssistantEvent("done", finish_reason=finish, timings=dict(turn.timings),
+                                 path=turn.path)
+        except (asyncio.CancelledError, GeneratorExit):
+            outcome = "cancelled"
+            raise
+        finally:
+            self._settle(turn, outcome, warm)
+
+    def _admit_turn(self, question: Any, history: Any, ticket: Ticket | None
+                    ) -> tuple[list[dict[str, str]], Ticket]:
+        """The turn's checked history and its ticket: bad input is refused before admission
+        (and hands back a ticket it came with), a turn past the SLO before any model call."""
         try:
             turns = validate_request(question, history)
         except BaseException:
             if ticket is not None:
                 ticket.done()
             raise
-        if ticket is None:
-            ticket = self.admit()
-        t0 = time.monotonic()
-        timings: dict[str, float] = {}
-        path, outcome = "none", "error"
-        warm = asyncio.create_task(self._prewarm(turns, conversation, span)) \
-            if turns and self.prewarm else None
-        try:
-            ps = _child(span, "plan", **{"gen_ai.request.model": self.planner_model})
-            plan, fallback, reason = await self.plan(question, turns, trace=tracing.headers(ps))
-            timings["plan_s"] = time.monotonic() - t0
-            tracing.end(ps, **{"rufus.plan.intent": str(plan.get("intent", "")),
-                               "rufus.plan.fallback": fallback,
-                               "rufus.plan.fallback_reason": reason[:120] or None})
-            yield AssistantEvent("plan", plan=plan, fallback=fallback, fallback_reason=reason)
+        return turns, self.admit() if ticket is None else ticket
 
-            intent = plan.get("intent", "other")
-            products: list[Product] = []
-            found: SearchOutcome | None = None
-            # "compare the first two", "does the second one come in blue?": the products the
-            # previous answer listed, answered from their cards
-            card = self._by_reference(question, turns)
-            if card is None and intent == "other" and self.search.names_a_type(question):
-                # a need the planner took for small talk ("keep an eye on the baby while she
-                # naps"): the catalog has its product type, so it is searched
-                intent = "product_search"
-            if card is not None and card.kind == "picks":
-                # "is the third one good for lattes?": the usual picks, over that product
-                path, products, card = "products", card.products, None
-            elif card is not None:
-                path = "products"
-            elif fallback or intent in PRODUCT_INTENTS:
-                path = "products"
-                t = time.monotonic()
-                rs = _child(span, "retrieval")
-                found = await asyncio.to_thread(self._retrieve, plan, question, turns)
-                products = found.products
-                timings["retrieval_s"] = time.monotonic() - t
-                if rs is not None:
-                    tracing.end(rs, **_search_attributes(found))
-                named = card_answers.targets(question, found.products, found.models)
-                card = card_answers.plan(question, named, self.catalog_keys) if named else None
-            else:
-                path = "service" if intent in SERVICE_REPLIES else "general"
-            lines: list[str] = []
-            model_picks = False  # a "which" the cards' specs do not decide: the model picks
-            rd = _child(span, "render cards", **{"rufus.path": path})
-            if card is not None:
-                lines, products, model_picks = self._card_lines(card, question)
-            timings["cards_s"] = time.monotonic() - t0
-            shown = cards(products)
-            tracing.end(rd, **{"rufus.cards": len(shown),
-                               "rufus.card_answer": card.kind if card is not None else None})
-            yield AssistantEvent("products", products=shown, path=path)
+    async def _plan_step(self, turn: _Turn) -> tuple[dict[str, Any], bool, str]:
+        """The plan under its span, timed from the turn's start (:meth:`plan`)."""
+        ps = child(turn.span, "plan", **{"gen_ai.request.model": self.planner_model})
+        plan, fallback, reason = await self.plan(turn.question, turn.turns,
+                                                 trace=tracing.headers(ps))
+        turn.timings["plan_s"] = time.monotonic() - turn.t0
+        tracing.end(ps, **{"rufus.plan.intent": str(plan.get("intent", "")),
+                           "rufus.plan.fallback": fallback,
+                           "rufus.plan.fallback_reason": reason[:120] or None})
+        return plan, fallback, reason
 
-            finish = "service"
-            if card is not None:
-                finish = "stop"
-                # system-written from the cards, each line out as soon as it is known
-                for line in lines:
-                    timings.setdefault("first_token_s", time.monotonic() - t0)
-                    yield AssistantEvent("text", text=line)
-                if model_picks:
-                    # "which is better for flights, A or B?": the model picks one of them
-                    # from a menu of their differences
-                    menus = card_answers.difference_menus(card.products, question)
-                    async with contextlib.aclosing(self._answer(
-                            question, card.products, turns, False, t0, timings, conversation,
-                            ["\nMy pick:"], ticket, menus=menus, max_picks=1,
-                            span=span)) as answer:
-                        async for ev in answer:
-                            if ev.type == "done":
-                                finish = ev.finish_reason
-                            else:
-                                yield ev
-            elif path == "service" or (found is not None and not products):
-                # system-written: a fixed reply, or what was searched and what the catalog has
-                reply = SERVICE_REPLIES[intent] if path == "service" else \
-                    self.search.no_results_reply(found, question)  # type: ignore[arg-type]
-                timings["first_token_s"] = time.monotonic() - t0
-                yield AssistantEvent("text", text=reply)
-            else:
-                finish = ""
-                # aclosing: closing this generator must close the answer stream at once
-                # (an unclosed async generator is only finalized by the garbage collector)
-                met = ({p.id: card_answers.met_text(found.constraints, p)
-                        for p in products[:self.answer_products]} if found is not None else {})
-                said, met = card_answers.shared_met(met)
-                notes = [*(found.notes if found else []), *([said] if said else [])]
-                async with contextlib.aclosing(self._answer(
-                        question, products, turns, path == "general", t0, timings,
-                        conversation, notes, ticket, met=met, span=span)) as answer:
-                    async for ev in answer:
-                        if ev.type == "done":
-                            finish = ev.finish_reason
-                        else:
-                            yield ev
-            timings["total_s"] = time.monotonic() - t0
-            outcome = "fallback" if fallback else "ok"
-            yield AssistantEvent("done", finish_reason=finish, timings=dict(timings), path=path)
-        except (asyncio.CancelledError, GeneratorExit):
-            outcome = "cancelled"
-            raise
-        finally:
-            ticket.done()
-            if warm is not None and not warm.done():
-                warm.cancel()
-            self.metrics.count(outcome, path)
-            for stage, secs in timings.items():
-                if stage.endswith("_s"):  # answer_tokens is a count, not a stage
-                    self.metrics.observe(stage.removesuffix("_s"), secs)
-
-    async def _answer(self, question: str, products: list[Product], turns: list[dict[str, str]],
-                      general: bool, t0: float, timings: dict[str, float],
-                      conversation: str | None = None, notes: Sequence[str] = (),
-                      ticket: Ticket | None = None, menus: list[list[str]] | None = None,
-                      max_picks: int = MAX_PICKS, met: dict[str, str] | None = None,
-                      span: Any = None) -> AsyncGenerator[AssistantEvent, None]:
-        """The answer model's stream, rendered. With products: picks under the answer
-        grammar (rufus.assistant.answer), every fact rendered from the cards, the search's
-        notes ahead of the first pick. Off-topic: the model's short reply, links removed."""
-        products = products[:self.answer_products]  # [n] links only to what the model saw
-        sampling: dict[str, Any] = {"max_tokens": self.max_tokens, "temperature": 0.0,
-                                    "repetition_penalty": REPETITION_PENALTY}
-        renderer: PickRenderer | LinkRenderer
-        if general:
-            renderer = LinkRenderer(products)
-            sampling["max_tokens"] = min(self.max_tokens, GENERAL_MAX_TOKENS)
+    async def _route(self, turn: _Turn, plan: dict[str, Any], fallback: bool) -> None:
+        """The turn's path, and what it answers over: the products an earlier answer listed,
+        a search's, or none (a fixed reply, a general answer)."""
+        question = turn.question
+        turn.intent = plan.get("intent", "other")
+        # "compare the first two", "does the second one come in blue?": the products the
+        # previous answer listed, answered from their cards
+        card = self._by_reference(question, turn.turns)
+        if card is None and turn.intent == "other" and self.search.names_a_type(question):
+            # a need the planner took for small talk ("keep an eye on the baby while she
+            # naps"): the catalog has its product type, so it is searched
+            turn.intent = "product_search"
+        if card is not None and card.kind == "picks":
+            # "is the third one good for lattes?": the usual picks, over that product
+            turn.path, turn.products = "products", card.products
+        elif card is not None:
+            turn.path, turn.card = "products", card
+        elif fallback or turn.intent in PRODUCT_INTENTS:
+            turn.path = "products"
+            await self._search_step(turn, plan)
         else:
-            options = reason_options(products, question) if menus is None else menus
-            renderer = PickRenderer(products, self.names, options, on_drop=self.metrics.dropped,
-                                    met=met)
-            sampling["structured_outputs"] = {"grammar": answer_grammar(options, max_picks)}
-        tensors = {
-            "messages": answer_messages(question, products, turns, general=general, menus=menus),
-            "stream": True, "exclude_input_in_output": True, "return_finish_reason": True,
-            "return_num_output_tokens": True, "return_num_input_tokens": True,
-            "sampling_parameters": sampling,
-        }
-        lead = "".join(f"{n}\n" for n in notes) + ("\n" if notes else "")
-        sent = time.monotonic()
-        finish = ""
-        an = _child(span, "answer", **{"gen_ai.request.model": self.answer_model,
-                                       "gen_ai.operation.name": "chat",
-                                       "rufus.answer.general": general})
-        render_s = 0.0
-        try:
-            # aclosing: closing this generator closes the answer model's stream at once
-            async with contextlib.aclosing(self._answer_stream(
-                    an, tensors, conversation, renderer, lead, timings, t0, sent,
-                    ticket)) as inner:
-                async for ev in inner:
-                    if ev.type == "render":
-                        render_s, finish = ev.seconds, ev.finish_reason
-                    else:
-                        yield ev
-        except BaseException as exc:
-            tracing.end(an, exc if not isinstance(exc, GeneratorExit) else None,
-                        **{"rufus.cancelled": isinstance(exc, GeneratorExit
-                                                         | asyncio.CancelledError) or None})
-            raise
-        tokens = int(timings.get("answer_tokens", 0))
-        tracing.end(an, **{"gen_ai.usage.input_tokens": int(timings.get("answer_prompt_tokens", 0))
-                           or None, "gen_ai.usage.output_tokens": tokens,
-                           "gen_ai.response.finish_reasons": [finish or "stop"],
-                           "rufus.render_ms": round(render_s * 1e3, 3)})
-        yield AssistantEvent("done", finish_reason=finish or "stop")
+            turn.path = "service" if turn.intent in SERVICE_REPLIES else "general"
 
-    async def _answer_stream(self, an: Any, tensors: dict[str, Any], conversation: str | None,
-                             renderer: PickRenderer | LinkRenderer, lead: str,
-                             timings: dict[str, Any], t0: float, sent: float,
-                             ticket: Ticket | None) -> AsyncGenerator[AssistantEvent, None]:
-        """The answer model's stream through the renderer (``an``: the answer's span, which
-        the request to the answer model joins). Ends with a ``render`` event: the seconds
-        spent rendering, and the answer model's finish reason."""
-        finish = ""
-        tokens = 0
-        render_s = 0.0
-        async with contextlib.aclosing(self.streams().stream(
-                self.answer_model, tensors, conversation=conversation,
-                trace=tracing.headers(an))) as s:
-            async for outs in s:
-                delta = output_str(outs, "text_output")
-                finish = output_str(outs, "finish_reason") or finish
-                if "num_output_tokens" in outs:
-                    tokens += int(np.asarray(outs["num_output_tokens"]).reshape(-1).sum())
-                if "num_input_tokens" in outs:
-                    timings["answer_prompt_tokens"] = float(
-                        np.asarray(outs["num_input_tokens"]).reshape(-1)[0])
-                if delta and "answer_ttft_s" not in timings:
-                    timings["answer_ttft_s"] = time.monotonic() - sent
-                    if an is not None:
-                        an.add_event("first_token")
-                r0 = time.perf_counter()
-                text = renderer.feed(delta)
-                render_s += time.perf_counter() - r0
-                if text:
-                    timings.setdefault("first_token_s", time.monotonic() - t0)
-                    if ticket is not None:
-                        ticket.first_token()  # what the admission estimate learns from
-                    yield AssistantEvent("text", text=lead + text)
-                    lead = ""
-        tail = renderer.flush()
-        if tail or lead:
-            timings.setdefault("first_token_s", time.monotonic() - t0)
-            yield AssistantEvent("text", text=lead + tail)
-        timings["answer_tokens"] = float(tokens)
-        yield AssistantEvent("render", finish_reason=finish, seconds=render_s)
+    async def _search_step(self, turn: _Turn, plan: dict[str, Any]) -> None:
+        """The plan's search, off the event loop and under its span; then the card answer
+        for a question about products it found by name (None: the usual picks)."""
+        t = time.monotonic()
+        rs = child(turn.span, "retrieval")
+        found = await asyncio.to_thread(self._retrieve, plan, turn.question, turn.turns)
+        turn.found, turn.products = found, found.products
+        turn.timings["retrieval_s"] = time.monotonic() - t
+        if rs is not None:
+            tracing.end(rs, **search_attributes(found))
+        named = card_answers.targets(turn.question, found.products, found.models)
+        turn.card = card_answers.plan(turn.question, named, self.catalog_keys) if named else None
 
+    def _render_cards(self, turn: _Turn) -> tuple[list[dict[str, Any]], list[str], bool]:
+        """The product cards to show and a card answer's system-written lines, under their
+        span; True: a "which" the cards' specs do not decide, so the model picks."""
+        lines: list[str] = []
+        model_picks = False
+        rd = child(turn.span, "render cards", **{"rufus.path": turn.path})
+        if turn.card is not None:
+            lines, turn.products, model_picks = self._card_lines(turn.card, turn.question)
+        turn.timings["cards_s"] = time.monotonic() - turn.t0
+        shown = cards(turn.products)
+        tracing.end(rd, **{"rufus.cards": len(shown),
+                           "rufus.card_answer": turn.card.kind if turn.card is not None else None})
+        return shown, lines, model_picks
 
-def _child(span: Any, name: str, **attributes: Any) -> Any:
-    """A child span of the turn's span, None without one (tracing off: nothing is made)."""
-    if span is None:
+    async def _reply(self, turn: _Turn, lines: list[str], model_picks: bool
+                     ) -> AsyncGenerator[AssistantEvent, None]:
+        """The answer's ``text`` events, then one ``done`` with its finish reason: a card
+        answer (each line out as soon as it is known; then the model's pick, where it must
+        pick), a system-written reply, or the answer model's answer."""
+        card = turn.card
+        answer: AsyncGenerator[AssistantEvent, None]
+        if card is not None:
+            # system-written from the cards, each line out as soon as it is known
+            for line in lines:
+                turn.timings.setdefault("first_token_s", time.monotonic() - turn.t0)
+                yield AssistantEvent("text", text=line)
+            if not model_picks:
+                yield AssistantEvent("done", finish_reason="stop")
+                return
+            # "which is better for flights, A or B?": the model picks one of them from a
+            # menu of their differences
+            menus = card_answers.difference_menus(card.products, turn.question)
+            answer = answer_stream.answer(
+                self, turn.question, card.products, turn.turns, False, turn.t0, turn.timings,
+                turn.conversation, ["\nMy pick:"], turn.ticket, menus=menus, max_picks=1,
+                span=turn.span)
+        elif (reply := self._system_reply(turn)) is not None:
+            # system-written: a fixed reply, or what was searched and what the catalog has
+            turn.timings["first_token_s"] = time.monotonic() - turn.t0
+            yield AssistantEvent("text", text=reply)
+            yield AssistantEvent("done", finish_reason="service")
+            return
+        else:
+            answer = self._model_answer(turn)
+        # aclosing: closing this generator must close the answer stream at once
+        # (an unclosed async generator is only finalized by the garbage collector)
+        async with contextlib.aclosing(answer) as events:
+            async for ev in events:
+                yield ev
+
+    def _system_reply(self, turn: _Turn) -> str | None:
+        """A reply the system writes, no model: a service intent's fixed one, or, when the
+        search found nothing, what was searched and what the catalog has. None: the model's."""
+        if turn.path == "service":
+            return SERVICE_REPLIES[turn.intent]
+        if turn.found is not None and not turn.products:
+            return self.search.no_results_reply(turn.found, turn.question)
         return None
-    return tracing.start_span(name, span, attributes=attributes)
 
+    def _model_answer(self, turn: _Turn) -> AsyncGenerator[AssistantEvent, None]:
+        """The answer model's stream over the turn's products (none: off-topic), with the
+        search's notes and, said once where all share it, what each product meets."""
+        found = turn.found
+        met = ({p.id: card_answers.met_text(found.constraints, p)
+                for p in turn.products[:self.answer_products]} if found is not None else {})
+        said, met = card_answers.shared_met(met)
+        notes = [*(found.notes if found else []), *([said] if said else [])]
+        return answer_stream.answer(
+            self, turn.question, turn.products, turn.turns, turn.path == "general", turn.t0,
+            turn.timings, turn.conversation, notes, turn.ticket, met=met, span=turn.span)
 
-def turn_span(name: str, parent: Any, model: str, history_turns: int, arrival: float,
-              admitted: tuple[float, float], ticket: Ticket, kind: str = "internal") -> Any:
-    """One assistant turn's span (from ``arrival``, monotonic) with its admission as the first
-    child: the estimate and the queue it was made from (``admitted``: its start and end).
-    The Triton model's and the OpenAI frontend's turns are made here alike."""
-    span = tracing.start_span(name, parent, kind, {
-        "gen_ai.operation.name": "chat", "gen_ai.request.model": model,
-        "rufus.history_turns": history_turns}, start_ns=tracing.mono_to_ns(arrival))
-    tracing.child_span(span, "admission", tracing.mono_to_ns(admitted[0]),
-                       tracing.mono_to_ns(admitted[1]),
-                       **{"rufus.admission.estimate_s": round(ticket.estimate_s, 4),
-                          "rufus.admission.waiting": int(ticket.x[1]),
-                          "rufus.admission.answering": int(ticket.x[2]),
-                          "rufus.admission.decision": "admitted"})
-    return span
-
-
-def _search_attributes(found: SearchOutcome) -> dict[str, Any]:
-    """What retrieval did, without customer text: counts, filter and product-type names."""
-    f = found.filters
-    applied = [k for k, v in (("brand", f.brand), ("max_price", f.max_price),
-                              ("min_price", f.min_price), ("categories", f.categories),
-                              ("models", f.models)) if v]
-    return {"rufus.search.queries": len(found.queries),
-            "rufus.search.hits": len(found.products),
-            "rufus.search.filters": applied,
-            "rufus.search.relaxed": list(found.relaxed),
-            "rufus.search.corrected": len(found.corrected),
-            "rufus.search.categories": list(found.categories)[:8],
-            "rufus.search.constraints_met": len(found.constraints),
-            "rufus.search.constraints_dropped": len(found.dropped)}
+    def _settle(self, turn: _Turn, outcome: str, warm: asyncio.Task[None] | None) -> None:
+        """A turn's end, whatever ended it: its ticket back, the prefill stopped, its outcome
+        (under the path it reached) and stage seconds counted."""
+        turn.ticket.done()
+        if warm is not None and not warm.done():
+            warm.cancel()
+        self.metrics.count(outcome, turn.path)
+        for stage, secs in turn.timings.items():
+            if stage.endswith("_s"):  # answer_tokens is a count, not a stage
+                self.metrics.observe(stage.removesuffix("_s"), secs)

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +32,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rufus.client import CONVERSATION_HEADER, RequestFailed
 from rufus.frontend import render, targets
+from rufus.frontend.http_edge import (
+    BearerAuth,
+    end_span,
+    end_span_after,
+    prime,
+    race_disconnect,
+    request_span,
+)
 from rufus.frontend.protocol import (
     APIError,
     ChatCompletionRequest,
@@ -356,44 +363,6 @@ class Frontend:
         return body
 
 
-async def _until_disconnect(request: Request) -> None:
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
-async def _race_disconnect(request: Request, work: Awaitable[Any]) -> Any:
-    """Run ``work``; cancel it (and so its gRPC stream) if the client goes away first."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_until_disconnect(request))
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, APIError):
-                await task
-            raise APIError(499, "client disconnected", type_="server_error", code="cancelled")
-    return task.result()
-
-
-async def _prime(agen: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """Start a stream: its first item now (errors keep their status), the rest lazily."""
-    first = await agen.__anext__()
-
-    async def rest() -> AsyncIterator[bytes]:
-        try:
-            yield first
-            async for item in agen:
-                yield item
-        finally:
-            await agen.aclose()  # type: ignore[attr-defined]
-
-    return rest()
-
-
 def create_app(settings: Settings) -> FastAPI:
     """The app: the OpenAI routes, health and metrics over one :class:`Frontend`, which
     starts and stops with it."""
@@ -471,7 +440,7 @@ async def _handle(fe: Frontend, request: Request, endpoint: str,
     fe.metrics.in_flight.labels(endpoint).inc()
     streaming = False
     # tracing off: None, and nothing below makes a span
-    span = _request_span(request, endpoint, arrival) if tracing.enabled() else None
+    span = request_span(request, endpoint, arrival) if tracing.enabled() else None
     token = tracing.attach(span)  # this handler's log lines carry the trace id
     error: APIError | None = None
     try:
@@ -488,7 +457,7 @@ async def _handle(fe: Frontend, request: Request, endpoint: str,
         response = await _respond(fe, request, endpoint, parsed, chat, arrival)
         streaming = isinstance(response, StreamingResponse)
         if streaming:
-            response.body_iterator = _end_span_after(response.body_iterator, span)
+            response.body_iterator = end_span_after(response.body_iterator, span)
         status = 200
         return response
     except APIError as exc:
@@ -506,52 +475,7 @@ async def _handle(fe: Frontend, request: Request, endpoint: str,
             fe.metrics.in_flight.labels(endpoint).dec()
             fe.metrics.requests.labels(endpoint, model, str(status)).inc()
             fe.metrics.latency.labels(endpoint, model).observe(time.monotonic() - arrival)
-            _end_span(span, status, error)
-
-
-def _request_span(request: Request, endpoint: str, arrival: float) -> Any:
-    """The request's span: it joins the client's W3C ``traceparent`` (a malformed one is
-    ignored, as the specification says: the trace starts here)."""
-    parent = tracing.extract(request.headers.get(tracing.TRACEPARENT),
-                             request.headers.get(tracing.TRACESTATE))
-    route = request.scope.get("path", endpoint)  # a fixed route: /v1/chat/completions
-    return tracing.start_span(f"POST {route}", parent, "server",
-                              {"http.request.method": "POST", "http.route": route},
-                              start_ns=tracing.mono_to_ns(arrival))
-
-
-@dataclass
-class _SpanError:
-    """An OpenAI error as the span reports it: the vocabulary's code where it has one."""
-
-    code: str
-    message: str
-
-    def __str__(self) -> str:
-        return self.message
-
-
-def _end_span(span: Any, status: int | str, error: APIError | None) -> None:
-    if span is None:
-        return
-    err = None
-    if error is not None:
-        err = _SpanError(error.rufus_code or error.code or error.type, error.message[:200])
-    tracing.end(span, err, **{"http.response.status_code": int(status)})
-
-
-async def _end_span_after(body: AsyncIterator[Any], span: Any) -> AsyncIterator[Any]:
-    """A streamed body; the request's span ends with it (499: the client left)."""
-    status = 200
-    try:
-        async for item in body:
-            yield item
-    except asyncio.CancelledError:
-        status = 499
-        raise
-    finally:
-        _end_span(span, status, None if status == 200 else APIError(
-            499, "the client went away", type_="server_error", code="cancelled"))
+            end_span(span, status, error)
 
 
 async def _respond(fe: Frontend, request: Request, endpoint: str, parsed: ParsedRequest,
@@ -563,35 +487,16 @@ async def _respond(fe: Frontend, request: Request, endpoint: str, parsed: Parsed
         if parsed.n > 1:
             raise bad_request("n", f"model {parsed.model} answers once (n must be 1)")
         if not parsed.stream:
-            return JSONResponse(await _race_disconnect(request, fe.complete_hook(parsed, hook)))
-        agen = await _prime(fe.stream_hook(parsed, hook))
+            return JSONResponse(await race_disconnect(request, fe.complete_hook(parsed, hook)))
+        agen = await prime(fe.stream_hook(parsed, hook))
     elif parsed.stream:
-        agen = await _prime(fe.stream(parsed, endpoint, arrival))
+        agen = await prime(fe.stream(parsed, endpoint, arrival))
     else:
-        return JSONResponse(await _race_disconnect(request,
-                                                   fe.complete(parsed, endpoint, arrival)))
+        return JSONResponse(await race_disconnect(request,
+                                                  fe.complete(parsed, endpoint, arrival)))
     return StreamingResponse(_finish(agen, fe, endpoint, parsed.model, arrival),
                              media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-
-
-class BearerAuth:
-    """Pure ASGI check of ``Authorization: Bearer <key>`` on /v1 (health and metrics stay
-    open for probes); not BaseHTTPMiddleware, which buffers and detaches streamed bodies."""
-
-    def __init__(self, app: Any, key: str) -> None:
-        self.app = app
-        self.expected = f"Bearer {key}".encode()
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
-            got = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(got, self.expected):
-                body = APIError(401, "Incorrect API key provided",
-                                code="invalid_api_key").body()
-                await JSONResponse(body, status_code=401)(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
 
 
 async def _finish(agen: AsyncIterator[bytes], fe: Frontend, endpoint: str, model: str,
