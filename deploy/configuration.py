@@ -25,6 +25,7 @@ from rufus.assistant.settings import AssistantSettings  # noqa: E402
 from rufus.qp.settings import QP_KEYS, DecoderKnobs, PlannerModelSettings  # noqa: E402
 from rufus.serving.model_settings import LLMSettings  # noqa: E402
 from rufus.serving.settings import ENVIRONMENT, MODEL_JSON, PBTXT, Row, rows  # noqa: E402
+from tests.environment import HARNESS_ENV  # noqa: E402
 
 DOC = ROOT / "docs" / "configuration.md"
 REPOSITORY = ROOT / "model_repository"
@@ -53,17 +54,9 @@ RIG_ENV: dict[str, tuple[str, str]] = {
     "RUFUS_IMAGE_NAME": ("scripts/image.sh", "image build: the image name (rufus-inference)"),
     "RUFUS_LOCAL_BASES": ("scripts/image.sh", "image build: 1 forces the local base images"),
     "RUFUS_VENV": ("scripts/setup.sh", "setup: the virtual environment (.venv)"),
-    "RUFUS_TEST_LOGS": ("tests/integration/conftest.py, scripts/repeat_death_tests.sh",
-                        "tests: keep the servers' logs in this directory"),
     "RUFUS_KEEP_IMAGES": ("tests/containers/conftest.py",
                           "container tests: 0 removes the images and compile-cache volumes "
                           "at the end (1: kept for the next run)"),
-    "RUFUS_RECOVERY_CYCLES": ("tests/integration/test_recovery.py",
-                              "tests: engine kill/recover cycles (1)"),
-    "RUFUS_PROXY_TEST_NNODES": ("tests/integration/test_proxy.py",
-                                "tests: nodes per unit in the proxy tests (2)"),
-    "RUFUS_QP_REQUIRE_IDENTICAL": ("tests/integration/test_qp.py", "tests: 1 requires Medusa "
-                                   "plans identical to the autoregressive ones"),
 }
 
 # model.json keys that mean more than vLLM's engine argument of that name
@@ -207,7 +200,7 @@ def render() -> str:
     out += ["Read by scripts, the compose rig and the tests:", ""]
     out += _table(("variable", "read by", "meaning"),
                   ((f"`{name}`", ", ".join(f"`{r}`" for r in readers.split(", ")), meaning)
-                   for name, (readers, meaning) in sorted(RIG_ENV.items())))
+                   for name, (readers, meaning) in sorted({**RIG_ENV, **HARNESS_ENV}.items())))
     return "\n".join(out).rstrip("\n") + "\n"
 
 

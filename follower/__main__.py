@@ -8,7 +8,7 @@ from rufus.env import exits_on_env_error
 
 @exits_on_env_error
 def _run() -> int:
-    from follower.node import main  # reads RUFUS_HEARTBEAT_S etc. on import
+    from follower.node import main  # reads its settings once, when it starts
 
     return main()
 

@@ -23,12 +23,14 @@ import signal
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from follower.health import HealthState, serve_health
-from rufus.env import EnvError, env_float, help_text
+from rufus.env import EnvError, environ
 from rufus.multinode.control import (
+    ControlSettings,
     FollowerControl,
     LeaderUnreachable,
     Rejected,
@@ -38,10 +40,13 @@ from rufus.multinode.control import (
     unit_model_name,
     unit_secret,
 )
+from rufus.multinode.control import configure as configure_control
 from rufus.multinode.topology import Topology, TopologyError, apply_topology, topology_from_env
 from rufus.serving import caches
 from rufus.serving.config import ConfigError, load_engine_config
+from rufus.serving.settings import env_var, group, help_epilog, read
 from rufus.telemetry import tracing
+from rufus.telemetry.tracing import TracingSettings
 
 log = logging.getLogger("follower")
 
@@ -59,7 +64,7 @@ EXIT_JOIN_FAILED = 6     # vLLM raised while joining the unit
 
 def engine_args_for(topo: Topology, env: dict[str, str] | None = None) -> dict[str, Any]:
     """This follower's engine args: the leader's model.json + overrides + topology."""
-    env = dict(os.environ if env is None else env)
+    env = dict(environ() if env is None else env)
     path = Path(env.get("RUFUS_MODEL_JSON", str(DEFAULT_MODEL_JSON)))
     # "dtype": "measured" resolves as on the leader: one CPU class per unit (deploy/README.md)
     cfg = load_engine_config(path, unit_model_name(env), env)
@@ -96,22 +101,33 @@ def build_executor(engine_args: dict[str, Any]) -> Any:
     return MultiprocExecutor(vllm_config, monitor_workers=False)
 
 
-ENVIRONMENT = {
+@dataclass(frozen=True)
+class FollowerSettings:
+    """What the follower reads from the environment besides its topology and engine args."""
+
+    leader_wait_s: float = env_var("RUFUS_LEADER_WAIT_S", 300.0,
+                                   "bound on waiting for the leader, seconds", minimum=0.0)
+    health_bind: str = env_var("RUFUS_HEALTH_BIND", "0.0.0.0",
+                               "this follower's /health bind address")
+    log_level: str = env_var("RUFUS_LOG_LEVEL", "INFO", "logging level")
+    control: ControlSettings = group(ControlSettings)  # noqa: RUF009 - a default_factory field
+    traces: TracingSettings = group(TracingSettings)  # noqa: RUF009 - a default_factory field
+
+
+# read by the topology's and the engine config's own readers (rufus/multinode/topology.py,
+# rufus/serving/config.py)
+OTHER_ENVIRONMENT = {
     "RUFUS_NNODES / LWS_GROUP_SIZE": "nodes in the unit (> 1 for a follower)",
     "RUFUS_NODE_RANK / LWS_WORKER_INDEX": "this node's rank (>= 1; 0 is the tritonserver leader)",
     "RUFUS_LEADER_ADDR / LWS_LEADER_ADDRESS": "leader host (default 127.0.0.1)",
     "RUFUS_LEADER_PORT": "torch.distributed rendezvous port on the leader (default 29500)",
     "RUFUS_CONTROL_PORT": "the leader's control channel (default leader port + 1)",
     "RUFUS_UNIT_SECRET": "control-channel secret, the same on every node (required)",
-    "RUFUS_HEALTH_PORT, RUFUS_HEALTH_BIND": "this follower's /health (default 8081, 0.0.0.0)",
+    "RUFUS_HEALTH_PORT": "this follower's /health port (default 8081)",
     "RUFUS_MODEL_JSON": "the leader's model.json (default model_repository/rufus_llm/1/)",
     "RUFUS_UNIT_MODEL": "the model whose engine spans the unit (default rufus_llm)",
     "RUFUS_ENGINE_ARGS, RUFUS_<MODEL>_ENGINE_ARGS": "JSON engine-arg overrides (as the leader)",
     "RUFUS_MODEL_DIR, RUFUS_CACHE_DIR": "where the default model is (as the leader)",
-    "RUFUS_LEADER_WAIT_S": "bound on waiting for the leader, seconds (default 300)",
-    "RUFUS_HEARTBEAT_S, RUFUS_PEER_TIMEOUT_S": "control channel timing (default 1, 5)",
-    "RUFUS_LOG_LEVEL": "logging level (default INFO)",
-    **tracing.ENVIRONMENT,
 }
 
 
@@ -125,14 +141,14 @@ def parse_args(argv: list[str] | None = None) -> None:
         description="A follower node of a multi-node inference unit: joins the leader's vLLM "
                     "engine as a headless worker and serves /health. Exit codes: 0 stopped, "
                     "2 configuration, 3 no leader, 4 leader lost, 5 worker died, 6 join failed.",
-        epilog=help_text(ENVIRONMENT)).parse_args(argv)
+        epilog=help_epilog(FollowerSettings, extra=OTHER_ENVIRONMENT)).parse_args(argv)
 
 
-def _setup_process() -> None:
+def _setup_process(settings: FollowerSettings) -> None:
     """Logging, compile caches and tracing, in that order: caches must be configured before
     vLLM is imported (they are keyed by this CPU), and a bad tracing setting must not stop
     the follower (tracing stays off, logged)."""
-    logging.basicConfig(level=os.environ.get("RUFUS_LOG_LEVEL", "INFO"),
+    logging.basicConfig(level=settings.log_level,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
     caches.configure()  # before vLLM is imported: compile caches keyed by this CPU
@@ -143,7 +159,7 @@ def _setup_process() -> None:
         log.error("tracing stays off: %s", exc)
 
 
-def _configuration() -> tuple[Topology, dict[str, Any], bytes, float] | None:
+def _configuration(settings: FollowerSettings) -> tuple[Topology, dict[str, Any], bytes, float] | None:
     """Topology, engine args, unit secret and leader wait bound from the environment, or
     None (logged) on any configuration error: all of it is checked before any network or
     vLLM work, so a misconfigured follower exits with EXIT_CONFIG at once."""
@@ -155,7 +171,8 @@ def _configuration() -> tuple[Topology, dict[str, Any], bytes, float] | None:
                 f"{topo.nnodes}, rank={topo.node_rank}); rank 0 is the tritonserver leader")
         args = engine_args_for(topo)
         secret = unit_secret()
-        wait_s = env_float("RUFUS_LEADER_WAIT_S", 300.0, minimum=0.0)
+        wait_s = settings.leader_wait_s
+        configure_control(settings.control)
     except (TopologyError, ConfigError, UnitError, EnvError) as exc:
         log.error("follower configuration error: %s", exc)
         return None
@@ -165,12 +182,12 @@ def _configuration() -> tuple[Topology, dict[str, Any], bytes, float] | None:
     return topo, args, secret, wait_s
 
 
-def _start_health(topo: Topology) -> HealthState | None:
+def _start_health(topo: Topology, bind: str) -> HealthState | None:
     """This follower's /health, served before dialling the leader so the supervisor sees
     every lifecycle state; None (logged) when its port cannot be bound."""
     health = HealthState(topo)
     try:
-        serve_health(health, topo.health_port, os.environ.get("RUFUS_HEALTH_BIND", "0.0.0.0"))
+        serve_health(health, topo.health_port, bind)
     except OSError as exc:
         log.error("cannot serve /health on port %d: %s (set RUFUS_HEALTH_PORT / "
                   "RUFUS_HEALTH_BIND)", topo.health_port, exc)
@@ -270,12 +287,13 @@ def _run_unit(args: dict[str, Any], health: HealthState, stopping: threading.Eve
 def main(argv: list[str] | None = None) -> int:
     """The follower's lifecycle (module docstring); returns its exit code."""
     parse_args(argv)
-    _setup_process()
-    config = _configuration()
+    settings = read(FollowerSettings)  # a bad value: exit 2 naming it (follower/__main__.py)
+    _setup_process(settings)
+    config = _configuration(settings)
     if config is None:
         return EXIT_CONFIG
     topo, args, secret, wait_s = config
-    health = _start_health(topo)
+    health = _start_health(topo, settings.health_bind)
     if health is None:
         return EXIT_CONFIG
 

@@ -49,7 +49,6 @@ servers in proxy/agent_http.py; the names tests and tools import stay importable
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import socketserver
 import threading
@@ -95,12 +94,13 @@ from proxy.probes import (
     timed_out,
 )
 from proxy.prometheus import prometheus_labels, prometheus_samples
-from rufus.env import env_float, env_int, env_port, help_text
+from rufus.serving.settings import env_var, group, help_epilog, read
 from rufus.telemetry import tracing
+from rufus.telemetry.tracing import TracingSettings
 
 __all__ = [  # the agent's API, wherever its piece lives
-    "DEFAULT_CAPACITY_REFERENCE", "DRAIN_S", "ENVIRONMENT", "MAX_WEIGHT_PERCENT", "SLO_SERIES",
-    "TIMED_OUT", "TYPICAL_SEQUENCE_TOKENS", "AgentConfig", "Capacity", "Fetch", "Load",
+    "DEFAULT_CAPACITY_REFERENCE", "DRAIN_S", "MAX_WEIGHT_PERCENT", "SLO_SERIES",
+    "TIMED_OUT", "TYPICAL_SEQUENCE_TOKENS", "AgentConfig", "AgentSettings", "Capacity", "Fetch", "Load",
     "NodeCheck", "Snapshot", "UnitAgent", "agent_reply", "follower_name", "http_fetch",
     "judge_engines", "judge_follower", "judge_leader", "load_factor", "main", "parse_capacity",
     "parse_load", "prometheus_labels", "prometheus_samples", "slo_factor", "snapshot_weight",
@@ -145,23 +145,45 @@ class AgentConfig:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> AgentConfig:
-        env = os.environ if env is None else env
+        s = read(AgentSettings, env=env)
 
-        def csv(name: str, default: str) -> tuple[str, ...]:
-            return tuple(x.strip() for x in env.get(name, default).split(",") if x.strip())
+        def csv(value: str) -> tuple[str, ...]:
+            return tuple(x.strip() for x in value.split(",") if x.strip())
 
-        leader = env.get("RUFUS_LEADER_HTTP", cls.leader_http).rstrip("/")
-        return cls(
-            leader_http=leader,
-            leader_metrics=env.get("RUFUS_LEADER_METRICS", cls.leader_metrics),
-            follower_health_urls=csv("RUFUS_FOLLOWER_HEALTH_URLS", ""),
-            models=csv("RUFUS_UNIT_MODELS", "rufus_llm"),
-            port=env_port("RUFUS_AGENT_PORT", cls.port, env),
-            check_port=env_port("RUFUS_AGENT_CHECK_PORT", cls.check_port, env),
-            unit=urlsplit(leader).netloc,
-            capacity_reference=env_int("RUFUS_CAPACITY_REFERENCE", cls.capacity_reference, env,
-                                       minimum=1, maximum=1_000_000),
-        )
+        leader = s.leader_http.rstrip("/")
+        return cls(leader_http=leader, leader_metrics=s.leader_metrics,
+                   follower_health_urls=csv(s.follower_health_urls), models=csv(s.models),
+                   port=s.port, check_port=s.check_port, unit=urlsplit(leader).netloc,
+                   capacity_reference=s.capacity_reference)
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    """What ``python -m proxy.agent`` reads from the environment (its --help lists it)."""
+
+    leader_http: str = env_var("RUFUS_LEADER_HTTP", AgentConfig.leader_http,
+                               "the leader's tritonserver HTTP")
+    leader_metrics: str = env_var("RUFUS_LEADER_METRICS", AgentConfig.leader_metrics,
+                                  "its Prometheus metrics")
+    follower_health_urls: str = env_var("RUFUS_FOLLOWER_HEALTH_URLS", "",
+                                        "comma-separated follower /health URLs",
+                                        default_text="none")
+    models: str = env_var("RUFUS_UNIT_MODELS", ",".join(AgentConfig.models),
+                          "comma-separated models the unit must serve")
+    port: int = env_var("RUFUS_AGENT_PORT", AgentConfig.port,
+                        "this agent's HTTP port: /health /load /metrics", minimum=1,
+                        maximum=65535)
+    check_port: int = env_var("RUFUS_AGENT_CHECK_PORT", AgentConfig.check_port,
+                              "HAProxy agent-check port", minimum=1, maximum=65535)
+    capacity_reference: int = env_var(
+        "RUFUS_CAPACITY_REFERENCE", AgentConfig.capacity_reference,
+        "unit capacity (sequences) that weighs 100 %; the same on every agent behind one "
+        "ingress", minimum=1, maximum=1_000_000)
+    drain_s: float = env_var("RUFUS_AGENT_DRAIN_S", DRAIN_S,
+                             "on SIGTERM, answer 'down' this long before exiting, so HAProxy "
+                             "keeps the unit out until its next agent says 'up'", minimum=0.0,
+                             maximum=60.0)
+    traces: TracingSettings = group(TracingSettings)  # noqa: RUF009 - a default_factory field
 
 
 # ----------------------------------------------------------------------- the agent
@@ -378,21 +400,6 @@ class UnitAgent:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-ENVIRONMENT = {
-    "RUFUS_LEADER_HTTP": "the leader's tritonserver HTTP (default http://127.0.0.1:8000)",
-    "RUFUS_LEADER_METRICS": "its Prometheus metrics (default http://127.0.0.1:8002/metrics)",
-    "RUFUS_FOLLOWER_HEALTH_URLS": "comma-separated follower /health URLs (default none)",
-    "RUFUS_UNIT_MODELS": "comma-separated models the unit must serve (default rufus_llm)",
-    "RUFUS_AGENT_PORT": "this agent's HTTP port: /health /load /metrics (default 8090)",
-    "RUFUS_AGENT_CHECK_PORT": "HAProxy agent-check port (default 8091)",
-    "RUFUS_CAPACITY_REFERENCE": "unit capacity (sequences) that weighs 100 %; the same on every "
-                                "agent behind one ingress (default 64)",
-    "RUFUS_AGENT_DRAIN_S": "on SIGTERM, answer 'down' this long before exiting, so HAProxy "
-                           "keeps the unit out until its next agent says 'up' (default 4.5)",
-    **tracing.ENVIRONMENT,
-}
-
-
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
@@ -400,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m proxy.agent", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Unit agent: health and load of one inference unit for the load "
                     "balancer. Configuration from the environment only.",
-        epilog=help_text(ENVIRONMENT)).parse_args(argv)
+        epilog=help_epilog(AgentSettings)).parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         tracing.setup("rufus-agent")  # off unless OTEL_EXPORTER_OTLP_ENDPOINT is set
@@ -408,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
         log.error("tracing stays off: %s", exc)
     try:
         cfg = AgentConfig.from_env()
-        drain_s = env_float("RUFUS_AGENT_DRAIN_S", DRAIN_S, minimum=0.0, maximum=60.0)
+        drain_s = read(AgentSettings).drain_s
     except ValueError as exc:
         log.error("bad configuration: %s", exc)
         return 2

@@ -1,7 +1,11 @@
-"""Settings read from the environment by the entrypoints: a wrong value names its variable.
+"""The one place that touches ``os.environ``: the low-level readers (a wrong value names its
+variable), and the copy, set and unset a process uses to build a child's environment.
 
-Every entrypoint lists the variables it reads in its ``--help`` (:func:`help_text`), so an
-operator can see them without starting anything.
+The typed, declared settings (rufus/serving/settings.py: ``env_var``, ``read``, ``rows``) read
+through :func:`environ`; no other product module reads the environment directly
+(tests/unit/test_settings.py). Every entrypoint lists the variables it reads in its ``--help``
+(rufus/serving/settings.py's ``help_epilog``), so an operator can see them without starting
+anything.
 """
 
 from __future__ import annotations
@@ -16,6 +20,45 @@ R = TypeVar("R")
 
 class EnvError(ValueError):
     """An environment variable holds a value the entrypoint cannot use."""
+
+
+def environ() -> Mapping[str, str]:
+    """This process's environment, live (read it where the process starts or an object is
+    built, never at import)."""
+    return os.environ
+
+
+def environ_copy(*overlays: Mapping[str, str], **extra: str) -> dict[str, str]:
+    """A copy of this process's environment with ``overlays`` and ``extra`` on top: the
+    start of a child process's environment."""
+    out = dict(os.environ)
+    for overlay in overlays:
+        out.update(overlay)
+    out.update(extra)
+    return out
+
+
+def env_str(name: str, default: str = "", env: Mapping[str, str] | None = None) -> str:
+    """The variable as it is (``default`` when unset; an empty value stays empty)."""
+    return (os.environ if env is None else env).get(name, default)
+
+
+def env_opt(name: str, env: Mapping[str, str] | None = None) -> str | None:
+    """The variable, or None when it is unset."""
+    return (os.environ if env is None else env).get(name)
+
+
+def set_environ(name: str, value: str | None) -> None:
+    """Set (``None``: remove) a variable of this process, for what it starts in-process
+    (vLLM reads its own variables from here)."""
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+
+
+def setdefault_environ(name: str, value: str) -> None:
+    os.environ.setdefault(name, value)
 
 
 def _number(kind: Callable[[str], T], word: str, name: str, default: T,

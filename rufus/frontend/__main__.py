@@ -8,50 +8,59 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
+from dataclasses import dataclass
 
-from rufus.env import env_int, env_port, exits_on_env_error, help_text
+from rufus.env import exits_on_env_error
+from rufus.serving.settings import env_var, group, help_epilog, read
 from rufus.telemetry import tracing
+from rufus.telemetry.tracing import TracingSettings
 
 DEFAULT_PORT = 9000
-ENVIRONMENT = {
-    "OPENAI_PORT": f"default of --port ({DEFAULT_PORT})",
-    "OPENAI_HOST": "default of --host (0.0.0.0)",
-    "TRITON_GRPC_URL": "default of --triton-url (else localhost:$GRPC_PORT)",
-    "GRPC_PORT": "Triton gRPC port when TRITON_GRPC_URL is unset (8001)",
-    "RUFUS_OPENAI_MODELS": "default of --models (rufus_llm)",
-    "RUFUS_OPENAI_RETRIES": "default of --retries (2)",
-    "RUFUS_OPENAI_API_KEY": "when set, /v1 requests need 'Authorization: Bearer <key>' (secret)",
-    "RUFUS_LOG_LEVEL": "default of --log-level (info)",
-    **tracing.ENVIRONMENT,
-}
+
+
+@dataclass(frozen=True)
+class FrontendSettings:
+    """What ``python -m rufus.frontend`` reads from the environment (its --help lists it)."""
+
+    port: int = env_var("OPENAI_PORT", DEFAULT_PORT, "default of --port", minimum=1,
+                        maximum=65535)
+    host: str = env_var("OPENAI_HOST", "0.0.0.0", "default of --host")
+    triton_url: str = env_var("TRITON_GRPC_URL", "", "default of --triton-url",
+                              default_text="localhost:$GRPC_PORT")
+    grpc_port: int = env_var("GRPC_PORT", 8001, "Triton gRPC port when TRITON_GRPC_URL is unset",
+                             minimum=1, maximum=65535)
+    models: str = env_var("RUFUS_OPENAI_MODELS", "rufus_llm", "default of --models")
+    retries: int = env_var("RUFUS_OPENAI_RETRIES", 2, "default of --retries", minimum=0,
+                           maximum=10)
+    api_key: str = env_var("RUFUS_OPENAI_API_KEY", "",
+                           "when set, /v1 requests need 'Authorization: Bearer <key>' (secret)",
+                           default_text="unset")
+    log_level: str = env_var("RUFUS_LOG_LEVEL", "info", "default of --log-level")
+    traces: TracingSettings = group(TracingSettings)  # noqa: RUF009 - a default_factory field
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    s = read(FrontendSettings)
     ap = argparse.ArgumentParser(prog="python -m rufus.frontend",
                                  description="OpenAI-compatible API in front of Triton (rufus_llm)",
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog=help_text(ENVIRONMENT))
-    grpc_port = env_port("GRPC_PORT", 8001)
-    ap.add_argument("--triton-url",
-                    default=os.environ.get("TRITON_GRPC_URL") or f"localhost:{grpc_port}",
+                                 epilog=help_epilog(FrontendSettings))
+    ap.add_argument("--triton-url", default=s.triton_url or f"localhost:{s.grpc_port}",
                     help="Triton gRPC address: one server or the ingress (default %(default)s)")
-    ap.add_argument("--host", default=os.environ.get("OPENAI_HOST", "0.0.0.0"),
-                    help="listen address (default %(default)s)")
-    ap.add_argument("--port", type=int, default=env_port("OPENAI_PORT", DEFAULT_PORT),
-                    help="listen port (default %(default)s)")
-    ap.add_argument("--models", default=os.environ.get("RUFUS_OPENAI_MODELS", "rufus_llm"),
+    ap.add_argument("--host", default=s.host, help="listen address (default %(default)s)")
+    ap.add_argument("--port", type=int, default=s.port, help="listen port (default %(default)s)")
+    ap.add_argument("--models", default=s.models,
                     help="comma-separated Triton models offered as OpenAI model ids "
                          "(default %(default)s)")
-    ap.add_argument("--retries", type=int,
-                    default=env_int("RUFUS_OPENAI_RETRIES", 2, minimum=0, maximum=10),
+    ap.add_argument("--retries", type=int, default=s.retries,
                     help="resend a request that failed with UNAVAILABLE before its first token "
                          "(default %(default)s)")
     ap.add_argument("--timeout", type=float, default=600.0, help="per-request limit, seconds")
     ap.add_argument("--no-hooks", action="store_true",
                     help="do not offer registered pipelines (rufus-assistant)")
-    ap.add_argument("--log-level", default=os.environ.get("RUFUS_LOG_LEVEL", "info"))
+    ap.add_argument("--log-level", default=s.log_level)
+    ap.set_defaults(api_key=s.api_key or None)  # never an option, never logged
     return ap.parse_args(argv)
 
 
@@ -68,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     app = create_app(Settings(triton_url=a.triton_url,
                               models=[m for m in a.models.split(",") if m],
                               retries=a.retries, timeout=a.timeout, hooks=not a.no_hooks,
-                              api_key=os.environ.get("RUFUS_OPENAI_API_KEY") or None))
+                              api_key=a.api_key))
     print(f"[rufus.frontend] OpenAI API on http://{a.host}:{a.port}/v1 -> Triton {a.triton_url}",
           file=sys.stderr, flush=True)
     uvicorn.run(app, host=a.host, port=a.port, loop="uvloop", http="httptools",

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from proxy.haproxy import PANIC_SUFFIX, stat_servers
+from rufus.env import env_opt
 
 ROOT = Path(__file__).resolve().parents[2]
 GRPC = "localhost:8001"
@@ -155,7 +156,7 @@ def assistant(question: str, timeout: float = 300.0) -> dict[str, Any]:
 def openai_chat(prompt: str, model: str = "rufus_llm", max_tokens: int = 16) -> str:
     from openai import OpenAI
 
-    key = os.environ.get("RUFUS_OPENAI_API_KEY") or "none"
+    key = env_opt("RUFUS_OPENAI_API_KEY") or "none"
     client = OpenAI(base_url=OPENAI, api_key=key, timeout=300)
     stream = client.chat.completions.create(
         model=model, messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens,

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from proxy.haproxy import Backend, HAProxy, render
-from rufus.env import EnvError, env_int
+from rufus.env import EnvError, env_int, environ_copy
 from rufus.launch.rig import MODEL, LocalUnit, Supervisor
 from rufus.launch.server import ROOT, free_port
 
@@ -227,7 +227,7 @@ class Fleet:
         return self
 
     def _start_agent(self, fu: FleetUnit) -> None:
-        env = {**os.environ, **fu.agent_env()}
+        env = environ_copy(fu.agent_env())
         # the fleet stops HAProxy before its agents: no drain to announce
         env.setdefault("RUFUS_AGENT_DRAIN_S", "0")
         env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"]

@@ -21,7 +21,6 @@ background processes), observe_installs (prometheus, chromium, the venv), observ
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import signal
 import subprocess
@@ -30,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from rufus.env import exits_on_env_error, help_text
+from rufus.env import environ_copy, exits_on_env_error, help_text
 from rufus.launch.observe_common import (
     BUILD,
     PHOENIX,
@@ -99,7 +98,7 @@ def phoenix_env(ports: Ports, environ: Mapping[str, str] | None = None) -> dict[
     """Phoenix's environment: loopback only, its data under build/, nothing fetched from or
     sent to the internet, no agent assistant or MCP server (a local trace viewer needs
     neither). The caller's OTEL_* settings are dropped: Phoenix would trace itself."""
-    e = dict(os.environ if environ is None else environ)
+    e = environ_copy() if environ is None else dict(environ)
     env = {k: v for k, v in e.items() if not k.startswith("OTEL_") and k != "PYTHONPATH"}
     env.update(PHOENIX_HOST="127.0.0.1", PHOENIX_PORT=str(ports.phoenix),
                PHOENIX_GRPC_PORT=str(ports.phoenix_grpc), OBSERVE_PHOENIX_GRPC_HOST="127.0.0.1",
@@ -211,7 +210,7 @@ def up(ports: Ports) -> int:
         say(f"Prometheus already running (pid {prometheus_pid}): configuration reloaded")
         pending[name] = Pending(f"{ports.prometheus_url}/-/ready", None, log, RUNNING_TIMEOUT_S)
     else:
-        proc = spawn(prometheus_argv(exe, ports), os.environ, log, pid_file)
+        proc = spawn(prometheus_argv(exe, ports), environ_copy(), log, pid_file)
         say(f"Prometheus starting (pid {proc.pid}; log {rel(log)})")
         pending[name] = Pending(f"{ports.prometheus_url}/-/ready", proc, log, START_TIMEOUT_S)
     wait_ready(pending)

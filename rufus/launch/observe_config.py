@@ -6,7 +6,6 @@ observe/prometheus/local.yml with its target files (:func:`write_config`)."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import string
 import urllib.request
@@ -14,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from rufus.env import EnvError, env_port
+from rufus.env import EnvError, env_port, environ
 from rufus.launch.observe_common import BUILD, ROOT
 
 TEMPLATE = ROOT / "observe" / "prometheus" / "local.yml"
@@ -97,7 +96,7 @@ def probe_metrics(address: str, prefix: str, timeout: float = 0.5) -> bool:
 
 def discover(job: Discovered, ports: Ports, env: Mapping[str, str] | None = None,
              probe: Callable[[str, str], bool] = probe_metrics) -> list[str]:
-    e = os.environ if env is None else env
+    e = environ() if env is None else env
     if e.get(job.variable, "").strip():
         return parse_targets(job.variable, e[job.variable])
     return [a for a in job.candidates(ports) if probe(a, job.prefix)]

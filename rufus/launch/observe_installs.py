@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from rufus.env import environ_copy
 from rufus.launch.observe_common import BUILD, ROOT, StartError, rel, say
 from rufus.launch.observe_procs import run_logged
 
@@ -34,7 +35,7 @@ def ensure_prometheus(log: Path) -> str:
     # make fleet's HAProxy stats
     say("installing Debian's prometheus package (apt-get install -y prometheus; ~30 s)")
     apt = ["apt-get", "install", "-y", "-q", "--no-install-recommends", "prometheus"]
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    env = environ_copy(DEBIAN_FRONTEND="noninteractive")
     try:
         run_logged(apt, log, "apt-get install prometheus", env)
     except StartError:
@@ -100,5 +101,5 @@ def ensure_chromium() -> str:
     say("installing Debian's chromium package (apt-get install -y chromium; ~1 min)")
     BUILD.mkdir(parents=True, exist_ok=True)
     run_logged(["apt-get", "install", "-y", "-q", "chromium"], BUILD / "apt.log",
-               "apt-get install chromium", dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
+               "apt-get install chromium", environ_copy(DEBIAN_FRONTEND="noninteractive"))
     return shutil.which("chromium") or "/usr/bin/chromium"

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rufus.env import env_port, exits_on_env_error, help_text
+from rufus.env import env_opt, env_port, env_str, environ_copy, exits_on_env_error, help_text
 from rufus.launch.server import ROOT, TritonServer, free_port
 
 log = logging.getLogger("rufus.launch.rig")
@@ -130,7 +130,7 @@ class LocalUnit:
     # models the leader loads (rufus_llm spans every node; the planner runs on the leader)
     models: list[str] = field(default_factory=lambda: [MODEL])
     # the control channel's shared secret (every node gets the same; SECURITY.md)
-    unit_secret: str = field(repr=False, default_factory=lambda: os.environ.get(
+    unit_secret: str = field(repr=False, default_factory=lambda: env_opt(
         "RUFUS_UNIT_SECRET") or secrets.token_hex(32))
     leader: TritonServer | None = None
     followers: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
@@ -169,7 +169,7 @@ class LocalUnit:
             "RUFUS_UNIT_SECRET": self.unit_secret,
             "RUFUS_UNIT_MODEL": MODEL,
             "RUFUS_RUFUS_LLM_ENGINE_ARGS": json.dumps(self.engine_args),
-            "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+            "VLLM_CPU_KVCACHE_SPACE": env_str("VLLM_CPU_KVCACHE_SPACE", "1"),
             "TOKENIZERS_PARALLELISM": "false",
         }
         if rank > 0:
@@ -205,7 +205,7 @@ class LocalUnit:
     def start_follower(self, rank: int, extra_env: dict[str, str] | None = None,
                        log_name: str | None = None) -> subprocess.Popen[bytes]:
         """``python -m follower`` as its own process group (like a container)."""
-        env = {**os.environ, **self.node_env(rank), **(extra_env or {})}
+        env = environ_copy(self.node_env(rank), extra_env or {})
         env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"]
                                          if env.get("PYTHONPATH") else "")
         cmd = [_python(), "-m", "follower"]

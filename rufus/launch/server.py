@@ -32,10 +32,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rufus.env import EnvError, env_port, exits_on_env_error, help_text
+from rufus.env import EnvError, env_str, environ, environ_copy, exits_on_env_error
 from rufus.launch.children import child_setup, start_reaper, stop_group
 from rufus.launch.ports import free_port  # also imported from here (the lab, the tests)
+from rufus.serving.settings import env_var, group, help_epilog, read
 from rufus.telemetry import tracing
+from rufus.telemetry.tracing import TracingSettings
 from rufus.wire import CONVERSATION_HEADER
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,7 +64,7 @@ _KEY_PLACEHOLDER = "<" + ADMIN_KEY_ENV + ">"
 
 def admin_key_from_env(env: Mapping[str, str] | None = None) -> str:
     """The operator's key, or a fresh random one (model control then closed to everyone)."""
-    key = (os.environ if env is None else env).get(ADMIN_KEY_ENV, "")
+    key = (environ() if env is None else env).get(ADMIN_KEY_ENV, "")
     if key and (len(key) < 16 or any(c in key for c in ",:= \t\n")):
         raise EnvError(f"{ADMIN_KEY_ENV} must be at least 16 characters with no ',', ':', "
                        "'=' or whitespace (e.g. `openssl rand -hex 32`); value not shown")
@@ -155,13 +157,13 @@ class TritonServer:
             f"--grpc-header-forward-pattern={FORWARDED_HEADERS}",
             f"--http-header-forward-pattern={FORWARDED_HEADERS}",
         ]
-        cmd += triton_trace_args({**os.environ, **self.extra_env})
+        cmd += triton_trace_args(environ_copy(self.extra_env))
         cmd += [f"--load-model={m}" for m in self.models]
         return cmd
 
     def environment(self) -> dict[str, str]:
         t = triton_env()
-        env = dict(os.environ)
+        env = environ_copy()
         env["LD_LIBRARY_PATH"] = t["ld_library_path"] + (
             ":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
         env["PYTHONPATH"] = t["pythonpath"]
@@ -461,9 +463,22 @@ def prebuild(models: list[str], timeout: float = 3600.0) -> int:
     return 0
 
 
-ENVIRONMENT = {
-    "RUFUS_MODELS": "default of --models",
-    "GRPC_PORT, HTTP_PORT, METRICS_PORT": "defaults of the port options",
+@dataclass(frozen=True)
+class ServerSettings:
+    """What the launcher reads from the environment itself (its --help lists it)."""
+
+    models: str = env_var("RUFUS_MODELS", "rufus_llm", "default of --models")
+    grpc_port: int = env_var("GRPC_PORT", 8001, "default of --grpc-port", minimum=1,
+                             maximum=65535)
+    http_port: int = env_var("HTTP_PORT", 8000, "default of --http-port", minimum=1,
+                             maximum=65535)
+    metrics_port: int = env_var("METRICS_PORT", 8002, "default of --metrics-port", minimum=1,
+                                maximum=65535)
+    traces: TracingSettings = group(TracingSettings)  # noqa: RUF009 - a default_factory field
+
+
+# read by the models and the engine (their own declarations: docs/configuration.md)
+MODEL_ENVIRONMENT = {
     ADMIN_KEY_ENV: "key for the restricted APIs (random per start when unset; SECURITY.md)",
     "VLLM_CPU_KVCACHE_SPACE": "vLLM CPU KV cache, GiB (default 2)",
     "RUFUS_ENGINE_ARGS, RUFUS_<MODEL>_ENGINE_ARGS": "JSON engine-arg overrides (models)",
@@ -473,28 +488,28 @@ ENVIRONMENT = {
     "RUFUS_WARMUP": "false: report ready without the warm-up requests (docs/serving.md)",
     "RUFUS_<SETTING>": "backend settings, e.g. RUFUS_MAX_OUTSTANDING_REQUESTS (models)",
     "RUFUS_NNODES, RUFUS_NODE_RANK, ...": "multi-node unit (docs/architecture.md)",
-    **tracing.ENVIRONMENT,
 }
 
 
-def server_parser(description: str, environment: dict[str, str],
-                     models_help: str) -> argparse.ArgumentParser:
+def server_parser(description: str, epilog: str, models_help: str,
+                  settings: ServerSettings | None = None) -> argparse.ArgumentParser:
     """The launcher's parser: the models and tritonserver's three ports (the stack adds the
     frontend's), with the environment it reads in its help."""
+    s = read(ServerSettings) if settings is None else settings
     ap = argparse.ArgumentParser(description=description,
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog=help_text(environment))
-    ap.add_argument("--models", default=os.environ.get("RUFUS_MODELS", "rufus_llm"),
-                    help=models_help)
-    ap.add_argument("--grpc-port", type=int, default=env_port("GRPC_PORT", 8001))
-    ap.add_argument("--http-port", type=int, default=env_port("HTTP_PORT", 8000))
-    ap.add_argument("--metrics-port", type=int, default=env_port("METRICS_PORT", 8002))
+                                 epilog=epilog)
+    ap.add_argument("--models", default=s.models, help=models_help)
+    ap.add_argument("--grpc-port", type=int, default=s.grpc_port)
+    ap.add_argument("--http-port", type=int, default=s.http_port)
+    ap.add_argument("--metrics-port", type=int, default=s.metrics_port)
     return ap
 
 
 @exits_on_env_error
 def main() -> None:
-    ap = server_parser("Serve the model repository with tritonserver", ENVIRONMENT,
+    ap = server_parser("Serve the model repository with tritonserver",
+                       help_epilog(ServerSettings, extra=MODEL_ENVIRONMENT),
                           "comma-separated models to load (default: %(default)s)")
     ap.add_argument("--prebuild", action="store_true",
                     help="start on free ports, wait until every model is ready (so warm: "
@@ -506,7 +521,7 @@ def main() -> None:
     srv = TritonServer(models=[m for m in a.models.split(",") if m], grpc_port=a.grpc_port,
                        http_port=a.http_port, metrics_port=a.metrics_port)
     print("[rufus.launch.server] " + " ".join(srv.command()), file=sys.stderr, flush=True)
-    if not os.environ.get(ADMIN_KEY_ENV):
+    if not env_str(ADMIN_KEY_ENV):
         print(f"[rufus.launch.server] {ADMIN_KEY_ENV} unset: model control, uploads, stats and "
               "shared memory are closed to everyone this run (random key, not shown); set "
               f"{ADMIN_KEY_ENV} to use them (SECURITY.md)", file=sys.stderr, flush=True)

@@ -14,12 +14,20 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from types import FrameType
 
-from rufus.env import env_port, exits_on_env_error
+from rufus.env import env_str, environ_copy, exits_on_env_error
 from rufus.launch.children import die_with_parent, stop_group
-from rufus.launch.server import EXIT_LOAD_STALLED, ROOT, LoadWatch, TritonServer, server_parser
-from rufus.telemetry import tracing
+from rufus.launch.server import (
+    EXIT_LOAD_STALLED,
+    ROOT,
+    LoadWatch,
+    ServerSettings,
+    TritonServer,
+    server_parser,
+)
+from rufus.serving.settings import env_var, help_epilog, read
 
 
 def start_frontend(grpc_url: str, port: int, models: str = "rufus_llm",
@@ -27,8 +35,8 @@ def start_frontend(grpc_url: str, port: int, models: str = "rufus_llm",
                    log_path: str | None = None) -> subprocess.Popen[bytes]:
     """``python -m rufus.frontend`` in its own process group, ended with its parent."""
     out = open(log_path, "ab") if log_path else None
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + (
-        os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else ""))
+    inherited = env_str("PYTHONPATH")
+    env = environ_copy(PYTHONPATH=str(ROOT) + (os.pathsep + inherited if inherited else ""))
     for secret in ("RUFUS_ADMIN_KEY", "RUFUS_UNIT_SECRET"):  # Triton's, not the frontend's
         env.pop(secret, None)
     return subprocess.Popen(
@@ -43,23 +51,26 @@ def stop_process(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
     stop_group(proc, timeout)
 
 
-ENVIRONMENT = {
-    "RUFUS_MODELS": "default of --models",
-    "GRPC_PORT, HTTP_PORT, METRICS_PORT": "defaults of the Triton port options",
-    "OPENAI_PORT": "default of --openai-port (9000)",
-    "RUFUS_OPENAI_MODELS": "default of --openai-models (rufus_llm)",
-    "...": "what python -m rufus.launch.server and python -m rufus.frontend read",
-    **tracing.ENVIRONMENT,
-}
+@dataclass(frozen=True)
+class StackSettings:
+    """What ``make serve``'s stack reads besides the launcher's settings."""
+
+    openai_port: int = env_var("OPENAI_PORT", 9000, "default of --openai-port", minimum=1,
+                               maximum=65535)
+    openai_models: str = env_var("RUFUS_OPENAI_MODELS", "rufus_llm", "default of --openai-models")
 
 
 @exits_on_env_error
 def main(argv: list[str] | None = None) -> int:
+    s = read(StackSettings)
     ap = server_parser("Serve the model repository with tritonserver and the "
-                          "OpenAI-compatible frontend", ENVIRONMENT,
+                       "OpenAI-compatible frontend",
+                       help_epilog(ServerSettings, StackSettings, extra={
+                           "...": "what python -m rufus.launch.server and python -m "
+                                  "rufus.frontend read"}),
                           "comma-separated models tritonserver loads (default: %(default)s)")
-    ap.add_argument("--openai-port", type=int, default=env_port("OPENAI_PORT", 9000))
-    ap.add_argument("--openai-models", default=os.environ.get("RUFUS_OPENAI_MODELS", "rufus_llm"),
+    ap.add_argument("--openai-port", type=int, default=s.openai_port)
+    ap.add_argument("--openai-models", default=s.openai_models,
                     help="Triton models offered as OpenAI model ids (default: %(default)s)")
     a = ap.parse_args(argv)
     srv = TritonServer(models=[m for m in a.models.split(",") if m], grpc_port=a.grpc_port,

@@ -45,20 +45,35 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rufus.env import env_float
-from rufus.multinode.topology import NODE_KEYS, Topology, apply_topology, topology_from_env
+from rufus.env import environ
+from rufus.multinode.topology import (
+    BIND_ENV,  # noqa: F401 - also read from here (tests)
+    DEFAULT_BIND,  # noqa: F401 - also read from here (tests)
+    NODE_KEYS,
+    ControlSettings,
+    Topology,
+    apply_topology,
+    topology_from_env,
+)
+from rufus.serving.settings import read
 
 log = logging.getLogger("rufus.multinode.control")
 
-HEARTBEAT_S = env_float("RUFUS_HEARTBEAT_S", 1.0, minimum=0.01)
-PEER_TIMEOUT_S = env_float("RUFUS_PEER_TIMEOUT_S", 5.0, minimum=0.01)
+HEARTBEAT_S, PEER_TIMEOUT_S = ControlSettings.heartbeat_s, ControlSettings.peer_timeout_s  # configure()
 HELLO_TIMEOUT_S = 10.0
 MAX_LINE = 64 * 1024      # one control message; a hello with a full fingerprint is ~2 KB
 MAX_PENDING = 16          # handshakes in flight; more connections are closed at once
 SECRET_ENV = "RUFUS_UNIT_SECRET"
-BIND_ENV = "RUFUS_CONTROL_BIND"
-DEFAULT_BIND = "0.0.0.0"
 MIN_SECRET_LEN = 16
+
+
+def configure(settings: ControlSettings | None = None) -> ControlSettings:
+    """Read the channel's settings once, where the process starts; time this process's
+    channels by them."""
+    global HEARTBEAT_S, PEER_TIMEOUT_S
+    s = read(ControlSettings) if settings is None else settings
+    HEARTBEAT_S, PEER_TIMEOUT_S = s.heartbeat_s, s.peer_timeout_s
+    return s
 
 
 class UnitError(RuntimeError):
@@ -80,7 +95,7 @@ class ProtocolError(ValueError):
 # ----------------------------------------------------------------------- shared secret
 def unit_secret(env: dict[str, str] | None = None) -> bytes:
     """The unit's shared secret (same value on every node); never logged."""
-    value = (os.environ if env is None else env).get(SECRET_ENV, "")
+    value = (environ() if env is None else env).get(SECRET_ENV, "")
     if len(value) < MIN_SECRET_LEN:
         raise UnitError(f"{SECRET_ENV} must be set to the same secret (>= {MIN_SECRET_LEN} "
                         f"characters, e.g. `openssl rand -hex 32`) on every node of the unit "
@@ -218,7 +233,7 @@ class LeaderControl:
                  bind: str | None = None, secret: bytes | None = None) -> None:
         self.topo = topo
         self._secret = secret if secret is not None else unit_secret()
-        bind = bind or os.environ.get(BIND_ENV, DEFAULT_BIND)
+        bind = bind or read(ControlSettings).bind
         self.bind = bind
         self._pending = threading.BoundedSemaphore(MAX_PENDING)
         self.fingerprint = engine_fingerprint
@@ -520,7 +535,7 @@ def kill_vllm_children(pid: int | None = None) -> list[int]:
 # ----------------------------------------------------------------------- leader attach
 def unit_model_name(env: dict[str, str] | None = None) -> str:
     """The one model per tritonserver whose engine spans the unit (others stay local)."""
-    return (env if env is not None else os.environ).get("RUFUS_UNIT_MODEL", "rufus_llm")
+    return (env if env is not None else environ()).get("RUFUS_UNIT_MODEL", "rufus_llm")
 
 
 ABORT_POLL_S = 0.5
@@ -574,9 +589,10 @@ def attach_leader(model_name: str, host: Any, topo: Topology | None = None) -> L
             threading.Thread(target=abort_start, args=(host, model_name), daemon=True,
                              name=f"{model_name}-abort-start").start()
 
-    join_timeout = env_float("RUFUS_FOLLOWER_WAIT_S", 600.0, minimum=0.0)
+    settings = configure()
     control = LeaderControl(topo, fingerprint(host.engine_args), on_fail,
-                            join_timeout=join_timeout, secret=unit_secret()).start()
+                            join_timeout=settings.follower_wait_s, bind=settings.bind,
+                            secret=unit_secret()).start()
     log.info("%s: leader of a %d-node unit: %s", model_name, topo.nnodes,
              {k: host.engine_args.get(k) for k in ("nnodes", "node_rank", "master_addr",
                                                     "master_port", "pipeline_parallel_size",

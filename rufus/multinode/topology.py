@@ -23,15 +23,36 @@ and is the one place both the leader (Triton model) and the follower use.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from rufus.env import environ
+from rufus.serving.settings import env_var
 
 log = logging.getLogger("rufus.multinode")
 
 DEFAULT_LEADER_PORT = 29500
 DEFAULT_HEALTH_PORT = 8081
+
+
+BIND_ENV = "RUFUS_CONTROL_BIND"
+DEFAULT_BIND = "0.0.0.0"
+HEARTBEAT_DEFAULT_S, PEER_TIMEOUT_DEFAULT_S = 1.0, 5.0
+
+
+@dataclass(frozen=True)
+class ControlSettings:
+    """The control channel's settings (rufus/multinode/control.py), read when a leader or
+    follower starts: ``control.configure``."""
+
+    heartbeat_s: float = env_var("RUFUS_HEARTBEAT_S", HEARTBEAT_DEFAULT_S,
+                                 "control channel: heartbeat period, s", minimum=0.01)
+    peer_timeout_s: float = env_var("RUFUS_PEER_TIMEOUT_S", PEER_TIMEOUT_DEFAULT_S,
+                                    "control channel: a peer silent this long is lost, s", minimum=0.01)
+    bind: str = env_var(BIND_ENV, DEFAULT_BIND, "leader: control channel bind address")
+    follower_wait_s: float = env_var("RUFUS_FOLLOWER_WAIT_S", 600.0,
+                                     "leader: how long followers have to join, s", minimum=0.0)
 
 
 class TopologyError(ValueError):
@@ -82,7 +103,7 @@ def _int(env: Mapping[str, str], names: tuple[str, ...], default: int) -> int:
 
 def topology_from_env(env: Mapping[str, str] | None = None) -> Topology:
     """The one place that reads topology variables; everything else gets a ``Topology``."""
-    env = os.environ if env is None else env
+    env = environ() if env is None else env
     nnodes = _int(env, ("RUFUS_NNODES", "LWS_GROUP_SIZE"), 1)
     rank = _int(env, ("RUFUS_NODE_RANK", "LWS_WORKER_INDEX"), 0)
     leader = env.get("RUFUS_LEADER_ADDR") or env.get("LWS_LEADER_ADDRESS") or "127.0.0.1"

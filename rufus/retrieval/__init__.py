@@ -15,9 +15,9 @@ one indexed in memory when there is no index file (about a second).
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
+from rufus.env import env_opt, env_str
 from rufus.retrieval.base import Filters, Retriever
 from rufus.retrieval.catalog import Product, load_catalog
 from rufus.retrieval.catalog_data import default_catalog, default_categories
@@ -36,14 +36,14 @@ log = logging.getLogger("rufus.retrieval")
 
 
 def index_path() -> Path:
-    return Path(os.environ.get("RUFUS_CATALOG_INDEX", str(DEFAULT_INDEX)))
+    return Path(env_str("RUFUS_CATALOG_INDEX", str(DEFAULT_INDEX)))
 
 
 def default_retriever() -> SqliteFtsRetriever:
     path = index_path()
     if path.exists():
         return SqliteFtsRetriever.open(path)
-    src = os.environ.get("RUFUS_CATALOG")
+    src = env_opt("RUFUS_CATALOG")
     products = load_catalog(src) if src else list(default_catalog())
     log.warning("search index %s missing (run scripts/build_catalog.py); indexed %d products "
                 "in memory", path, len(products))

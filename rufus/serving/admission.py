@@ -26,13 +26,13 @@ refusals rest on a good prediction. An idle model never refuses.
 from __future__ import annotations
 
 import dataclasses
-import os
 import threading
 import time
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from rufus.env import environ
 from rufus.errors import Unavailable
 from rufus.serving.settings import ENVIRONMENT, Row
 
@@ -66,7 +66,7 @@ class AdmissionSettings:
     def from_env(cls, env: Mapping[str, str] | None = None, prefix: str = "RUFUS_ASSISTANT_",
                  defaults: AdmissionSettings | None = None) -> AdmissionSettings:
         """``defaults`` (else the class defaults) with the ``<prefix><FIELD>`` overrides."""
-        env = dict(os.environ if env is None else env)
+        env = dict(environ() if env is None else env)
         kw: dict[str, float] = {}
         for name in cls.__dataclass_fields__:
             var = f"{prefix}{name.upper()}"

@@ -19,10 +19,10 @@ engine-core and worker processes inherit the environment.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
+from rufus.env import environ, set_environ
 from rufus.serving.machine import cpu_flags, cpu_key, effective_flags
 
 log = logging.getLogger("rufus.serving.caches")
@@ -35,7 +35,7 @@ CACHE_VARS = {"VLLM_CACHE_ROOT": "vllm", "TORCHINDUCTOR_CACHE_DIR": "inductor",
 
 def cache_dir(env: Mapping[str, str] | None = None) -> Path:
     """Root of everything we build or download (models, Medusa heads, compiled caches)."""
-    env = os.environ if env is None else env
+    env = environ() if env is None else env
     return Path(env.get("RUFUS_CACHE_DIR", DEFAULT_CACHE_DIR)).expanduser()
 
 
@@ -50,7 +50,7 @@ W8A8_SUFFIX = "-w8a8"
 
 def default_model_dir(env: Mapping[str, str] | None = None) -> Path:
     """Where ``scripts/build_model.py`` writes the default Hugging Face model directory."""
-    env = os.environ if env is None else env
+    env = environ() if env is None else env
     if env.get("RUFUS_MODEL_DIR"):
         return Path(env["RUFUS_MODEL_DIR"]).expanduser()
     return cache_dir(env) / "models" / DEFAULT_MODEL_NAME
@@ -65,26 +65,29 @@ def w8a8_dir(model_dir: str | Path) -> Path:
 def compile_base(env: Mapping[str, str] | None = None, flags: set[str] | None = None) -> Path:
     """``$RUFUS_COMPILE_CACHE_DIR/<cpu key>``: every compiled artefact of this CPU class
     (vLLM's, inductor's and Triton's caches below, and the planner's int8 kernel)."""
-    env = os.environ if env is None else env
+    env = environ() if env is None else env
     flags = effective_flags(cpu_flags() if flags is None else flags, env)
     root = env.get("RUFUS_COMPILE_CACHE_DIR") or str(cache_dir(env) / "compile")
     return Path(root).expanduser() / cpu_key(flags)
 
 
-def compile_dirs(env: MutableMapping[str, str] | None = None,
+def compile_dirs(env: Mapping[str, str] | None = None,
                  flags: set[str] | None = None) -> dict[str, str]:
     """The cache variables this process should have: the operator's where set, else ours."""
-    env = os.environ if env is None else env
+    env = environ() if env is None else env
     base = compile_base(env, flags)
     return {var: env.get(var) or str(base / sub) for var, sub in CACHE_VARS.items()}
 
 
 def configure(env: MutableMapping[str, str] | None = None) -> dict[str, str]:
     """Set the compile-cache variables (before vLLM or torch is imported) and log them."""
-    env = os.environ if env is None else env
     dirs = compile_dirs(env)
     for var, path in dirs.items():
-        env[var] = path
-    log.info("compile caches for this CPU (%s): %s", cpu_key(effective_flags(cpu_flags(), env)),
+        if env is None:
+            set_environ(var, path)  # this process's: what vLLM and torch read
+        else:
+            env[var] = path
+    log.info("compile caches for this CPU (%s): %s",
+             cpu_key(effective_flags(cpu_flags(), environ() if env is None else env)),
              ", ".join(f"{k}={v}" for k, v in dirs.items()))
     return dirs

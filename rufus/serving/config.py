@@ -21,8 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rufus.env import environ
 from rufus.serving import precision
 from rufus.serving.caches import cache_dir, default_model_dir
+from rufus.serving.settings import ConfigError as ConfigError  # its home: the reader
 
 # The official backend's LoRA file next to model.json: adapter name -> local path
 # (rufus/serving/llm.py reads it).
@@ -40,13 +42,9 @@ def _may_expand(name: str, env: Mapping[str, str]) -> bool:
     return (name.startswith("RUFUS_") or name in allowed) and not _SECRET_NAME.search(name)
 
 
-class ConfigError(ValueError):
-    """A configuration file or override is unusable; the message says which and why."""
-
-
 def expand(value: str, env: Mapping[str, str] | None = None) -> str:
     """Expand ``${VAR}``, ``${VAR:-default}`` and a leading ``~``; unknown vars are errors."""
-    env = dict(os.environ if env is None else env)
+    env = dict(environ() if env is None else env)
     env.setdefault("RUFUS_CACHE_DIR", str(cache_dir(env)))
     env.setdefault("RUFUS_MODEL_DIR", str(default_model_dir(env)))
 
@@ -134,7 +132,7 @@ def load_engine_config(
     ``"dtype": "measured"`` becomes this machine's choice for ``workload`` and
     ``"quantization": "measured"`` its int8 copy where the CPU runs it well
     (:mod:`rufus.serving.precision`)."""
-    env = os.environ if env is None else env
+    env = environ() if env is None else env
     path = Path(path)
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))

@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Itera
 from dataclasses import dataclass
 from typing import Any
 
+from rufus.env import env_opt, env_str, environ, set_environ
 from rufus.errors import AtCapacity, Unavailable
 from rufus.serving.engine_api import Engine, unfinished_requests
 from rufus.serving.settings import param, read
@@ -86,7 +87,7 @@ def engine_process_env(engine_args: dict[str, Any]) -> Iterator[None]:
         return
     from vllm.platforms import current_platform
 
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    set_environ("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     if not current_platform.is_cpu():
         yield
         return
@@ -97,7 +98,7 @@ def engine_process_env(engine_args: dict[str, Any]) -> Iterator[None]:
     global _uni_cores
     bind = every_core_binding()
     if bind is not None:
-        os.environ[OMP_BIND_VAR] = bind
+        set_environ(OMP_BIND_VAR, bind)
         log.info("no native bf16 on this CPU: the engine's OpenMP threads take every core "
                  "(%s=%s; set it to override)", OMP_BIND_VAR, bind)
     one_worker = SimpleNamespace(
@@ -108,17 +109,17 @@ def engine_process_env(engine_args: dict[str, Any]) -> Iterator[None]:
         omp = OMPProcessManager(one_worker)
         with omp.configure_omp_envs(rank=0, local_rank=0):
             _uni_cores = None if omp.skip_setup or not omp.cpu_lists else list(omp.cpu_lists[0])
+            now = environ()
             log.info("vLLM worker inside the engine core; OpenMP: %s", {
-                k: os.environ[k] for k in ("OMP_NUM_THREADS", "OMP_PLACES", "OMP_PROC_BIND",
-                                           "KMP_AFFINITY", "GOMP_CPU_AFFINITY")
-                if k in os.environ})
+                k: now[k] for k in ("OMP_NUM_THREADS", "OMP_PLACES", "OMP_PROC_BIND",
+                                    "KMP_AFFINITY", "GOMP_CPU_AFFINITY") if k in now})
             try:
                 yield
             finally:
                 _uni_cores = None
     finally:
         if bind is not None:
-            os.environ.pop(OMP_BIND_VAR, None)
+            set_environ(OMP_BIND_VAR, None)
 
 
 OMP_BIND_VAR = "VLLM_CPU_OMP_THREADS_BIND"
@@ -136,7 +137,7 @@ def every_core_binding(flags: set[str] | None = None, cpus: list[int] | None = N
     binding); so does an explicit ``VLLM_CPU_OMP_THREADS_BIND``, or a single core."""
     from rufus.serving import machine
 
-    env = os.environ if env is None else env
+    env = environ() if env is None else env
     if env.get(OMP_BIND_VAR, "auto") != "auto":
         return None
     flags = machine.this_cpu(env) if flags is None else flags
@@ -195,24 +196,21 @@ def engine_start_method(engine_args: dict[str, Any]) -> Iterator[str]:
     engine_process_env chose (:func:`_bind_forked_engine_core`). ``RUFUS_ENGINE_START_METHOD``
     (``fork`` / ``spawn``) overrides; multi-node units (``"mp"``) keep vLLM's choice. Used
     between building the config and building the engine (the env var is read then)."""
-    method = os.environ.get("RUFUS_ENGINE_START_METHOD", "fork")
+    method = env_str("RUFUS_ENGINE_START_METHOD", "fork")
     if method not in ("fork", "spawn"):
         raise ValueError(f"RUFUS_ENGINE_START_METHOD must be fork or spawn, not {method[:20]!r}")
     if engine_args.get("distributed_executor_backend") != "uni" or method == "spawn":
-        yield os.environ.get("VLLM_WORKER_MULTIPROC_METHOD", "fork")
+        yield env_str("VLLM_WORKER_MULTIPROC_METHOD", "fork")
         return
     global _fork_cores
-    before = os.environ.get("VLLM_WORKER_MULTIPROC_METHOD")
-    os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
+    before = env_opt("VLLM_WORKER_MULTIPROC_METHOD")
+    set_environ("VLLM_WORKER_MULTIPROC_METHOD", "fork")
     _fork_cores = _uni_cores
     try:
         yield "fork"
     finally:
         _fork_cores = None
-        if before is None:
-            os.environ.pop("VLLM_WORKER_MULTIPROC_METHOD", None)
-        else:
-            os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = before
+        set_environ("VLLM_WORKER_MULTIPROC_METHOD", before)
 
 
 def build_vllm_engine(engine_args: dict[str, Any], stat_loggers: list[Any] | None = None,

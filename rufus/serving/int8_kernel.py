@@ -42,6 +42,7 @@ from pathlib import Path
 
 import torch
 
+from rufus.env import env_opt
 from rufus.serving import caches, machine
 
 log = logging.getLogger("rufus.serving.int8_kernel")
@@ -82,7 +83,7 @@ def library_path(variant: str, env: Mapping[str, str] | None = None) -> Path:
 def build(variant: str, out: Path) -> None:
     """Compile ``w8_linear.cpp`` for ``variant`` into ``out`` (atomically: a concurrent
     start never loads a half-written library)."""
-    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    cxx = env_opt("CXX") or shutil.which("g++") or shutil.which("c++")
     if not cxx:
         raise RuntimeError("no C++ compiler (g++) on PATH")
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -16,6 +16,8 @@ import platform
 from collections.abc import Mapping
 from pathlib import Path
 
+from rufus.env import environ
+
 # CPU features that change which kernels torch, oneDNN and inductor generate.
 ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
              "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve", "bf16")
@@ -40,7 +42,7 @@ def cpu_flags(cpuinfo: str | None = None) -> set[str]:
 
 def effective_flags(flags: set[str], env: Mapping[str, str] | None = None) -> set[str]:
     """The flags kernels are built for: the CPU's, less those above ``ATEN_CPU_CAPABILITY``."""
-    env = os.environ if env is None else env
+    env = environ() if env is None else env
     dropped = ISA_CAPS.get(env.get("ATEN_CPU_CAPABILITY", "").lower(), ())
     return {f for f in flags if not f.startswith(dropped)} if dropped else set(flags)
 

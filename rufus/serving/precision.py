@@ -32,7 +32,6 @@ import argparse
 import hashlib
 import json
 import logging
-import os
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -40,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rufus.env import environ
 from rufus.serving import machine
 from rufus.serving.caches import cache_dir, w8a8_dir
 
@@ -280,7 +280,7 @@ def resolve_quantization(engine_args: dict[str, Any], workload: str = "answer",
                  workload, Path(str(out["model"])).name)
         return out
     flags = machine.this_cpu(env)
-    onednn = (os.environ if env is None else env).get("ONEDNN_MAX_CPU_ISA", "").upper()
+    onednn = (environ() if env is None else env).get("ONEDNN_MAX_CPU_ISA", "").upper()
     capped = bool(onednn) and not onednn.startswith(("AVX512", "AVX10", "DEFAULT", "ALL"))
     if workload != "answer" or not cpu_runs_w8a8_well(flags) or capped:
         why = (f"ONEDNN_MAX_CPU_ISA={onednn}" if capped else

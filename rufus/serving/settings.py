@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import types
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from rufus.serving.config import ConfigError
+from rufus.env import EnvError, environ, help_text
 
 T = TypeVar("T")
 
@@ -39,8 +38,18 @@ TRUE, FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 _SPEC, _GROUP = "rufus.setting", "rufus.group"
 
 
+class ConfigError(ValueError):
+    """A configuration file or override is unusable; the message says which and why
+    (rufus/serving/config.py's name for it too)."""
+
+
 class SettingError(ConfigError):
     """A setting's value is unusable; the message names the key and what it expects."""
+
+
+class EnvSettingError(SettingError, EnvError):
+    """An environment variable's value is unusable: an entrypoint's ``exits_on_env_error``
+    ends with exit code 2 and this one line."""
 
 
 def _quote(raw: Any) -> str:
@@ -206,8 +215,8 @@ def read(cls: type[T], *, params: Mapping[str, str] | None = None,
          values: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None,
          model: str = "") -> T:
     """``cls`` from config.pbtxt ``params``, model.json ``values`` and ``env`` (default
-    ``os.environ``); :class:`SettingError` names the first unusable key (``model``: prefix)."""
-    env = os.environ if env is None else env
+    this process's environment); :class:`SettingError` names the first unusable key (``model``: prefix)."""
+    env = environ() if env is None else env
     hints = typing.get_type_hints(cls)
     kw: dict[str, Any] = {}
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
@@ -230,7 +239,9 @@ def read(cls: type[T], *, params: Mapping[str, str] | None = None,
             kw[f.name] = _convert(spec, tp, raw)
         except (ValueError, TypeError):
             prefix = f"{model}: " if model else ""
-            raise SettingError(f"{prefix}{where}: expected {_expected(spec, tp)}, "
+            error = SettingError if where.startswith(("model.json", "config.pbtxt")) \
+                else EnvSettingError
+            raise error(f"{prefix}{where}: expected {_expected(spec, tp)}, "
                                f"got {_quote(raw)}") from None
     return cls(**kw)
 
@@ -284,3 +295,17 @@ def rows(cls: type) -> list[Row]:
                        spec.kind or _KINDS.get(tp, str(tp)), _bounds(spec),
                        _default_text(spec, f.default), spec.help))
     return out
+
+
+def help_epilog(*classes: type, extra: Mapping[str, str] | None = None) -> str:
+    """An entrypoint's ``--help`` epilog from its settings' declarations: one line per
+    variable with its meaning, default and bounds (``extra``: lines for variables that
+    another reader of the process declares, e.g. the topology's)."""
+    lines: dict[str, str] = {}
+    for cls in classes:
+        for r in rows(cls):
+            if r.env and r.env not in lines:
+                bounds = f"; {r.bounds}" if r.bounds else ""
+                lines[r.env] = f"{r.help} (default {r.default}{bounds})"
+    lines.update(extra or {})
+    return help_text(lines)

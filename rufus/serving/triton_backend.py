@@ -19,7 +19,6 @@ import gc
 import json
 import locale
 import logging
-import os
 import sys
 import time
 from dataclasses import replace
@@ -28,6 +27,7 @@ from typing import Any, TypedDict
 
 import numpy as np
 
+from rufus.env import env_opt, env_str, setdefault_environ
 from rufus.errors import InvalidInput, RufusError, Unavailable, client_error
 from rufus.serving import caches, machine
 from rufus.serving.cancel import CancelWatcher
@@ -59,9 +59,9 @@ def prepare_process() -> None:
         locale.setlocale(locale.LC_CTYPE, "C.UTF-8")
     except locale.Error:
         pass
-    os.environ.setdefault("PYTHONIOENCODING", "utf-8")
+    setdefault_environ("PYTHONIOENCODING", "utf-8")
     logging.basicConfig(
-        level=os.environ.get("RUFUS_LOG_LEVEL", "INFO"),
+        level=env_str("RUFUS_LOG_LEVEL", "INFO"),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
@@ -112,7 +112,7 @@ def freeze_heap(name: str, collect: bool = True) -> None:
     ``RUFUS_GC_FREEZE=0`` turns it off (the benchmark's baseline). ``collect=False``: freeze
     only, right before the EngineCore's fork, where a collection found a few hundred
     unreachable objects among 630,000 and cost 0.6-0.9 s of every start."""
-    if os.environ.get("RUFUS_GC_FREEZE", "1") == "0":
+    if env_str("RUFUS_GC_FREEZE", "1") == "0":
         return
     t0 = time.monotonic()
     if collect:
@@ -243,7 +243,7 @@ def mark_initialized(name: str) -> None:
     """Tell the launcher that this stub's ``initialize()`` returned (a file named after the
     model in ``$RUFUS_INIT_MARKERS``), so it can tell a load tritonserver silently gave up on
     from a slow one (rufus/launch/server.py ``TritonServer.stalled_loads``). Best effort."""
-    where = os.environ.get("RUFUS_INIT_MARKERS")
+    where = env_opt("RUFUS_INIT_MARKERS")
     if where:
         try:
             (Path(where) / name).write_text(f"{time.time():.3f}\n")

@@ -26,7 +26,11 @@ import re
 import socket
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
+
+from rufus.env import environ
+from rufus.serving.settings import env_var
 
 log = logging.getLogger("rufus.telemetry")
 
@@ -38,13 +42,20 @@ _TRACEPARENT = re.compile(r"[0-9a-f]{2}-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{
 TRACESTATE_MAX = 512  # the specification's limit is 32 members; longer ones are dropped
 SERVICE_NAMESPACE = "rufus"
 
-# what each entrypoint's --help lists (rufus.env.help_text)
-ENVIRONMENT = {
-    "OTEL_EXPORTER_OTLP_ENDPOINT": "turns tracing on: the OTLP endpoint spans go to (off: unset)",
-    "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf (default) or grpc",
-    "OTEL_TRACES_SAMPLER_ARG": "share of new traces sampled, 0..1 (default 1)",
-    "RUFUS_TRITON_TRACING": "1: tritonserver's own OpenTelemetry spans too (HTTP endpoint)",
-}
+
+@dataclass(frozen=True)
+class TracingSettings:
+    """What every process reads to trace (a group of each process's settings: its --help)."""
+
+    endpoint: str = env_var("OTEL_EXPORTER_OTLP_ENDPOINT", "",
+                            "turns tracing on: the OTLP endpoint spans go to (off: unset)")
+    protocol: str = env_var("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf",
+                            "http/protobuf or grpc")
+    sample_ratio: float = env_var("OTEL_TRACES_SAMPLER_ARG", 1.0, "share of new traces sampled",
+                                  minimum=0.0, maximum=1.0)
+    triton: str = env_var("RUFUS_TRITON_TRACING", "0",
+                          "1: tritonserver's own OpenTelemetry spans too (HTTP endpoint)")
+
 
 _tracer: Any = None  # the SDK tracer once setup() turned tracing on
 _provider: Any = None
@@ -60,7 +71,7 @@ def _truthy(value: str | None) -> bool:
 
 def endpoint(env: Mapping[str, str] | None = None) -> str:
     """The OTLP endpoint tracing exports to, '' when tracing is off."""
-    e = os.environ if env is None else env
+    e = environ() if env is None else env
     if _truthy(e.get("OTEL_SDK_DISABLED")):
         return ""
     return (e.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or e.get("OTEL_EXPORTER_OTLP_ENDPOINT")
@@ -69,9 +80,9 @@ def endpoint(env: Mapping[str, str] | None = None) -> str:
 
 def sample_ratio(env: Mapping[str, str] | None = None) -> float:
     """``OTEL_TRACES_SAMPLER_ARG`` as a ratio in 0..1 (a bad value names the variable)."""
-    raw = ((os.environ if env is None else env).get("OTEL_TRACES_SAMPLER_ARG") or "").strip()
+    raw = ((environ() if env is None else env).get("OTEL_TRACES_SAMPLER_ARG") or "").strip()
     if not raw:
-        return 1.0
+        return TracingSettings.sample_ratio
     try:
         ratio = float(raw)
     except ValueError:
@@ -102,7 +113,7 @@ def setup(service_name: str, env: Mapping[str, str] | None = None, exporter: Any
     global _tracer, _provider, _service, _content, _wall_offset_ns
     if _tracer is not None:
         return True
-    e = os.environ if env is None else env
+    e = environ() if env is None else env
     url = endpoint(e) if exporter is None else "(exporter given)"
     if not url:
         return False

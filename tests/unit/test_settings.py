@@ -294,3 +294,23 @@ def test_every_rufus_variable_in_the_code_is_documented():
             for name in set(VARIABLE.findall(text)) - listed:
                 missing.setdefault(name, str(f.relative_to(ROOT)))
     assert not missing, f"RUFUS_* variables read but not in docs/configuration.md: {missing}"
+
+
+# ---------------------------------------------------------------------- one reader
+ENV_MODULES = {"rufus/env.py", "rufus/serving/settings.py"}  # the reader and its helpers
+
+
+def test_only_the_settings_modules_read_the_environment():
+    """Product code reads the environment through rufus/env.py and rufus/serving/settings.py
+    only (the regex lab.code_counts counts), and never touches ``os.environ`` elsewhere."""
+    from lab.code_counts import ENV_READ, PRODUCT
+
+    found: dict[str, int] = {}
+    for top in PRODUCT:
+        for f in sorted((ROOT / top).rglob("*.py")):
+            rel = str(f.relative_to(ROOT))
+            text = f.read_text(encoding="utf-8")
+            if rel not in ENV_MODULES and (ENV_READ.search(text) or "os.environ" in text):
+                found[rel] = len(ENV_READ.findall(text)) + text.count("os.environ")
+    assert not found, f"read the environment through rufus.env / rufus.serving.settings: {found}"
+    assert ENV_READ.search('os.environ.get("X")') and ENV_READ.search('os.getenv("X")')
