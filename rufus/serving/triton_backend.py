@@ -83,10 +83,19 @@ def setup_tracing(model: str) -> None:
 
 
 def request_trace_parent(request: Any, forwarded: dict[str, str]) -> Any:
-    """The context a request's span joins: Triton's own span when tritonserver traces in
-    OpenTelemetry mode (``--trace-config mode=opentelemetry``: its span already joined the
-    client's ``traceparent``), else the ``traceparent`` header tritonserver forwarded as a
-    parameter, else None (the trace starts at this model)."""
+    """The context a request's span joins: the caller's ``traceparent`` that tritonserver
+    forwarded as a parameter, else Triton's own span when tritonserver traces in
+    OpenTelemetry mode (``--trace-config mode=opentelemetry``) and the request came without
+    one, else None (the trace starts at this model).
+
+    The caller's comes first. Triton's own spans come from its C++ exporter, which was seen
+    to send a request's span long after the models' spans, or to give the context of
+    another trace; a model's span under it then left the caller's trace broken. Under the
+    caller's span the models' spans join the trace whatever Triton exports, and Triton's
+    request and compute spans sit beside them."""
+    parent = tracing.extract(forwarded.get("traceparent"), forwarded.get("tracestate"))
+    if parent is not None:
+        return parent
     try:
         trace = request.trace()
         raw = trace.get_context() if trace is not None else None
@@ -96,7 +105,7 @@ def request_trace_parent(request: Any, forwarded: dict[str, str]) -> Any:
                 return tracing.extract(ctx["traceparent"], ctx.get("tracestate"))
     except Exception:  # noqa: BLE001 - an older stub or Triton's tracing off
         pass
-    return tracing.extract(forwarded.get("traceparent"), forwarded.get("tracestate"))
+    return None
 
 
 def freeze_heap(name: str, collect: bool = True) -> None:

@@ -28,13 +28,14 @@ def new_parent() -> tuple[str, str]:
 
 def spans_of(rx: Receiver, tid: str, want: set[str], timeout: float = 60,
              names: set[str] = frozenset(), client: str = "",
-             why: Callable[[], str] = str) -> list[Span]:
+             why: Callable[[], str] = str,
+             until: Callable[[list[Span]], bool] = lambda spans: True) -> list[Span]:
     """The trace's spans once every service in ``want`` has reported, its root spans (a
     model's generate, a turn, a request) and the spans in ``names`` have ended, and every
     span's parent has come too, but the client's span ``client``, whose child must have come
     (exported every 0.5 s; tritonserver's own spans by its exporter, ended last: a model's
-    root span can come before its parent, Triton's). Fails with what the receiver got
-    otherwise (and ``why``)."""
+    root span can come before its parent, Triton's), and ``until`` holds of them (what the
+    test asserts of their tree). Fails with what the receiver got otherwise (and ``why``)."""
     def complete() -> bool:
         spans = rx.trace(tid)
         have = {s.name for s in spans}
@@ -49,7 +50,8 @@ def spans_of(rx: Receiver, tid: str, want: set[str], timeout: float = 60,
         # request on an open gRPC stream (the assistant's to the planner) can come late
         outside = {s.parent_id for s in spans if s.parent_id and s.parent_id not in ids
                    and s.service != "tritonserver"}
-        if not (want <= {s.service for s in spans} and (roots | names) <= have):
+        if not (want <= {s.service for s in spans} and (roots | names) <= have
+                and until(spans)):
             return False
         if client:  # and the trace's root, whose parent is the client's span, has come
             return outside <= {client} and any(s.parent_id == client for s in spans)
@@ -71,6 +73,11 @@ def refused_spans(rx: Receiver) -> list[tuple[str, str, str]]:
     """(trace id, parent id, service) of every refusal's span the receiver has."""
     return [(s.trace_id, s.parent_id, s.service) for s in list(rx.spans)
             if s.name.endswith(" refused")]
+
+
+def under(spans: list[Span], name: str, ancestor: str) -> bool:
+    """Has a span called ``name`` come whose chain of parents reaches ``ancestor``?"""
+    return any(s.name == name and ancestor in ancestors(s, spans) for s in spans)
 
 
 def ancestors(span: Span, spans: list[Span]) -> list[str]:
@@ -96,7 +103,9 @@ def test_an_assistant_turn_is_one_trace_across_every_model(stack, otlp):
     outs = asyncio.run(_turn(f"127.0.0.1:{stack.grpc_port}", parent))
     assert outs and "finish_reason" in outs[-1]
     spans = spans_of(otlp, tid, {"rufus_assistant", "rufus_qp_medusa", "rufus_llm"},
-                     client=parent.split("-")[2])
+                     client=parent.split("-")[2],
+                     until=lambda sp: under(sp, "rufus_qp_medusa generate", "plan")
+                     and under(sp, "rufus_llm generate", "answer"))
     names = {(s.service, s.name) for s in spans}
     for stage in ("rufus_assistant turn", "admission", "plan", "retrieval", "render cards",
                   "answer", "stream to client"):
@@ -188,7 +197,9 @@ def test_an_openai_turn_is_traced_from_the_frontend_down(assistant_frontend, otl
         messages=[{"role": "user", "content": QUESTION}])
     assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
     spans = spans_of(otlp, tid, {"rufus-frontend", "rufus_qp_medusa", "rufus_llm"},
-                     client=parent.split("-")[2])
+                     client=parent.split("-")[2],
+                     until=lambda sp: under(sp, "rufus_llm generate", "answer")
+                     and under(sp, "rufus_llm generate", "POST /v1/chat/completions"))
     http = next(s for s in spans if s.service == "rufus-frontend"
                 and s.name == "POST /v1/chat/completions")
     assert http.parent_id == parent.split("-")[2]
