@@ -235,7 +235,7 @@ ENV: dict[str, Var] = {
     "RUFUS_QP_FUSED": Var(("rufus/qp/decoder/torch_llama.py",),
                           "planner in int8 through our kernel: passes of up to 128 rows run "
                           "every decoder layer in one call (1; 0: op by op)"),
-    "RUFUS_ENGINE_START_METHOD": Var(("rufus/serving/engine.py",),
+    "RUFUS_ENGINE_START_METHOD": Var(("rufus/serving/engine_processes.py",),
                                      "how vLLM's EngineCore starts when its worker runs inside "
                                      "it (\"uni\"): fork (default, starts with vLLM imported) "
                                      "or spawn (vLLM's CPU choice)"),

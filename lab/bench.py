@@ -97,7 +97,7 @@ async def run_phases(args: argparse.Namespace, engine_args: dict, extra_env: dic
 
     ``args``: ``rounds``, ``concurrency`` (list), ``gap``, ``requests_per_worker``,
     ``max_tokens`` as scripts/bench.py parses them."""
-    from rufus.serving.engine import build_vllm_engine
+    from rufus.serving.engine_processes import build_vllm_engine
 
     # the same process layout as the served engine
     engine = build_vllm_engine(engine_args, name="in-process baseline")

@@ -28,11 +28,11 @@ VARIANTS: dict[str, dict[str, str]] = {
     "tok512": {"VLLM_USE_AOT_COMPILE": "1",
                "RUFUS_RUFUS_LLM_ENGINE_ARGS": json.dumps({"max_num_batched_tokens": 512})},
     # vLLM's worker inside its EngineCore process: one process fewer to spawn and import
-    # (rufus/serving/engine.py engine_process_env)
+    # (rufus/serving/engine_processes.py EngineProcessLayout.environment)
     "uni": {"VLLM_USE_AOT_COMPILE": "1",
             "RUFUS_RUFUS_LLM_ENGINE_ARGS": json.dumps({"distributed_executor_backend": "uni"})},
     # the same with the EngineCore spawned (a new interpreter importing torch and vLLM) as
-    # vLLM's CPU platform does, instead of forked from the stub (engine_start_method)
+    # vLLM's CPU platform does, instead of forked from the stub (EngineProcessLayout.start_method)
     "spawn": {"VLLM_USE_AOT_COMPILE": "1", "RUFUS_ENGINE_START_METHOD": "spawn",
               "RUFUS_RUFUS_LLM_ENGINE_ARGS": json.dumps({"distributed_executor_backend": "uni"})},
     # the served setting with vLLM's full compile warm-up batch (max_num_batched_tokens

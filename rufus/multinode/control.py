@@ -52,7 +52,6 @@ from rufus.multinode.topology import (
     NODE_KEYS,
     ControlSettings,
     Topology,
-    apply_topology,
     topology_from_env,
 )
 from rufus.serving.settings import read
@@ -561,21 +560,22 @@ def abort_start(host: Any, model_name: str, limit_s: float = 1800.0) -> int:
     return n
 
 
-def attach_leader(model_name: str, host: Any, topo: Topology | None = None) -> LeaderControl | None:
-    """Leader side of the unit for a Triton model, called before its engine starts.
-
-    Rewrites ``host.engine_args`` for this node (:func:`rufus.multinode.topology.apply_topology`) and
-    opens the control channel. On a broken unit it kills the engine core (in-flight
-    requests end with UNAVAILABLE through vLLM's dead-engine path) and marks the host dead
-    (the model unloads itself -> not ready). Returns None when the model is single-node.
-    """
+def unit_topology(model_name: str, topo: Topology | None = None) -> Topology | None:
+    """The unit a Triton model leads (RUFUS_NNODES > 1), None if single-node; on a follower: error."""
     topo = topo or topology_from_env()
     if not topo.multi_node or model_name != unit_model_name():
         return None
     if not topo.is_leader:
         raise UnitError(f"{model_name}: tritonserver runs only on the leader (rank 0), this "
                         f"node has RUFUS_NODE_RANK={topo.node_rank}; start `python -m follower`")
-    host.engine_args = apply_topology(host.engine_args, topo)
+    return topo
+
+
+def attach_leader(model_name: str, host: Any, topo: Topology) -> LeaderControl:
+    """Leader side of the unit (:func:`unit_topology`), called before the engine starts:
+    opens the control channel. On a broken unit it kills the engine core (in-flight
+    requests end with UNAVAILABLE through vLLM's dead-engine path) and marks the host dead
+    (the model unloads itself -> not ready)."""
 
     def on_fail(reason: str) -> None:
         started = host.engine is not None

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -29,6 +29,7 @@ from rufus.qp.grounding import ground_plan
 from rufus.qp.plan import HISTORY_TURNS_USED, build_messages, parse_plan, structured_outputs
 from rufus.qp.settings import PlannerModelSettings, PlannerSettings
 from rufus.serving.admission import SloAdmission, Ticket
+from rufus.serving.engine import EngineSpec
 from rufus.serving.generation import run_generate
 from rufus.serving.metrics import AdmissionMetrics, MetricBuffer
 from rufus.serving.request import GenerateRequest, finish_logprobs
@@ -211,20 +212,22 @@ class QueryPlannerModel(EngineModel):
     backend: PlannerBackend
     precision_workload = "planner"  # tree verification passes decide "dtype": "measured"
 
-    def setup(self) -> None:
-        """Split model.json once into vLLM's engine args and the planner's typed knobs."""
-        args = tree_args(self.host.engine_args, self.model_dir)
+    def engine_spec(self, spec: EngineSpec) -> EngineSpec:
+        """Split model.json once into vLLM's engine args and the planner's typed knobs; the
+        backend's engine (its factory, Medusa's stat logger) is the planner's engine."""
+        args = tree_args(dict(spec.engine_args), self.model_dir)
         self.planner_settings = PlannerSettings.load(self.settings, args, self.name)
         self.backend = create_backend(args, self.planner_settings.knobs)
-        self.host.engine_args = self.backend.engine_args(args)
+        engine_args = self.backend.engine_args(args)
         self._spec_families: list[Any] = []
         counters = self._spec_counters() if pb_utils is not None and self.backend.medusa else None
+        loggers = spec.stat_loggers
         if self.backend.name == "vllm_medusa" and counters is not None:
-            self.host.stat_loggers.append(spec_stat_logger(counters))
-        self.host.engine_factory = self.backend.engine_factory(
+            loggers = (*loggers, spec_stat_logger(counters))
+        factory = self.backend.engine_factory(
             None if counters is None else _step_counter(counters))
         self.admission = self._make_admission()
-        super().setup()
+        return replace(spec, engine_args=engine_args, factory=factory, stat_loggers=loggers)
 
     def _make_admission(self) -> SloAdmission:
         """The planner's SLO admission, its estimate and error exported when metrics are on

@@ -10,35 +10,55 @@ model: Triton 2.51 sometimes never finalized an unloaded instance, so it could n
 loaded again in that process). Repeated deaths back off exponentially; more than
 ``max_failures`` inside ``window_s`` and the host gives up and stays down (state
 ``failed``) until the server is restarted. The engine is anything that satisfies
-:class:`rufus.serving.engine_api.Engine`.
+:class:`rufus.serving.engine_api.Engine`; what the host builds is the model's
+:class:`EngineSpec`, given at construction. vLLM's process layout (fork, core binding, the
+EngineCore's environment) is :mod:`rufus.serving.engine_processes`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
+import enum
 import logging
-import os
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
-from rufus.env import env_opt, env_str, environ, set_environ
 from rufus.errors import AtCapacity, Unavailable
 from rufus.serving.engine_api import Engine, unfinished_requests
+from rufus.serving.engine_processes import build_vllm_engine
 from rufus.serving.settings import param, read
 
 log = logging.getLogger("rufus.serving.engine")
 
-# Host states, in the order a healthy life goes through them. WARMING: the engine is up and
-# serves only the model's own warm-up requests; READY comes after them (and after every
-# in-place restart's), so "ready" means the first client request finds nothing left to
-# compile or allocate.
-STARTING, WARMING, READY, DEAD, RESTARTING, FAILED, STOPPED = (
-    "starting", "warming", "ready", "dead", "restarting", "failed", "stopped")
+
+class EngineState(enum.StrEnum):
+    """Host states, in the order a healthy life goes through them; each equals the string
+    metrics, logs and clients see (``EngineState.READY == "ready"``). WARMING: the engine is
+    up and serves only the model's own warm-up requests; READY comes after them (and after
+    every in-place restart's), so "ready" means the first client request finds nothing left
+    to compile or allocate."""
+
+    STARTING = "starting"
+    WARMING = "warming"
+    READY = "ready"
+    DEAD = "dead"
+    RESTARTING = "restarting"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+STARTING = EngineState.STARTING
+WARMING = EngineState.WARMING
+READY = EngineState.READY
+DEAD = EngineState.DEAD
+RESTARTING = EngineState.RESTARTING
+FAILED = EngineState.FAILED
+STOPPED = EngineState.STOPPED
 
 
 @dataclass
@@ -67,209 +87,51 @@ class RestartPolicy:
         return min(self.backoff_s * 2 ** max(failures_in_window - 1, 0), self.backoff_max_s)
 
 
-@contextlib.contextmanager
-def engine_process_env(engine_args: dict[str, Any]) -> Iterator[None]:
-    """The environment vLLM's processes are started in; make ``"uni"`` mean what it says.
+@dataclass(frozen=True)
+class EngineSpec:
+    """What engine a host builds, at start and at every in-place restart: each model makes
+    its own and hands it to :class:`EngineHost`.
 
-    ``"distributed_executor_backend": "uni"`` runs the model in the EngineCore process (as
-    vLLM does on a GPU with one device) instead of a separate worker process that is spawned
-    and imports torch and vLLM again, and that the EngineCore drives through shared-memory
-    queues: a start spawns one process fewer and a step crosses no process boundary
-    (docs/benchmarks.md). The EngineCore stays a process of its own, which the engine-death
-    handling watches. On CPU two things are needed for it: vLLM's CPU platform turns "uni"
-    into "mp" unless V1 multiprocessing is off (for ``AsyncLLM`` that switch only decides where
-    the worker runs), and only the "mp" executor binds the worker's OpenMP threads
-    (``VLLM_CPU_OMP_THREADS_BIND``, one core kept for the scheduler). So here, around the
-    engine's construction (its processes inherit this environment), the same binding vLLM
-    would give the worker is set: same cores, same thread count, on any machine."""
-    if engine_args.get("distributed_executor_backend") != "uni":
-        yield
-        return
-    from vllm.platforms import current_platform
+    ``engine_args``: vLLM's engine arguments (a read-only copy; each build gets a fresh dict).
+    ``factory``: None for vLLM's ``AsyncLLM`` (built in the served process layout,
+    :mod:`rufus.serving.engine_processes`), else a callable building an :class:`Engine` from
+    the args, e.g. the query planner's torch Medusa engine (rufus/qp/decoder/torch_engine.py).
+    ``loras``: LoRA adapter name -> local path (rufus_llm's multi_lora.json), None when off.
+    ``stat_loggers``: vLLM stat loggers. ``before_fork``: run in this process right before a
+    forked EngineCore is started, every build (the stub's heap freeze)."""
 
-    set_environ("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    if not current_platform.is_cpu():
-        yield
-        return
-    from types import SimpleNamespace
+    engine_args: Mapping[str, Any]
+    factory: Callable[[dict[str, Any]], Engine] | None = None
+    loras: dict[str, str] | None = None
+    stat_loggers: tuple[Any, ...] = ()
+    before_fork: Callable[[], None] | None = None
 
-    from vllm.utils.ompmultiprocessing import OMPProcessManager
-
-    global _uni_cores
-    bind = every_core_binding()
-    if bind is not None:
-        set_environ(OMP_BIND_VAR, bind)
-        log.info("no native bf16 on this CPU: the engine's OpenMP threads take every core "
-                 "(%s=%s; set it to override)", OMP_BIND_VAR, bind)
-    one_worker = SimpleNamespace(
-        parallel_config=SimpleNamespace(local_world_size=1, data_parallel_rank_local=None,
-                                        _api_process_count=1),
-        kv_transfer_config=None)
-    try:
-        omp = OMPProcessManager(one_worker)
-        with omp.configure_omp_envs(rank=0, local_rank=0):
-            _uni_cores = None if omp.skip_setup or not omp.cpu_lists else list(omp.cpu_lists[0])
-            now = environ()
-            log.info("vLLM worker inside the engine core; OpenMP: %s", {
-                k: now[k] for k in ("OMP_NUM_THREADS", "OMP_PLACES", "OMP_PROC_BIND",
-                                    "KMP_AFFINITY", "GOMP_CPU_AFFINITY") if k in now})
-            try:
-                yield
-            finally:
-                _uni_cores = None
-    finally:
-        if bind is not None:
-            set_environ(OMP_BIND_VAR, None)
-
-
-OMP_BIND_VAR = "VLLM_CPU_OMP_THREADS_BIND"
-
-
-def every_core_binding(flags: set[str] | None = None, cpus: list[int] | None = None,
-                       env: Mapping[str, str] | None = None) -> str | None:
-    """The answer engine's OpenMP binding where it is not vLLM's: every core this process
-    may use, on a CPU without native bf16 (the answer model runs in fp32 there: AVX2,
-    AVX-512 without bf16). There its prefill is compute-bound and the first answer token
-    waits for it, so it takes both cores of a two-core unit; vLLM's own binding keeps one
-    core for its scheduler, which in the ``"uni"`` layout runs on the worker's thread
-    anyway. Measured with AVX2 emulated (docs/benchmarks-history.md, "Every core for the
-    answer engine"). With native bf16 the other core stays the planner's (None: vLLM's
-    binding); so does an explicit ``VLLM_CPU_OMP_THREADS_BIND``, or a single core."""
-    from rufus.serving import machine
-
-    env = environ() if env is None else env
-    if env.get(OMP_BIND_VAR, "auto") != "auto":
-        return None
-    flags = machine.this_cpu(env) if flags is None else flags
-    cpus = sorted(os.sched_getaffinity(0)) if cpus is None else sorted(cpus)
-    if machine.native_bf16(flags) or len(cpus) < 2:
-        return None
-    return ",".join(str(c) for c in cpus)
-
-
-# The cores engine_process_env gives a "uni" engine's worker (None: vLLM binds nothing), and
-# the ones a forked EngineCore must bind itself to (set only while engine_start_method forks).
-_uni_cores: list[int] | None = None
-_fork_cores: list[int] | None = None
-
-
-def _bind_forked_engine_core() -> None:
-    """In a child forked while the EngineCore starts: its OpenMP binding.
-
-    A spawned EngineCore reads the binding from the environment (OMP_NUM_THREADS,
-    OMP_PLACES) when its OpenMP runtime loads; a forked one inherits the runtime this
-    process loaded before that environment was set, so it applies the same cores and
-    thread count itself. Without this the model ran on every core (docs/benchmarks.md)."""
-    cores = _fork_cores
-    if cores is None:
-        return
-    os.sched_setaffinity(0, cores)
-    import torch
-
-    torch.set_num_threads(len(cores))
-
-
-def _before_engine_core_fork() -> None:
-    """In this process, just before it forks (only while build_vllm_engine forks the
-    EngineCore): the caller's ``before_fork`` (the stub's heap freeze)."""
-    hook = _before_fork
-    if hook is not None:
-        hook()
-
-
-# set only while build_vllm_engine forks the EngineCore (its ``before_fork``)
-_before_fork: Callable[[], None] | None = None
-
-os.register_at_fork(before=_before_engine_core_fork,
-                    after_in_child=_bind_forked_engine_core)
-
-
-@contextlib.contextmanager
-def engine_start_method(engine_args: dict[str, Any]) -> Iterator[str]:
-    """How vLLM starts its EngineCore process; yields ``"fork"`` or ``"spawn"``.
-
-    vLLM's CPU platform sets ``spawn`` while it builds the config, so the EngineCore starts
-    a new interpreter that imports torch and vLLM again, which this process has just done.
-    With the worker inside the EngineCore (``"uni"``: no process of its own to start and
-    no OpenMP pool yet in this one), the EngineCore can be forked from here instead, as
-    vLLM does on a GPU: it starts with everything imported, and binds itself to the cores
-    engine_process_env chose (:func:`_bind_forked_engine_core`). ``RUFUS_ENGINE_START_METHOD``
-    (``fork`` / ``spawn``) overrides; multi-node units (``"mp"``) keep vLLM's choice. Used
-    between building the config and building the engine (the env var is read then)."""
-    method = env_str("RUFUS_ENGINE_START_METHOD", "fork")
-    if method not in ("fork", "spawn"):
-        raise ValueError(f"RUFUS_ENGINE_START_METHOD must be fork or spawn, not {method[:20]!r}")
-    if engine_args.get("distributed_executor_backend") != "uni" or method == "spawn":
-        yield env_str("VLLM_WORKER_MULTIPROC_METHOD", "fork")
-        return
-    global _fork_cores
-    before = env_opt("VLLM_WORKER_MULTIPROC_METHOD")
-    set_environ("VLLM_WORKER_MULTIPROC_METHOD", "fork")
-    _fork_cores = _uni_cores
-    try:
-        yield "fork"
-    finally:
-        _fork_cores = None
-        set_environ("VLLM_WORKER_MULTIPROC_METHOD", before)
-
-
-def build_vllm_engine(engine_args: dict[str, Any], stat_loggers: list[Any] | None = None,
-                      name: str = "engine",
-                      before_fork: Callable[[], None] | None = None) -> Any:
-    """vLLM's ``AsyncLLM`` in the served process layout (:func:`engine_process_env`,
-    :func:`engine_start_method`); the benchmarks' in-process engine is built the same way.
-    ``before_fork`` runs in this process right before it forks the EngineCore (not when
-    it is spawned): the place for :func:`gc.freeze`, as Python's documentation advises,
-    so that the child inherits the heap frozen (vLLM's EngineCore collects and freezes its
-    heap at the end of its start: over the inherited objects too, unless they are frozen)
-    and neither process's collections write to the pages they share."""
-    global _before_fork
-    from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.usage.usage_lib import UsageContext
-    from vllm.v1.engine.async_llm import AsyncLLM
-
-    with engine_process_env(engine_args):
-        args = AsyncEngineArgs(**engine_args)
-        config = args.create_engine_config(UsageContext.ENGINE_CONTEXT)
-        with engine_start_method(engine_args) as method:
-            log.info("%s: starting vLLM's EngineCore by %s", name, method)
-            _before_fork = before_fork if method == "fork" else None
-            try:
-                return AsyncLLM.from_vllm_config(
-                    config, stat_loggers=stat_loggers,
-                    enable_log_requests=args.enable_log_requests,
-                    disable_log_stats=args.disable_log_stats)
-            finally:
-                _before_fork = None
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "engine_args", MappingProxyType(dict(self.engine_args)))
+        object.__setattr__(self, "stat_loggers", tuple(self.stat_loggers))
 
 
 class EngineHost:
-    """One engine (vLLM's ``AsyncLLM`` by default) plus the loop thread it lives on."""
+    """One engine (vLLM's ``AsyncLLM`` by default) plus the loop thread it lives on; what it
+    builds is its :class:`EngineSpec`, fixed at construction."""
 
     DEAD_REPORT_GRACE_S = 5.0
 
     def __init__(
         self,
-        engine_args: dict[str, Any],
+        spec: EngineSpec,
         *,
         max_outstanding: int = 0,
-        stat_loggers: list[Any] | None = None,
         on_dead: Callable[[BaseException], None] | None = None,
         on_poll: Callable[[EngineHost], None] | None = None,
-        on_state: Callable[[EngineHost, str], None] | None = None,
+        on_state: Callable[[EngineHost, EngineState], None] | None = None,
         on_restarted: Callable[[], None] | None = None,
         name: str = "engine",
-        engine_factory: Callable[[dict[str, Any]], Engine] | None = None,
         restart: RestartPolicy | None = None,
         warmup: Callable[[], Awaitable[None]] | None = None,
-        before_fork: Callable[[], None] | None = None,
     ) -> None:
-        self.engine_args = dict(engine_args)
-        # None: vLLM's AsyncLLM. Otherwise a callable building an Engine, e.g. the query
-        # planner's torch Medusa engine (rufus/qp/decoder/torch_engine.py).
-        self.engine_factory = engine_factory
+        self.spec = spec
         self.max_outstanding = max_outstanding
-        self.stat_loggers = stat_loggers or []
         self.on_dead = on_dead
         self.on_poll = on_poll
         self.on_state = on_state
@@ -278,15 +140,13 @@ class EngineHost:
         self.restart = restart or RestartPolicy()
         # Awaited on the loop after every engine build, before READY (the model's warm-up).
         self.warmup = warmup
-        # run right before a forked EngineCore is started (build_vllm_engine), every build
-        self.before_fork = before_fork
         self.warmup_seconds = 0.0
         self.engine: Any = None
         self.tokenizer: Any = None
         self.max_model_len = 0
         self.loop: asyncio.AbstractEventLoop | None = None
         self.outstanding = 0
-        self.state = STARTING
+        self.state: EngineState = STARTING
         self.dead_reason: str | None = None
         self.start_seconds = 0.0
         self.failures: list[float] = []  # monotonic times of engine deaths, in the window
@@ -301,6 +161,16 @@ class EngineHost:
         self._stop: asyncio.Event | None = None
         self._ready = threading.Event()
         self._start_error: BaseException | None = None
+
+    @property
+    def engine_args(self) -> dict[str, Any]:
+        """A copy of the spec's engine arguments."""
+        return dict(self.spec.engine_args)
+
+    @property
+    def loras(self) -> dict[str, str] | None:
+        """The spec's LoRA adapters (name -> local path), None when LoRA is off."""
+        return self.spec.loras
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -328,10 +198,11 @@ class EngineHost:
             self.loop.close()
 
     def _build(self) -> Engine:
-        if self.engine_factory is not None:
-            return self.engine_factory(self.engine_args)
-        return build_vllm_engine(self.engine_args, self.stat_loggers or None, self.name,
-                                 before_fork=self.before_fork)
+        spec = self.spec
+        if spec.factory is not None:
+            return spec.factory(dict(spec.engine_args))
+        return build_vllm_engine(dict(spec.engine_args), list(spec.stat_loggers) or None,
+                                 self.name, before_fork=spec.before_fork)
 
     def _adopt(self, engine: Engine) -> None:
         self.tokenizer = engine.tokenizer
@@ -500,7 +371,7 @@ class EngineHost:
         self.dead_reason = f"engine stays down ({why}); last failure: {self.dead_reason}"
         self._set_state(FAILED)
 
-    def _set_state(self, state: str) -> None:
+    def _set_state(self, state: EngineState) -> None:
         self.state = state
         if self.on_state is not None:
             try:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ import numpy as np
 
 from rufus.errors import InvalidInput
 from rufus.serving.config import MULTI_LORA_FILE, lora_enabled
+from rufus.serving.engine import EngineSpec
 from rufus.serving.generation import run_generate
 from rufus.serving.model_settings import LLMSettings
 from rufus.serving.request import GenerateRequest, finish_logprobs
@@ -154,13 +156,14 @@ class LLMModel(EngineModel):
     OUTPUT_SPECS = LLM_OUTPUT_SPECS
     SETTINGS = LLMSettings
 
-    def setup(self) -> None:
-        self.loras = load_loras(self.model_dir, self.host.engine_args)
-        if self.loras is not None:
-            self.host.engine_args["enable_lora"] = True
-            self.host.engine_args.setdefault("max_loras", max(1, min(len(self.loras), 4)))
-            self.host.loras = self.loras  # type: ignore[attr-defined]
-        super().setup()
+    def engine_spec(self, spec: EngineSpec) -> EngineSpec:
+        """The base engine, with the adapters of multi_lora.json when LoRA is on."""
+        loras = load_loras(self.model_dir, dict(spec.engine_args))
+        if loras is None:
+            return spec
+        args = {**spec.engine_args, "enable_lora": True}
+        args.setdefault("max_loras", max(1, min(len(loras), 4)))
+        return replace(spec, engine_args=args, loras=loras)
 
     def parse(self, inputs: dict[str, np.ndarray | None], parameters: str | None) -> GenerateRequest:
         return parse_generate_request(inputs, parameters, self.default_max_tokens,

@@ -32,7 +32,7 @@ from rufus.errors import InvalidInput, RufusError, Unavailable, client_error
 from rufus.serving import caches, machine
 from rufus.serving.cancel import CancelWatcher
 from rufus.serving.config import load_engine_config
-from rufus.serving.engine import FAILED, READY, EngineHost
+from rufus.serving.engine import FAILED, READY, RESTARTING, EngineHost, EngineSpec, EngineState
 from rufus.serving.generation import new_request_id
 from rufus.serving.metrics import BufferedMetrics, Metrics, TritonMetrics, scheduler_stat_logger
 from rufus.serving.model_settings import EngineModelSettings, ModelSettings
@@ -199,10 +199,10 @@ class EngineStateMetrics:
         (self.ready, self.failed, self.failures, self.restarts,
          self.backoff) = (f.Metric(labels=labels) for f in self._families)
 
-    def update(self, host: EngineHost, state: str) -> None:
+    def update(self, host: EngineHost, state: EngineState) -> None:
         self.ready.set(1 if state == READY else 0)
         self.failed.set(1 if state == FAILED else 0)
-        self.backoff.set(host.next_restart_in if state == "restarting" else 0)
+        self.backoff.set(host.next_restart_in if state == RESTARTING else 0)
         # counters only go up: publish the difference since the last update
         self._bump("failures", self.failures, host.failure_count)
         self._bump("restarts", self.restarts, host.restarts)
@@ -368,16 +368,19 @@ class EngineModel(TritonModel):
     own event loop thread, admission, cancellation and the engine's health metrics.
 
     Subclasses implement :meth:`handle` (a coroutine serving one parsed request on the
-    engine's loop) and :meth:`parse`; ``setup`` and ``ready`` are hooks around the start.
+    engine's loop) and :meth:`parse`; ``engine_spec`` and ``ready`` are hooks around the
+    start.
     """
 
     SETTINGS: type[EngineModelSettings] = EngineModelSettings
     settings: EngineModelSettings
-    loras: dict[str, str] | None = None  # LoRA adapters (rufus_llm's multi_lora.json)
     # which pass mix decides ``"dtype": "measured"`` (rufus/serving/precision.py)
     precision_workload = "answer"
 
     def start(self) -> None:
+        from rufus.multinode.control import attach_leader, unit_topology
+        from rufus.multinode.topology import apply_topology
+
         log.info("%s: this CPU: %s", self.name, machine.describe())
         self.engine_config = load_engine_config(self.model_dir / "model.json", self.name,
                                                 workload=self.precision_workload)
@@ -387,38 +390,41 @@ class EngineModel(TritonModel):
         self.metrics: Metrics = self._make_metrics()
         self.engine_metrics = self._make_engine_metrics()
         self.default_max_tokens = self.settings.default_max_tokens
-        self.host = EngineHost(
+        spec = self.engine_spec(EngineSpec(
             self.engine_config.engine_args,
+            stat_loggers=(scheduler_stat_logger(self.metrics),),
+            # frozen before the EngineCore is forked from this process, so the child inherits
+            # it frozen; initialize() freezes again at its end, walking only what came since
+            before_fork=lambda: freeze_heap(self.name, collect=False)))
+        # the unit's model (RUFUS_UNIT_MODEL) leads a multi-node unit when RUFUS_NNODES > 1
+        # (rufus/multinode/control.py): its engine args for this node, no in-place restart
+        # (one node cannot rejoin a broken unit alone: its supervisor recreates the unit)
+        topo = unit_topology(self.name)
+        restart = replace(self.settings.restart)  # the host's own copy
+        if topo is not None:
+            spec = replace(spec, engine_args=apply_topology(dict(spec.engine_args), topo))
+            restart.enabled = False
+        self.host = EngineHost(
+            spec,
             max_outstanding=self.settings.max_outstanding_requests,
-            stat_loggers=[scheduler_stat_logger(self.metrics)],
             on_dead=self._on_engine_dead,
             on_poll=lambda host: self.metrics.set_engine_requests(host.num_running()),
             on_state=self._on_engine_state,
             on_restarted=self.ready,
             name=self.name,
-            restart=replace(self.settings.restart),  # the host's own copy
+            restart=restart,
             warmup=self.warm_up if self.warmup_enabled() else None,
-            # frozen before the EngineCore is forked from this process, so the child inherits
-            # it frozen; initialize() freezes again at its end, walking only what came since
-            before_fork=lambda: freeze_heap(self.name, collect=False),
         )
         self.watcher = CancelWatcher()
-        self.setup()
-        if self.unit is not None:
-            # one node cannot rejoin a broken unit alone: its supervisor recreates the unit
-            self.host.restart.enabled = False
+        self.unit = None if topo is None else attach_leader(self.name, self.host, topo)
         self.host.start()
         self.ready()
 
-    def setup(self) -> None:
-        """Hook: adjust ``self.host.engine_args`` before the engine starts.
-
-        The base makes the unit's model (``RUFUS_UNIT_MODEL``) the leader of a multi-node
-        unit when RUFUS_NNODES > 1 (rufus/multinode/control.py); overrides should call ``super().setup()``.
-        """
-        from rufus.multinode.control import attach_leader
-
-        self.unit = attach_leader(self.name, self.host)
+    def engine_spec(self, spec: EngineSpec) -> EngineSpec:
+        """Hook: the engine this model serves, from the base ``spec`` (model.json's engine
+        args, the scheduler stat logger, the heap freeze before a fork); an override returns
+        its own (``dataclasses.replace``). Runs once, before the host is built."""
+        return spec
 
     def ready(self) -> None:
         """Hook: the engine is up and warm (e.g. loading side artifacts)."""
@@ -451,7 +457,7 @@ class EngineModel(TritonModel):
         limits = getattr(self, "_limits", None)
         if limits is None:
             limits = self._limits = self.settings.limits.with_engine(self.host.engine,
-                                                                      self.loras)
+                                                                      self.host.loras)
         return limits
 
     def _make_metrics(self) -> Metrics:
@@ -468,7 +474,7 @@ class EngineModel(TritonModel):
         log.error("%s: engine failed (%s); requests get UNAVAILABLE until it is replaced "
                   "(rufus_engine_ready 0)", self.name, err)
 
-    def _on_engine_state(self, host: EngineHost, state: str) -> None:
+    def _on_engine_state(self, host: EngineHost, state: EngineState) -> None:
         if self.engine_metrics is not None:
             self.engine_metrics.update(host, state)
         if state == FAILED:

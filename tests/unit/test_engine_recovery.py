@@ -21,6 +21,7 @@ from rufus.serving.engine import (
     READY,
     RESTARTING,
     EngineHost,
+    EngineSpec,
     RestartPolicy,
     Unavailable,
     restart_policy_from_env,
@@ -62,9 +63,8 @@ class FakeEngine:
 
 def make_host(policy: RestartPolicy, factory=None) -> tuple[EngineHost, list[str]]:
     states: list[str] = []
-    host = EngineHost({}, name="t", restart=policy,
-                      engine_factory=factory or (lambda args: FakeEngine()),
-                      on_state=lambda h, s: states.append(s))
+    host = EngineHost(EngineSpec({}, factory=factory or (lambda args: FakeEngine())),
+                      name="t", restart=policy, on_state=lambda h, s: states.append(s))
     host.start()
     return host, states
 
@@ -257,8 +257,8 @@ def test_ready_only_after_the_warm_up_at_start_and_after_a_restart():
         assert len([o async for o in host.generate({"prompt_token_ids": [1]}, None, "w")]) == 3
 
     states: list[str] = []
-    host = EngineHost({}, name="t", restart=RestartPolicy(backoff_s=0.05),
-                      engine_factory=lambda args: FakeEngine(),
+    host = EngineHost(EngineSpec({}, factory=lambda args: FakeEngine()), name="t",
+                      restart=RestartPolicy(backoff_s=0.05),
                       on_state=lambda h, s: states.append(s), warmup=warm)
     holder["host"] = host
     host.start()
@@ -277,7 +277,8 @@ def test_a_failed_warm_up_fails_the_start():
     async def broken() -> None:
         raise RuntimeError("warm-up request failed")
 
-    host = EngineHost({}, name="t", engine_factory=lambda args: FakeEngine(), warmup=broken)
+    host = EngineHost(EngineSpec({}, factory=lambda args: FakeEngine()), name="t",
+                      warmup=broken)
     with pytest.raises(RuntimeError, match="warm-up"):
         host.start()
     host.shutdown(5)
@@ -291,7 +292,9 @@ def test_uni_backend_keeps_the_worker_in_the_engine_core_bound_like_vllms_worker
     backend, or none, changes nothing."""
     import os
 
-    from rufus.serving.engine import engine_process_env
+    from rufus.serving.engine_processes import EngineProcessLayout
+
+    engine_process_env = EngineProcessLayout().environment
 
     for k in ("VLLM_ENABLE_V1_MULTIPROCESSING", "OMP_NUM_THREADS", "OMP_PLACES"):
         # set, then delete: monkeypatch then restores the variable's original state at
@@ -317,7 +320,9 @@ def test_engine_core_is_forked_for_uni_unless_told_otherwise(monkeypatch):
     choice, "mp" (multi-node) always does; the variable is restored afterwards."""
     import os
 
-    from rufus.serving.engine import engine_start_method
+    from rufus.serving.engine_processes import EngineProcessLayout
+
+    engine_start_method = EngineProcessLayout().start_method
 
     monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")  # as vLLM's CPU config sets
     monkeypatch.delenv("RUFUS_ENGINE_START_METHOD", raising=False)
@@ -342,7 +347,10 @@ def test_before_fork_runs_only_while_the_builder_forks_the_engine_core():
     process runs it."""
     import os
 
-    import rufus.serving.engine as eng
+    from rufus.serving.engine_processes import EngineProcessLayout
+
+    layout = EngineProcessLayout()
+    layout.hook_forks()  # as its first build does
 
     def fork_and_reap() -> None:
         pid = os.fork()
@@ -353,11 +361,8 @@ def test_before_fork_runs_only_while_the_builder_forks_the_engine_core():
     calls: list[int] = []
     fork_and_reap()
     assert calls == []
-    eng._before_fork = lambda: calls.append(os.getpid())
-    try:
+    with layout.forking(None, lambda: calls.append(os.getpid())):
         fork_and_reap()
-    finally:
-        eng._before_fork = None
     assert calls == [os.getpid()]
 
 
@@ -372,7 +377,7 @@ def test_engine_host_hands_before_fork_to_the_builder(monkeypatch):
 
     monkeypatch.setattr(eng, "build_vllm_engine", fake_build)
     hook = lambda: None  # noqa: E731
-    host = EngineHost({}, name="t", before_fork=hook)
+    host = EngineHost(EngineSpec({}, before_fork=hook), name="t")
     try:
         host.start()
         assert seen["before_fork"] is hook

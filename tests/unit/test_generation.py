@@ -16,7 +16,7 @@ pytest.importorskip("vllm")
 
 from rufus.errors import AtCapacity, Unavailable
 from rufus.serving.cancel import CancelWatcher
-from rufus.serving.engine import READY, EngineHost
+from rufus.serving.engine import READY, EngineHost, EngineSpec
 from rufus.serving.engine_api import Completion, Output
 from rufus.serving.generation import run_generate
 from rufus.serving.metrics import Metrics
@@ -41,7 +41,7 @@ class FakeHost(EngineHost):
     aborted: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        EngineHost.__init__(self, {}, max_outstanding=2)
+        EngineHost.__init__(self, EngineSpec({}), max_outstanding=2)
         self.engine = object()
         self.state = READY
         self.tokenizer = FakeTokenizer()
@@ -142,7 +142,7 @@ def test_cancellation_aborts_in_engine_and_ends_stream():
 def test_dead_engine_error_does_not_pin_the_request_that_saw_it():
     """The error kept for reporting must not hold the frames of the request that noticed
     the death, nor its Triton response sender through them."""
-    host = EngineHost({}, name="t")
+    host = EngineHost(EngineSpec({}), name="t")
     reported: list[BaseException] = []
     host.on_dead = reported.append
 

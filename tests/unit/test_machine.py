@@ -60,7 +60,7 @@ def test_describe_names_the_class_and_bf16():
 
 
 def test_the_answer_engine_takes_every_core_only_without_native_bf16():
-    from rufus.serving.engine import every_core_binding
+    from rufus.serving.engine_processes import every_core_binding
 
     avx2, amx = {"avx2", "fma"}, {"avx2", "avx512f", "avx512_bf16", "amx_bf16"}
     assert every_core_binding(avx2, [0, 1], env={}) == "0,1"

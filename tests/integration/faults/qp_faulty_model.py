@@ -14,6 +14,7 @@ before it does) are not counted.
 import os
 import site
 import sys
+from dataclasses import replace
 
 # As in the shipped model.py: the stub's embedded interpreter ignores PYTHONPATH.
 for _p in reversed([p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]):
@@ -21,6 +22,7 @@ for _p in reversed([p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep
     site.addsitedir(_p)
 
 from rufus.qp.model import QueryPlannerModel  # noqa: E402
+from rufus.serving.engine import EngineSpec  # noqa: E402
 
 FAULT_AT = 2  # the request, counted over every engine of this process, whose pass fails
 
@@ -54,9 +56,9 @@ def crash_on_request(decoder, started: list[int], counting, n: int = FAULT_AT) -
 class TritonPythonModel(QueryPlannerModel):
     """The planner, its engines built by a factory that arms the fault."""
 
-    def setup(self) -> None:
-        super().setup()
-        build = self.host.engine_factory
+    def engine_spec(self, spec: EngineSpec) -> EngineSpec:
+        spec = super().engine_spec(spec)
+        build = spec.factory
         if build is None:
             raise RuntimeError("the fault needs the torch planner engine (qp_backend "
                                "torch_medusa): no engine factory was set")
@@ -68,4 +70,4 @@ class TritonPythonModel(QueryPlannerModel):
             crash_on_request(engine.decoder, started, lambda: self.host.state == "ready")
             return engine
 
-        self.host.engine_factory = faulty_engine
+        return replace(spec, factory=faulty_engine)
