@@ -118,6 +118,8 @@ def prefix_counters(fleet: Fleet) -> tuple[float, float]:
 
 async def conversation(assistant: Any, questions: list[str], arm: str, key: str | None,
                        out: list[TurnResult], think_s: float = 0.0) -> None:
+    from rufus.assistant.turn_events import DoneEvent, TextEvent
+
     history: list[dict[str, str]] = []
     for turn, q in enumerate(questions):
         if turn:
@@ -127,13 +129,14 @@ async def conversation(assistant: Any, questions: list[str], arm: str, key: str 
         try:
             async with contextlib.aclosing(assistant.stream(q, history, key)) as events:
                 async for ev in events:
-                    if ev.type == "text":
-                        text += ev.text
-                    elif ev.type == "done":
-                        t = ev.timings or {}
-                        r.first_token_s = t.get("first_token_s", math.nan)
-                        r.answer_ttft_s = t.get("answer_ttft_s", math.nan)
-                        r.plan_s = t.get("plan_s", math.nan)
+                    match ev:
+                        case TextEvent():
+                            text += ev.text
+                        case DoneEvent():
+                            t = ev.timings
+                            r.first_token_s = t.get("first_token_s", math.nan)
+                            r.answer_ttft_s = t.get("answer_ttft_s", math.nan)
+                            r.plan_s = t.get("plan_s", math.nan)
         except Exception as exc:  # noqa: BLE001 - a failed turn is counted, the run goes on
             r.error = str(exc)[:200]
         out.append(r)

@@ -32,10 +32,13 @@ from __future__ import annotations
 import logging
 import secrets
 from enum import StrEnum
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 MAX_REASON_CHARS = 300    # an InvalidInput reason (and so its log line) is never longer
 MAX_WIRE_CHARS = 1000     # no error message on the wire is longer
+
+# An error's ``outcome`` metric label (the table above).
+Outcome = Literal["error", "invalid", "unavailable", "rejected", "cancelled", "timeout"]
 
 
 class Code(StrEnum):
@@ -54,7 +57,7 @@ class RufusError(Exception):
 
     code: ClassVar[Code] = Code.INTERNAL
     http_status: ClassVar[int] = 500
-    outcome: ClassVar[str] = "error"   # the ``outcome`` label of rufus_requests_total
+    outcome: ClassVar[Outcome] = "error"   # the ``outcome`` label of rufus_requests_total
     retryable: ClassVar[bool] = False  # another unit (or a later try) may succeed
 
     def __init__(self, message: str) -> None:
@@ -99,7 +102,7 @@ class Unavailable(RufusError):
 
     code = Code.UNAVAILABLE
     http_status = 503
-    outcome = "unavailable"
+    outcome: ClassVar[Outcome] = "unavailable"  # a subclass may count itself apart
     retryable = True
 
 

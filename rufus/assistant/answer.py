@@ -33,6 +33,7 @@ import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 from rufus.assistant.answer_checks import is_colour_name
 from rufus.retrieval.catalog import Product
@@ -193,6 +194,14 @@ def _phrase(text: str) -> str:
     return " ".join(w for w in re.findall(r"[a-z]+", text.lower()) if w)
 
 
+# What a catalog name is, and so why a reason naming one not its card's is dropped.
+NameKind = Literal["brand", "product", "colour"]
+# Why a reason is withheld (rufus_assistant_reasons_dropped_total's ``why``): it names
+# another product's brand, product line or colour, repeats itself or a reason shown,
+# has no words, or is no menu entry / no pick line where one is due.
+DropReason = NameKind | Literal["repeat", "short", "format"]
+
+
 @dataclass
 class CatalogNames:
     """The catalog's names a reason must not use unless they are its own card's: brands,
@@ -200,7 +209,7 @@ class CatalogNames:
     the catalog tables (:meth:`default`), plus the served catalog's brands (:meth:`add_brands`,
     from the search vocabulary)."""
 
-    phrases: dict[str, str] = field(default_factory=dict)   # phrase -> kind
+    phrases: dict[str, NameKind] = field(default_factory=dict)   # phrase -> kind
 
     @classmethod
     def default(cls) -> CatalogNames:
@@ -221,7 +230,7 @@ class CatalogNames:
                 names.add(colour, "colour")
         return names
 
-    def add(self, name: str, kind: str) -> None:
+    def add(self, name: str, kind: NameKind) -> None:
         p = _phrase(name)
         if kind == "product" and (p in ORDINARY or len(p) < 4 or all(
                 w in common_words() for w in p.split())):
@@ -238,7 +247,7 @@ class CatalogNames:
 @dataclass(frozen=True)
 class Verdict:
     reason: str | None        # the reason to show, None when dropped
-    dropped: str = ""         # why: brand | product | colour | repeat | short
+    dropped: DropReason | Literal[""] = ""  # why (DropReason); "" when shown
 
 
 class ReasonCheck:
@@ -301,7 +310,7 @@ class PickRenderer:
 
     def __init__(self, products: Sequence[Product], names: CatalogNames,
                  options: Sequence[Sequence[str]] | None = None,
-                 on_drop: Callable[[str], None] | None = None,
+                 on_drop: Callable[[DropReason], None] | None = None,
                  met: Mapping[str, str] | None = None) -> None:
         self.products = list(products)
         self.met = dict(met or {})  # product id -> what of the question its card meets
@@ -311,9 +320,9 @@ class PickRenderer:
         self.buf = ""
         self.current: Product | None = None
         self.picked: list[Product] = []
-        self.dropped: list[str] = []
+        self.dropped: list[DropReason] = []
 
-    def _drop(self, kind: str) -> None:
+    def _drop(self, kind: DropReason) -> None:
         self.dropped.append(kind)
         self.on_drop(kind)
 
@@ -326,7 +335,7 @@ class PickRenderer:
                    else Verdict(None, "format"))
         self.current = None
         if verdict.reason is None:
-            self._drop(verdict.dropped)
+            self._drop(verdict.dropped or "format")  # a withheld reason always says why
             return ".\n"
         return f": {reason_text(verdict.reason)}.\n"
 

@@ -1,5 +1,5 @@
 """The answer model's part of an assistant turn: its request (messages, sampling, the answer
-grammar), its span, and its stream rendered into ``text`` events.
+grammar), its span, and its stream rendered into ``text`` events (:class:`TextEvent`).
 
 Apart from the pipeline (rufus/assistant/pipeline.py), which decides whether and over what
 the model answers: this is one model request, start to end. It reads the assistant through
@@ -26,7 +26,7 @@ from rufus.assistant.answer import (
     reason_options,
 )
 from rufus.assistant.prompt import LinkRenderer, answer_messages
-from rufus.assistant.turn_events import AssistantEvent, AssistantMetrics, child
+from rufus.assistant.turn_events import AssistantMetrics, RenderEnd, ReplyEnd, TextEvent, child
 from rufus.client import AsyncStreams, output_str
 from rufus.retrieval.catalog import Product
 from rufus.serving.admission import Ticket
@@ -54,11 +54,11 @@ async def answer(side: AnswerSide, question: str, products: list[Product],
                  notes: Sequence[str] = (), ticket: Ticket | None = None,
                  menus: list[list[str]] | None = None, max_picks: int = MAX_PICKS,
                  met: dict[str, str] | None = None,
-                 span: Any = None) -> AsyncGenerator[AssistantEvent, None]:
+                 span: Any = None) -> AsyncGenerator[TextEvent | ReplyEnd, None]:
     """The answer model's stream, rendered. With products: picks under the answer
     grammar (rufus.assistant.answer), every fact rendered from the cards, the search's
     notes ahead of the first pick. Off-topic: the model's short reply, links removed.
-    Ends with a ``done`` event carrying the finish reason."""
+    Ends with a :class:`ReplyEnd` carrying the finish reason."""
     products = products[:side.answer_products]  # [n] links only to what the model saw
     sampling: dict[str, Any] = {"max_tokens": side.max_tokens, "temperature": 0.0,
                                 "repetition_penalty": REPETITION_PENALTY}
@@ -90,10 +90,11 @@ async def answer(side: AnswerSide, question: str, products: list[Product],
                 side, an, tensors, conversation, renderer, lead, timings, t0, sent,
                 ticket)) as inner:
             async for ev in inner:
-                if ev.type == "render":
-                    render_s, finish = ev.seconds, ev.finish_reason
-                else:
-                    yield ev
+                match ev:
+                    case RenderEnd():
+                        render_s, finish = ev.seconds, ev.finish_reason
+                    case TextEvent():
+                        yield ev
     except BaseException as exc:
         tracing.end(an, exc if not isinstance(exc, GeneratorExit) else None,
                     **{"rufus.cancelled": isinstance(exc, GeneratorExit
@@ -104,15 +105,15 @@ async def answer(side: AnswerSide, question: str, products: list[Product],
                        or None, "gen_ai.usage.output_tokens": tokens,
                        "gen_ai.response.finish_reasons": [finish or "stop"],
                        "rufus.render_ms": round(render_s * 1e3, 3)})
-    yield AssistantEvent("done", finish_reason=finish or "stop")
+    yield ReplyEnd(finish or "stop")
 
 
 async def _rendered(side: AnswerSide, an: Any, tensors: dict[str, Any], conversation: str | None,
                     renderer: PickRenderer | LinkRenderer, lead: str,
                     timings: dict[str, Any], t0: float, sent: float,
-                    ticket: Ticket | None) -> AsyncGenerator[AssistantEvent, None]:
+                    ticket: Ticket | None) -> AsyncGenerator[TextEvent | RenderEnd, None]:
     """The answer model's stream through the renderer (``an``: the answer's span, which
-    the request to the answer model joins). Ends with a ``render`` event: the seconds
+    the request to the answer model joins). Ends with a :class:`RenderEnd`: the seconds
     spent rendering, and the answer model's finish reason."""
     finish = ""
     tokens = 0
@@ -139,11 +140,11 @@ async def _rendered(side: AnswerSide, an: Any, tensors: dict[str, Any], conversa
                 timings.setdefault("first_token_s", time.monotonic() - t0)
                 if ticket is not None:
                     ticket.first_token()  # what the admission estimate learns from
-                yield AssistantEvent("text", text=lead + text)
+                yield TextEvent(lead + text)
                 lead = ""
     tail = renderer.flush()
     if tail or lead:
         timings.setdefault("first_token_s", time.monotonic() - t0)
-        yield AssistantEvent("text", text=lead + tail)
+        yield TextEvent(lead + tail)
     timings["answer_tokens"] = float(tokens)
-    yield AssistantEvent("render", finish_reason=finish, seconds=render_s)
+    yield RenderEnd(finish, render_s)

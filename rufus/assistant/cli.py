@@ -54,6 +54,7 @@ async def via_triton(url: str, question: str, history: list[dict[str, str]] | No
 
 async def local(url: str, question: str, history: list[dict[str, str]] | None) -> dict:
     from rufus.assistant import Assistant
+    from rufus.assistant.turn_events import DoneEvent, PlanEvent, ProductsEvent, TextEvent
     from rufus.retrieval import default_retriever
 
     a = Assistant(url, default_retriever())
@@ -63,15 +64,16 @@ async def local(url: str, question: str, history: list[dict[str, str]] | None) -
     try:
         async with contextlib.aclosing(a.stream(question, history)) as events:
             async for ev in events:
-                if ev.type == "plan":
-                    plan, fallback = ev.plan or {}, ev.fallback
-                elif ev.type == "products":
-                    print_cards(ev.products or [], plan, fallback)
-                elif ev.type == "text":
-                    sys.stdout.write(ev.text)
-                    sys.stdout.flush()
-                else:
-                    timings = ev.timings
+                match ev:
+                    case PlanEvent():
+                        plan, fallback = ev.plan, ev.fallback
+                    case ProductsEvent():
+                        print_cards(ev.products, plan, fallback)
+                    case TextEvent():
+                        sys.stdout.write(ev.text)
+                        sys.stdout.flush()
+                    case DoneEvent():
+                        timings = ev.timings
     finally:
         await a.aclose()
     return timings

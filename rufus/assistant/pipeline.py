@@ -5,13 +5,14 @@
         async for ev in events:
             ...   # plan, products (cards), text deltas, done
 
-Events, always in this order: one ``plan`` (the planner's plan and its ``fallback`` flag),
-one ``products`` (product cards; empty for intents that need no search), any number of
-``text`` (answer deltas, links already rendered), one ``done`` (``finish_reason``,
-``timings`` in seconds). Bad input raises :class:`rufus.errors.InvalidInput` naming the field before
-any model is called. Stopping early (closing the generator, or cancelling the task that
-iterates it) cancels the planner / answer gRPC streams at once; Triton then marks those
-requests cancelled and the models abort them in their engines (polled every 0.25 s).
+Events (rufus/assistant/turn_events.py), always in this order: one :class:`PlanEvent` (the
+planner's plan and its ``fallback`` flag), one :class:`ProductsEvent` (product cards; empty
+for intents that need no search), any number of :class:`TextEvent` (answer deltas, links
+already rendered), one :class:`DoneEvent` (``finish_reason``, ``timings`` in seconds).
+Bad input raises :class:`rufus.errors.InvalidInput` naming the field before any model is
+called. Stopping early (closing the generator, or cancelling the task that iterates it)
+cancels the planner / answer gRPC streams at once; Triton then marks those requests
+cancelled and the models abort them in their engines (polled every 0.25 s).
 
 Paths by the plan's intent (docs/architecture.md, "Shopping assistant"):
 
@@ -50,8 +51,18 @@ from rufus.assistant.settings import AssistantSettings, PipelineSettings
 # the turn's events, metrics sink and spans: named here too, where callers import them from
 from rufus.assistant.turn_events import AssistantEvent as AssistantEvent
 from rufus.assistant.turn_events import AssistantMetrics as AssistantMetrics
+from rufus.assistant.turn_events import DoneEvent as DoneEvent
 from rufus.assistant.turn_events import NullMetrics as NullMetrics
-from rufus.assistant.turn_events import child, search_attributes
+from rufus.assistant.turn_events import PlanEvent as PlanEvent
+from rufus.assistant.turn_events import ProductsEvent as ProductsEvent
+from rufus.assistant.turn_events import (
+    ReplyEnd,
+    TurnOutcome,
+    TurnPath,
+    child,
+    search_attributes,
+)
+from rufus.assistant.turn_events import TextEvent as TextEvent
 from rufus.assistant.turn_events import turn_span as turn_span
 from rufus.client import AsyncStreams, RequestFailed, output_str
 from rufus.errors import RufusError
@@ -123,7 +134,7 @@ class _Turn:
     span: Any
     t0: float
     timings: dict[str, float] = field(default_factory=dict)
-    path: str = "none"
+    path: TurnPath = "none"
     intent: Any = "other"
     products: list[Product] = field(default_factory=list)
     found: SearchOutcome | None = None
@@ -325,26 +336,26 @@ class Assistant:
         the search), cards, reply; :meth:`_settle` counts the turn however it ended."""
         turns, ticket = self._admit_turn(question, history, ticket)
         turn = _Turn(question, turns, conversation, ticket, span, time.monotonic())
-        outcome = "error"
+        outcome: TurnOutcome = "error"
         warm = asyncio.create_task(self._prewarm(turns, conversation, span)) \
             if turns and self.prewarm else None
         try:
             plan, fallback, reason = await self._plan_step(turn)
-            yield AssistantEvent("plan", plan=plan, fallback=fallback, fallback_reason=reason)
+            yield PlanEvent(plan, fallback, reason)
             await self._route(turn, plan, fallback)
             shown, lines, model_picks = self._render_cards(turn)
-            yield AssistantEvent("products", products=shown, path=turn.path)
+            yield ProductsEvent(shown, turn.path)
             finish = ""
             async with contextlib.aclosing(self._reply(turn, lines, model_picks)) as reply:
                 async for ev in reply:
-                    if ev.type == "done":
-                        finish = ev.finish_reason
-                    else:
-                        yield ev
+                    match ev:
+                        case ReplyEnd():
+                            finish = ev.finish_reason
+                        case TextEvent():
+                            yield ev
             turn.timings["total_s"] = time.monotonic() - turn.t0
             outcome = "fallback" if fallback else "ok"
-            yield AssistantEvent("done", finish_reason=finish, timings=dict(turn.timings),
-                                 path=turn.path)
+            yield DoneEvent(finish, dict(turn.timings), turn.path)
         except (asyncio.CancelledError, GeneratorExit):
             outcome = "cancelled"
             raise
@@ -425,19 +436,19 @@ class Assistant:
         return shown, lines, model_picks
 
     async def _reply(self, turn: _Turn, lines: list[str], model_picks: bool
-                     ) -> AsyncGenerator[AssistantEvent, None]:
-        """The answer's ``text`` events, then one ``done`` with its finish reason: a card
+                     ) -> AsyncGenerator[TextEvent | ReplyEnd, None]:
+        """The answer's text events, then one :class:`ReplyEnd` with its finish reason: a card
         answer (each line out as soon as it is known; then the model's pick, where it must
         pick), a system-written reply, or the answer model's answer."""
         card = turn.card
-        answer: AsyncGenerator[AssistantEvent, None]
+        answer: AsyncGenerator[TextEvent | ReplyEnd, None]
         if card is not None:
             # system-written from the cards, each line out as soon as it is known
             for line in lines:
                 turn.timings.setdefault("first_token_s", time.monotonic() - turn.t0)
-                yield AssistantEvent("text", text=line)
+                yield TextEvent(line)
             if not model_picks:
-                yield AssistantEvent("done", finish_reason="stop")
+                yield ReplyEnd("stop")
                 return
             # "which is better for flights, A or B?": the model picks one of them from a
             # menu of their differences
@@ -449,8 +460,8 @@ class Assistant:
         elif (reply := self._system_reply(turn)) is not None:
             # system-written: a fixed reply, or what was searched and what the catalog has
             turn.timings["first_token_s"] = time.monotonic() - turn.t0
-            yield AssistantEvent("text", text=reply)
-            yield AssistantEvent("done", finish_reason="service")
+            yield TextEvent(reply)
+            yield ReplyEnd("service")
             return
         else:
             answer = self._model_answer(turn)
@@ -469,7 +480,7 @@ class Assistant:
             return self.search.no_results_reply(turn.found, turn.question)
         return None
 
-    def _model_answer(self, turn: _Turn) -> AsyncGenerator[AssistantEvent, None]:
+    def _model_answer(self, turn: _Turn) -> AsyncGenerator[TextEvent | ReplyEnd, None]:
         """The answer model's stream over the turn's products (none: off-topic), with the
         search's notes and, said once where all share it, what each product meets."""
         found = turn.found
@@ -481,7 +492,7 @@ class Assistant:
             self, turn.question, turn.products, turn.turns, turn.path == "general", turn.t0,
             turn.timings, turn.conversation, notes, turn.ticket, met=met, span=turn.span)
 
-    def _settle(self, turn: _Turn, outcome: str, warm: asyncio.Task[None] | None) -> None:
+    def _settle(self, turn: _Turn, outcome: TurnOutcome, warm: asyncio.Task[None] | None) -> None:
         """A turn's end, whatever ended it: its ticket back, the prefill stopped, its outcome
         (under the path it reached) and stage seconds counted."""
         turn.ticket.done()

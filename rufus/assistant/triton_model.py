@@ -28,11 +28,19 @@ from typing import Any
 
 import numpy as np
 
-from rufus.assistant.answer import PickRenderer, answer_grammar, reason_options
+from rufus.assistant.answer import DropReason, PickRenderer, answer_grammar, reason_options
 from rufus.assistant.pipeline import Assistant, NullMetrics, fallback_plan
 from rufus.assistant.pipeline import turn_span as pipeline_turn_span
 from rufus.assistant.prompt import LinkRenderer, answer_messages, cards
 from rufus.assistant.settings import AssistantSettings
+from rufus.assistant.turn_events import (
+    DoneEvent,
+    PlanEvent,
+    ProductsEvent,
+    TextEvent,
+    TurnOutcome,
+    TurnPath,
+)
 from rufus.client import RequestFailed
 from rufus.errors import Cancelled, Internal, InvalidInput, RufusError, Unavailable, client_error
 from rufus.serving.admission import SloAdmission, Ticket
@@ -132,14 +140,14 @@ class TritonAssistantMetrics:
                 labels={**self.labels, "stage": stage}, buckets=STAGE_BUCKETS)
         self.stages[stage].observe(seconds)
 
-    def count(self, outcome: str, path: str) -> None:
+    def count(self, outcome: TurnOutcome, path: TurnPath) -> None:
         key = (outcome, path)
         if key not in self.counters:
             self.counters[key] = self.req_family.Metric(
                 labels={**self.labels, "outcome": outcome, "path": path})
         self.counters[key].increment(1)
 
-    def dropped(self, kind: str) -> None:
+    def dropped(self, kind: DropReason) -> None:
         if kind not in self.drops:
             self.drops[kind] = self.drop_family.Metric(labels={**self.labels, "why": kind})
         self.drops[kind].increment(1)
@@ -172,10 +180,10 @@ class BufferedAssistantMetrics:
     def observe(self, stage: str, seconds: float) -> None:
         self.buffer.event("observe", stage, seconds)
 
-    def count(self, outcome: str, path: str) -> None:
+    def count(self, outcome: TurnOutcome, path: TurnPath) -> None:
         self.buffer.event("count", outcome, path)
 
-    def dropped(self, kind: str) -> None:
+    def dropped(self, kind: DropReason) -> None:
         self.buffer.event("dropped", kind)
 
     def estimate(self, seconds: float) -> None:
@@ -315,29 +323,30 @@ class AssistantModel(TritonModel):
                     req.question, req.history, req.conversation or None,
                     ticket=req.ticket, span=span)) as events:
                 async for ev in events:
-                    if ev.type == "plan":
-                        first["plan"] = _bytes(json.dumps(ev.plan))
-                        first["fallback"] = np.array([ev.fallback], dtype=bool)
-                    elif ev.type == "products":
-                        first["products"] = _bytes(json.dumps(ev.products))
-                        out = (tracing.start_span("stream to client", span)
-                               if span is not None else None)
-                        sink.send(first, None, False)
-                        chunks += 1
-                    elif ev.type == "text":
-                        sink.send({"text_output": _bytes(ev.text)}, None, False)
-                        chunks += 1
-                    else:
-                        self.watcher.forget(key)
-                        sink.send({"text_output": _bytes(""),
-                                   "finish_reason": _bytes(ev.finish_reason),
-                                   "timings": _bytes(json.dumps(ev.timings))}, None, True)
-                        chunks += 1
-                        tracing.end(span, **{"gen_ai.response.finish_reasons":
-                                             [ev.finish_reason], "rufus.path": ev.path,
-                                             "rufus.first_text_s": ev.timings.get(
-                                                 "first_token_s")})
-                        span = None
+                    match ev:
+                        case PlanEvent():
+                            first["plan"] = _bytes(json.dumps(ev.plan))
+                            first["fallback"] = np.array([ev.fallback], dtype=bool)
+                        case ProductsEvent():
+                            first["products"] = _bytes(json.dumps(ev.products))
+                            out = (tracing.start_span("stream to client", span)
+                                   if span is not None else None)
+                            sink.send(first, None, False)
+                            chunks += 1
+                        case TextEvent():
+                            sink.send({"text_output": _bytes(ev.text)}, None, False)
+                            chunks += 1
+                        case DoneEvent():
+                            self.watcher.forget(key)
+                            sink.send({"text_output": _bytes(""),
+                                       "finish_reason": _bytes(ev.finish_reason),
+                                       "timings": _bytes(json.dumps(ev.timings))}, None, True)
+                            chunks += 1
+                            tracing.end(span, **{"gen_ai.response.finish_reasons":
+                                                 [ev.finish_reason], "rufus.path": ev.path,
+                                                 "rufus.first_text_s": ev.timings.get(
+                                                     "first_token_s")})
+                            span = None
         except asyncio.CancelledError:
             error = Cancelled("request was cancelled")
             sink.send(None, error, True)

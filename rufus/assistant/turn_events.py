@@ -1,5 +1,6 @@
 """What one assistant turn gives out, apart from the pipeline that makes it: its events (to the
-caller), its outcome and stage seconds (to a metrics sink) and its spans (to the tracer).
+caller: one class each, :data:`AssistantEvent` their union), its outcome and stage seconds
+(to a metrics sink) and its spans (to the tracer).
 
 Here so that the pipeline (rufus/assistant/pipeline.py) and the answer model's stream
 (rufus/assistant/answer_stream.py) share them without importing each other.
@@ -8,34 +9,92 @@ Here so that the pipeline (rufus/assistant/pipeline.py) and the answer model's s
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
+from rufus.assistant.answer import DropReason
+from rufus.errors import Outcome
 from rufus.retrieval.grounding import SearchOutcome
 from rufus.serving.admission import Ticket
 from rufus.telemetry import tracing
 
-EventType = Literal["plan", "products", "text", "done", "render"]
+# The turn's path, as chosen (the ``path`` label of its metrics): "none" until it is chosen
+# (a turn refused or failing before that), then products (a search's, or the ones an earlier
+# answer listed), service (a fixed reply) or general (off-topic: the model's short answer).
+TurnPath = Literal["none", "products", "service", "general"]
+# How a turn ended (the ``outcome`` label): its own (ok; fallback: answered over the
+# fallback plan) or an error's (rufus.errors: invalid, unavailable, cancelled, ...).
+TurnOutcome = Literal["ok", "fallback"] | Outcome
+
+# Each event class's ``type``, a class constant (``ev.type == "text"`` reads as before).
+EventType = Literal["plan", "products", "text", "done"]
 
 
 @dataclass(frozen=True)
-class AssistantEvent:
-    type: EventType
-    plan: dict[str, Any] | None = None           # plan
-    fallback: bool = False                       # plan
-    fallback_reason: str = ""                    # plan
-    products: list[dict[str, Any]] | None = None  # products: id, title, brand, price, rating, url, image_url
-    text: str = ""                               # text
-    finish_reason: str = ""                      # done: stop | length | service (system-written)
-    # done: seconds (*_s); answer_tokens, answer_prompt_tokens (the answer model's usage)
+class PlanEvent:
+    """First: the planner's plan, and whether it is the fallback plan (and why)."""
+
+    type: ClassVar[Literal["plan"]] = "plan"
+    plan: dict[str, Any]
+    fallback: bool = False
+    fallback_reason: str = ""
+
+
+@dataclass(frozen=True)
+class ProductsEvent:
+    """Second: the product cards (id, title, brand, price, rating, url, image_url; none for
+    a path that needs no search) and the path the turn took."""
+
+    type: ClassVar[Literal["products"]] = "products"
+    products: list[dict[str, Any]]
+    path: TurnPath
+
+
+@dataclass(frozen=True)
+class TextEvent:
+    """An answer delta, links already rendered."""
+
+    type: ClassVar[Literal["text"]] = "text"
+    text: str
+
+
+@dataclass(frozen=True)
+class DoneEvent:
+    """Last: the finish reason (stop | length | the model's own; service: system-written),
+    the stage seconds (``*_s``) and the answer model's usage (``answer_tokens``,
+    ``answer_prompt_tokens``), and the path the turn took."""
+
+    type: ClassVar[Literal["done"]] = "done"
+    finish_reason: str
     timings: dict[str, float] = field(default_factory=dict)
-    path: str = ""                               # products, done: products | service | general
-    seconds: float = 0.0                         # render (internal to the pipeline)
+    path: TurnPath = "none"
+
+
+# What a turn gives its caller, always in this order: one plan, one products, any number
+# of text, one done. Switch on the class (``match ev: case PlanEvent(): ...``).
+AssistantEvent = PlanEvent | ProductsEvent | TextEvent | DoneEvent
+
+
+@dataclass(frozen=True)
+class ReplyEnd:
+    """Internal to the pipeline: the end of a reply's text (a card answer, a system-written
+    reply, the answer model's), with its finish reason; the turn's ``done`` is made from it."""
+
+    finish_reason: str
+
+
+@dataclass(frozen=True)
+class RenderEnd:
+    """Internal to the answer stream: the end of the model's rendered stream, with the
+    model's finish reason and the seconds spent rendering."""
+
+    finish_reason: str
+    seconds: float
 
 
 class AssistantMetrics(Protocol):
     def observe(self, stage: str, seconds: float) -> None: ...
-    def count(self, outcome: str, path: str) -> None: ...
-    def dropped(self, kind: str) -> None: ...
+    def count(self, outcome: TurnOutcome, path: TurnPath) -> None: ...
+    def dropped(self, kind: DropReason) -> None: ...
     def estimate(self, seconds: float) -> None: ...
     def estimate_error(self, seconds: float) -> None: ...
 
@@ -44,10 +103,10 @@ class NullMetrics:
     def observe(self, stage: str, seconds: float) -> None:
         pass
 
-    def count(self, outcome: str, path: str) -> None:
+    def count(self, outcome: TurnOutcome, path: TurnPath) -> None:
         pass
 
-    def dropped(self, kind: str) -> None:
+    def dropped(self, kind: DropReason) -> None:
         pass
 
     def estimate(self, seconds: float) -> None:

@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry, Gauge, Histogram
 
 from rufus.assistant import Assistant
 from rufus.assistant.pipeline import NullMetrics, turn_span, validate_request
+from rufus.assistant.turn_events import DoneEvent, PlanEvent, ProductsEvent, TextEvent
 from rufus.client import RequestFailed
 from rufus.errors import InvalidInput, RufusError
 from rufus.frontend.protocol import ParsedRequest, bad_request, openai_error
@@ -117,25 +118,25 @@ class AssistantHook:
                                                             span=turn)) as events:
                 plan_info: dict[str, Any] = {}
                 async for ev in events:
-                    if ev.type == "plan":
-                        plan_info = {**(ev.plan or {}), "fallback": ev.fallback}
-                    elif ev.type == "products":
-                        cards = ev.products or []
-                        yield HookEvent(text=card_markdown(cards),
-                                        extra={"x_rufus_products": cards,
-                                               "x_rufus_plan": plan_info})
-                    elif ev.type == "text":
-                        yield HookEvent(text=ev.text)
-                    elif ev.type == "done":
-                        finish = "length" if ev.finish_reason == "length" else "stop"
-                        # usage: the answer model's tokens (the cards and pick lines are
-                        # rendered by the system, not generated: README, compatibility)
-                        tracing.end(turn, **{"gen_ai.response.finish_reasons": [finish],
-                                             "rufus.path": ev.path})
-                        turn = None
-                        yield HookEvent(finish=finish, usage=(
-                            int(ev.timings.get("answer_prompt_tokens", 0)),
-                            int(ev.timings.get("answer_tokens", 0))))
+                    match ev:
+                        case PlanEvent():
+                            plan_info = {**ev.plan, "fallback": ev.fallback}
+                        case ProductsEvent():
+                            yield HookEvent(text=card_markdown(ev.products),
+                                            extra={"x_rufus_products": ev.products,
+                                                   "x_rufus_plan": plan_info})
+                        case TextEvent():
+                            yield HookEvent(text=ev.text)
+                        case DoneEvent():
+                            finish = "length" if ev.finish_reason == "length" else "stop"
+                            # usage: the answer model's tokens (the cards and pick lines are
+                            # rendered by the system, not generated: README, compatibility)
+                            tracing.end(turn, **{"gen_ai.response.finish_reasons": [finish],
+                                                 "rufus.path": ev.path})
+                            turn = None
+                            yield HookEvent(finish=finish, usage=(
+                                int(ev.timings.get("answer_prompt_tokens", 0)),
+                                int(ev.timings.get("answer_tokens", 0))))
         except BaseException as exc:
             tracing.end(turn, exc if isinstance(exc, Exception) else None)
             turn = None

@@ -10,7 +10,13 @@ from collections.abc import AsyncIterator
 import pytest
 from fastapi.testclient import TestClient
 
-from rufus.assistant.pipeline import AssistantEvent
+from rufus.assistant.pipeline import (
+    AssistantEvent,
+    DoneEvent,
+    PlanEvent,
+    ProductsEvent,
+    TextEvent,
+)
 from rufus.frontend import targets
 from rufus.frontend.app import Settings, create_app
 from rufus.frontend.assistant_hook import AssistantHook, card_markdown, split_messages
@@ -29,10 +35,10 @@ class FakeAssistant:
                      ) -> AsyncIterator[AssistantEvent]:
         self.calls.append((question, history))
         self.keys.append(conversation)
-        yield AssistantEvent("plan", plan={"intent": "product_search"})
-        yield AssistantEvent("products", products=[CARD], path="products")
-        yield AssistantEvent("text", text="Try [Trail Runner](https://shop.example/p1).")
-        yield AssistantEvent("done", finish_reason="stop")
+        yield PlanEvent(plan={"intent": "product_search"})
+        yield ProductsEvent(products=[CARD], path="products")
+        yield TextEvent(text="Try [Trail Runner](https://shop.example/p1).")
+        yield DoneEvent(finish_reason="stop")
 
 
 @pytest.fixture
@@ -175,11 +181,11 @@ def test_assistant_usage_is_the_answer_models(app_client, fake_assistant):
     """stream_options.include_usage (and the non-streaming body) report the answer model's
     prompt and generated tokens, as vLLM's server reports its model's."""
     async def stream(question, history, conversation=None, ticket=None, span=None):
-        yield AssistantEvent("plan", plan={"intent": "product_search"})
-        yield AssistantEvent("products", products=[CARD], path="products")
-        yield AssistantEvent("text", text="1. [x](https://shop.example/p1) — $59.50, 4.2 stars.")
-        yield AssistantEvent("done", finish_reason="stop",
-                             timings={"answer_tokens": 9.0, "answer_prompt_tokens": 212.0})
+        yield PlanEvent(plan={"intent": "product_search"})
+        yield ProductsEvent(products=[CARD], path="products")
+        yield TextEvent(text="1. [x](https://shop.example/p1) — $59.50, 4.2 stars.")
+        yield DoneEvent(finish_reason="stop",
+                        timings={"answer_tokens": 9.0, "answer_prompt_tokens": 212.0})
 
     fake_assistant.stream = stream
     r = app_client.post("/v1/chat/completions", json={
