@@ -52,7 +52,10 @@ waterproof lighter heavier cheaper better quieter louder bigger smaller availabl
 _ORDINAL = re.compile(r"\b(?P<the>the\s+|your\s+)?(?P<ord>first|second|third|fourth|fifth|last|"
                       r"1st|2nd|3rd|4th|5th|top)\b(?:\s+(?P<n>two|three|four|2|3|4)\b)?"
                       r"(?:\s+(?P<next>[a-z]+))?")
-_NUMBERED = re.compile(r"\b(?:number|no\.?|#|option|pick|item)\s*(?P<n>[1-5])\b")
+# "number 2", "#2", "option three"
+_NUMBERED = re.compile(r"(?:\bnumber\s*|#\s*)(?P<n>[1-5]|one|two|three|four|five)\b|"
+                       r"\b(?:no\.?|option|pick|item)\s*(?P<d>[1-5])\b")
+_WORD_NUMBER = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5}
 _PAIR = re.compile(r"\b(?:compare|between|of)\s+(?:#|number\s+)?([1-5])\s*(?:and|&|vs\.?|or|,)\s*"
                    r"(?:#|number\s+)?([1-5])\b")
 _BOTH = re.compile(r"\b(?:both(?:\s+of\s+(?:them|those|these))?|those\s+two|these\s+two|the\s+two|"
@@ -63,6 +66,9 @@ _NARROWING = re.compile(r"\b(?:any|ones|those|these|others|them|they)\b")
 # "is a lighter than b": a comparative asks which, too
 _COMPARATIVE = re.compile(r"\b\w+er\s+than\b|\b(?:more|less)\s+\w+\s+than\b")
 _VERSUS = re.compile(r"\b(?:vs|versus|against)\b|\bcompared?\s+(?:to|with)\b")
+# "the lightest of a, b and c", "widest angle out of": a superlative asks which, too
+_SUPERLATIVE = re.compile(r"\b(?:best|most|least|(?!(?:inter|lat|hon|for|re|requ|gu|ch|n|w|v|qu|dig|"
+                          r"sugg|cont|prot|t|b|pr)est\b)[a-z]{2,}est)\b")
 # "a vs b", "which ... a or b": two products asked about (one recognised is not the answer)
 _ONE_OF_TWO = re.compile(r"\b(?:vs|versus)\b|\bwhich\b.*\bor\b|\bcompared?\s+(?:to|with)\b")
 _WHICH = re.compile(r"\b(?:which|better|or|should\s+i\s+(?:get|buy|go\s+with|pick|choose)|"
@@ -76,7 +82,8 @@ _ASKS = re.compile(r"^\s*(?:is|are|does|do|can|could|will|would|how|what|whats|w
 # ... but not a request for an opinion (the usual picks show it first)
 _OPINION = re.compile(r"\b(?:worth|good|best|recommend|review|reviews|love)\b")
 # A size the question asks for ("size 8", "in a kids 12c", "in king").
-_SIZE_ASK = re.compile(r"\bsize\s+(?P<a>\d{1,2}(?:\.5)?\s*[ck]?|[a-z]{1,3})\b|"
+_SIZE_ASK = re.compile(r"\bsize\s+(?P<a>\d{1,2}(?:\.5)?\s*[ck]?|"
+                       r"(?!(?:in|of|on|for|is|and|or|the|mah)\b)[a-z]{1,3})\b|"
                        r"\b(?P<b>\d{1,2}(?:\.5)?c)\b")
 _DETAILS = re.compile(r"\b(?:tell\s+me\s+(?:more|about)|more\s+about|details?|specs?|"
                       r"specifications|what\s+about|info(?:rmation)?)\b")
@@ -126,10 +133,14 @@ def positions(question: str, shown: int) -> list[int]:
             ok = not nxt or nxt in _REF_NEXT or nxt in _ATTRIBUTE_NEXT
         else:  # "first one", or the second of a list: "the 1st and 3rd", "first or second"
             ok = nxt in ("one", "pick", "option", "product", "item", "choice") or (
-                bool(out) and before.endswith(("and", "or", ",", "&", "vs")))
+                bool(out) and before.endswith(("and", "or", ",", "&", "vs"))) or (
+                # "first vs second?": the first of a list of ordinals
+                nxt in ("and", "or", "vs", "versus") and bool(_ORDINAL.search(q, m.end())))
         if ok:
             out.append(shown - 1 if ordinal < 0 else ordinal - 1)
-    out += [int(m.group("n")) - 1 for m in _NUMBERED.finditer(q)]
+    for m in _NUMBERED.finditer(q):
+        n = m.group("n") or m.group("d")
+        out.append((_WORD_NUMBER.get(n) or int(n)) - 1)
     for m in _PAIR.finditer(q):  # "compare 1 and 3"
         out += [int(m.group(1)) - 1, int(m.group(2)) - 1]
     if not out and _BOTH.search(q):
@@ -229,7 +240,8 @@ def plan(question: str, targets: Sequence[Product], catalog_keys: Iterable[str],
         keys = value_keys(question, targets[0].attributes, ignore)
     if len(targets) >= 2:  # two products named or referred to: compare them
         # "a vs b battery life": the spec named decides, as "which lasts longer" would
-        which = bool(_WHICH.search(q) or _COMPARATIVE.search(q) or (keys and _VERSUS.search(q)))
+        which = bool(_WHICH.search(q) or _COMPARATIVE.search(q) or _SUPERLATIVE.search(q)
+                     or (keys and _VERSUS.search(q)))
         return CardAnswer("compare", targets, keys, which=which)
     if (_SEARCHING.search(q) or _ONE_OF_TWO.search(q)) and not by_reference:
         return None  # "a vs b" with b not recognised: the usual picks, not a's card alone

@@ -7,7 +7,8 @@ mapped to attribute keys in one place (:func:`asked_keys`), from
 - the key's own words (``dishwasher_safe``: "dishwasher" and "safe"; ``works_with_mac``:
   "mac"), one typo allowed in a word of five letters or more ("dishwaser");
 - its unit (``battery_hours``: "how many hours");
-- the other ways customers say a feature (rufus.retrieval.constraints.FEATURE_WORDS) and
+- the other ways customers say a key (rufus.retrieval.constraints.feature_words: a hand
+  table and data/catalog/phrases.jsonl) and
   a question (:data:`ASK_WORDS`: "how long does it last", "how heavy", "made of").
 
 A value is written by :func:`value_text` ("24 hours", "1.2 lb", "yes"), its name by
@@ -24,7 +25,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 
 from rufus.retrieval.catalog import AttrValue
-from rufus.retrieval.constraints import _KEY_GLUE, _SLEEPS, FEATURE_WORDS, UNITS
+from rufus.retrieval.constraints import _KEY_GLUE, _SLEEPS, UNITS, feature_words
 from rufus.retrieval.spelling import edit_distance, stem1
 
 # Question phrases -> words of the keys they ask about (matched against a key's words).
@@ -81,6 +82,7 @@ ASK_WORDS: dict[str, tuple[str, ...]] = {
     "iphone": ("iphone",), "android": ("android",), "alexa": ("alexa",), "mac": ("mac",),
     "macbook": ("mac",), "homekit": ("homekit",), "dishwasher": ("dishwasher",),
     "oven": ("oven",), "induction": ("induction",), "latex": ("latex",),
+    "narrower": ("width",), "narrowest": ("width",), "wider": ("width",), "how wide": ("width",),
 }
 _ONE_WORD_ASKS = {p: k for p, k in ASK_WORDS.items() if " " not in p and len(p) >= 5}
 # "weight limit", "how much can it hold": a key's "max" said
@@ -135,9 +137,14 @@ LABELS = {"battery": "battery life", "weight": "weight", "screen": "screen size"
 # Keys whose smaller value is better (a comparison's pick): weights, noise, thickness of a
 # laptop, price. Everything else numeric: larger is better (battery, capacity, warranty).
 _LOWER_BETTER = ("weight", "noise", "decibel", "db", "price", "drop")
+# A time it takes to do something (a response, a charge, a boil): shorter is better, and
+# "faster" / "quicker" mean shorter; not a time it keeps going (battery, run, play, flight).
+_TIME_TO = ("response", "latency", "lag", "charge", "charging", "recharge", "boil", "heat",
+            "preheat", "setup", "dry", "drying", "cook", "brew")
+_SOONER = ("faster", "fastest", "quicker", "quickest", "sooner", "shorter")
 # Comparative words and which way they point ("lighter": lower weight).
 _LOWER = ("lighter", "lightest", "cheaper", "cheapest", "quieter", "quietest", "smaller",
-          "smallest", "thinner", "compact")
+          "smallest", "thinner", "compact", "narrower", "narrowest", "slimmer", "slimmest")
 _HIGHER = ("longer", "longest", "bigger", "biggest", "larger", "largest", "more", "most",
            "heavier", "louder", "brighter", "faster", "higher", "deeper", "taller", "stronger",
            "thicker", "powerful", "farther", "further")
@@ -262,6 +269,38 @@ def _counted(key: str, q: str) -> bool:
                for i, w in enumerate(ws))
 
 
+# Words a phrase matches without ("on an airplane" says "on a plane"'s "on ... plane").
+_ARTICLES = frozenset({"a", "an", "the", "my", "your", "our", "its", "their", "this", "that"})
+
+
+@functools.lru_cache(maxsize=8192)
+def _phrase_words(phrase: str) -> tuple[str, ...]:
+    return tuple(w for w in _TOKEN.findall(phrase) if w not in _ARTICLES)
+
+
+def _loosely_in(phrase: str, q: str, skip: set[str]) -> bool:
+    """``phrase`` said in ``q`` less articles and possessives, each word as said or with one
+    typo ("montly fee", "charge my macbok"), or its words run together with one typo
+    ("hotswapable" for "hot swappable"); never by a word of the product's name (``skip``:
+    its stems; "Ninja Foodi DualZone" asks no "dual zone")."""
+    want = _phrase_words(phrase)
+    ws = [w for w in q.split() if w not in _ARTICLES and stem1(w) not in skip]
+    if not want or not ws:
+        return False
+    if len(want) > 1:
+        joined = "".join(want)
+        if any(w == joined or typo_of(w, joined) for w in ws):
+            return True
+    n = len(want)
+    return any(all(a == b or typo_of(a, b) for a, b in zip(ws[i:i + n], want, strict=True))
+               for i in range(len(ws) - n + 1))
+
+
+def _unit_typos(raw: set[str], units: set[str]) -> set[str]:
+    """The unit words (five letters or more) that ``raw`` says with one typo."""
+    return {u for u in units if len(u) >= 5 and any(w != u and typo_of(w, u) for w in raw)}
+
+
 def _key_score(key: str, q: str, raw: set[str], words: set[str], hint: set[str],
                skip: set[str]) -> float:
     """How strongly ``q`` asks about ``key`` (0: not at all); see :func:`asked_keys`."""
@@ -285,15 +324,18 @@ def _key_score(key: str, q: str, raw: set[str], words: set[str], hint: set[str],
     if score > 0:
         # "for a group of 6": a head count asks what it takes at most
         said = raw | ({"max"} if raw & _SAYS_MAX or _HEADCOUNT.search(q) else set())
+        if raw & {"more", "most"}:
+            said |= {"max"}  # "which takes more players": the most it takes, not the fewest
         score -= 0.25 * sum(1 for w in key_words(key) if w in _GLUE and w not in said and w != unit)
     if key.endswith("_count") and _counted(key, q):
         score = max(score, 3.0)  # "how many cards fit": card_capacity_count; "more modes"
-    for phrase in FEATURE_WORDS.get(key, ()):
-        if f" {phrase} " in q and not set(_stems(phrase)) <= skip:  # not the name's words
-            score = max(score, 3.0 + len(phrase.split()))
+    for phrase in feature_words(key):
+        if not set(_stems(phrase)) <= skip and (f" {phrase} " in q or _loosely_in(phrase, q, skip)):
+            score = max(score, 3.0 + len(phrase.split()))  # not the name's words
     units, duration = _unit_asks(key, unit, q)
-    said_unit = bool(raw & units or {w.removesuffix("s") for w in raw} & units) or duration
-    strong = duration or bool(raw & (units - _WEAK_UNITS))
+    typed = _unit_typos(raw, units)  # "how many lumins", "which is brigher"
+    said_unit = bool(raw & units or {w.removesuffix("s") for w in raw} & units or typed) or duration
+    strong = duration or bool(raw & (units - _WEAK_UNITS) or typed - _WEAK_UNITS)
     if score and unit and said_unit:
         score += 1.0  # "how many hours": the key in hours over the one in minutes
     elif not score and units and (_how_many(frozenset(units)).search(q) or strong):
@@ -345,6 +387,9 @@ def better(key: str, question: str = "") -> int:
     ws = _TOKEN.findall(question.lower())
     if "temp" in key and any(w.startswith("warm") for w in ws):
         return -1  # a sleeping bag's lower temperature rating keeps you warmer
+    if unit_of(key) in _DURATION_UNITS | {"ms"} and any(w in key_words(key) for w in _TIME_TO):
+        longer = any(w in ("longer", "longest", "slower", "slowest") for w in ws)
+        return 1 if longer else -1  # "faster response time": the lower one
     for w in ws:  # "ligher" too
         if w in _LOWER or any(typo_of(w, x) for x in _LOWER):
             return -1

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, TypeGuard
 
 from rufus.retrieval.catalog import BASE_URL, IMAGE_URL, AttrValue, CatalogError, Product
+from rufus.retrieval.phrases import phrase_problem
 
 ROOT = Path(__file__).resolve().parents[2]
 CATALOG_DIR = ROOT / "data" / "catalog"
@@ -182,6 +183,10 @@ def read_models(directory: str = str(CATALOG_DIR)) -> tuple[tuple[CategorySpec, 
                 cats[c.key] = c
             elif kind == "needs":
                 needs.append((src, n, obj))
+            elif kind == "phrases":  # read by rufus/retrieval/phrases.py; checked here
+                bad = phrase_problem(obj)
+                if bad is not None:
+                    raise CatalogError(src, n, *bad)
             elif kind == "model":
                 m = _model(obj, cats, src, n)
                 if m.model.lower() in seen:
@@ -189,7 +194,7 @@ def read_models(directory: str = str(CATALOG_DIR)) -> tuple[tuple[CategorySpec, 
                 seen.add(m.model.lower())
                 models.append(m)
             else:
-                raise CatalogError(src, n, "kind", "must be header, category, needs or model")
+                raise CatalogError(src, n, "kind", "must be header, category, needs, phrases or model")
     for src, n, obj in needs:  # a category's needs may come from a file read before it
         spec = cats.get(obj.get("category", ""))
         phrases = obj.get("needs")

@@ -15,6 +15,7 @@ important kind first (:data:`RELAX_RANK`), and says which in a system-written no
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -23,6 +24,7 @@ from typing import Literal
 
 from rufus.retrieval.base import STOPWORDS, norm_brand
 from rufus.retrieval.catalog import AttrValue, Product
+from rufus.retrieval.phrases import catalog_phrases
 from rufus.retrieval.spelling import stem1
 from rufus.retrieval.taxonomy import Taxonomy
 
@@ -56,7 +58,8 @@ _NUM_UNIT = re.compile(
     + "|".join(re.escape(a) for a, _ in _ALIAS) + r")(?![a-z])")
 # "3 burner", "1000 piece", "88 key": a count of things (keys ``<thing>_count``)
 _NUM_COUNT = re.compile(r"(?<![\w.$])(?P<num>\d+)\s*-?\s*(?P<thing>[a-z]{3,12}?)(?:s|es)?\b")
-_SLEEPS = re.compile(r"\b(?:sleeps|seats|fits|for|family\s+of|group\s+of)\s+(?:up\s+to\s+)?"
+_SLEEPS = re.compile(r"\b(?:sleeps|seats|fits|for|family\s+of|group\s+of)\s+"
+                     r"(?:up\s+to\s+|(?P<least>at\s+least\s+|(?:a\s+)?minimum\s+(?:of\s+)?))?"
                      r"(?P<num>\d{1,2})"
                      r"(?:\s+(?:people|persons|adults|campers|kids))?\b")
 _AT_MOST = re.compile(r"(?:under|below|less\s+than|up\s+to|at\s+most|no\s+more\s+than|max(?:imum)?|"
@@ -111,6 +114,13 @@ FEATURE_WORDS: dict[str, tuple[str, ...]] = {
     "rotating": ("rotating", "rotate", "rotates", "swivel", "swivels", "spins around"),
     "cooling": ("cooling", "sleep hot", "sleeps hot", "keeps me cool", "cool to the touch"),
 }
+
+
+def feature_words(key: str) -> tuple[str, ...]:
+    """The other ways customers say ``key``: the table above, then data/catalog/phrases.jsonl."""
+    return FEATURE_WORDS.get(key, ()) + catalog_phrases().get(key, ())
+
+
 # Words of a feature key that the customer need not say ("works_with_homekit": "homekit").
 _KEY_GLUE = frozenset({"works", "with", "has", "have", "is", "included", "built", "in", "mode",
                        "control", "compatible", "support", "available", "option"})
@@ -309,11 +319,19 @@ def parse(question: str, cats: Sequence[str], tax: Taxonomy,
     return out
 
 
+_WORD_NUMBERS = {"two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8,
+                 "nine": 9, "ten": 10, "twelve": 12}
+_WORD_NUMBER = re.compile(r"\b(" + "|".join(_WORD_NUMBERS) + r")\b")
+
+
 def _numbers(low: str, cats: Sequence[str], tax: Taxonomy, types: dict[str, str]) -> list[Constraint]:
     """Counts of people first ("sleeps 4", "for 6 people", "4 person"), then numbers with a
     unit ("65 inch", "20 lb"), then counts of things; each span of the question read once."""
     out: list[Constraint] = []
     used: list[tuple[int, int]] = []
+    # "comes with two batteries", "sleeps six": a number said as a word ("one" is too often
+    # no number: "one that folds")
+    low = _WORD_NUMBER.sub(lambda m: str(_WORD_NUMBERS[m.group(1)]), low)
 
     def free(m: re.Match[str]) -> bool:
         """Whether ``m`` overlaps no span already read as a number."""
@@ -323,7 +341,8 @@ def _numbers(low: str, cats: Sequence[str], tax: Taxonomy, types: dict[str, str]
     for m in _SLEEPS.finditer(low):
         if people and free(m) and (m.group(0).startswith(("sleeps", "seats", "family", "group")) or
                                    re.search(r"people|persons|adults|campers|kids", m.group(0))):
-            op = _op(low[max(0, m.start() - 20):m.start()], False, low[m.end():m.end() + 20])
+            op = ">=" if m.group("least") else _op(low[max(0, m.start() - 20):m.start()], False,
+                                                    low[m.end():m.end() + 20])
             out.append(Constraint("number", people, float(m.group("num")), op, m.group(0).strip()))
             used.append(m.span())
     for m in _NUM_UNIT.finditer(low):
@@ -384,6 +403,24 @@ def _sizes(low: str, types: dict[str, str]) -> list[Constraint]:
     return out
 
 
+def _negated(q: str, phrase: str) -> bool:
+    """"no monthly fee", "without a c wire": the feature said, and not wanted."""
+    return bool(re.search(r"\b(?:no|not|non|without|never|avoid)\s+(?:\w+\s+)?"
+                          + re.escape(phrase) + r"\b", q))
+
+
+def _said_joined(q: str, key: str) -> str | None:
+    """The two words of ``q`` that make the one-word ``key`` ("touch screen": touchscreen;
+    words of three letters or more each), or None."""
+    if "_" in key or len(key) < 7:
+        return None
+    ws = q.split()
+    for a, b in itertools.pairwise(ws):
+        if len(a) >= 3 and len(b) >= 3 and a + b == key:
+            return f"{a} {b}"
+    return None
+
+
 def _features(q: str, low: str, types: dict[str, str]) -> list[Constraint]:
     """The boolean features the question asks for, by name, by another way to say it, or by
     the key's own words in any order; "waterproof" as a water rating."""
@@ -393,12 +430,17 @@ def _features(q: str, low: str, types: dict[str, str]) -> list[Constraint]:
     for k, t in types.items():
         if t != "boolean":
             continue
-        for phrase in (k.replace("_", " "), *FEATURE_WORDS.get(k, ())):
-            if _has(q, phrase):
+        for phrase in (k.replace("_", " "), *feature_words(k)):
+            if _has(q, phrase) and not _negated(q, phrase):
                 out.append(Constraint("feature", (k,), "true", "=", phrase))
                 seen_features.add(k)
                 break
         else:
+            joined = _said_joined(q, k)  # "touch screen": touchscreen
+            if joined:
+                out.append(Constraint("feature", (k,), "true", "=", joined))
+                seen_features.add(k)
+                continue
             # the key's own words in any order ("quiet" for quiet_mode, "removes lead and
             # pfas" for removes_pfas), less the words that only glue a key's name together
             need = [w for w in k.split("_") if w not in _KEY_GLUE]

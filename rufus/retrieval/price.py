@@ -44,6 +44,11 @@ _UNIT = re.compile(
     r"percent|degrees?|sq|x|series|gen|th|st|nd|rd)(?![a-z])|%)")
 
 
+# ... and neither is a bare number a head count's cue comes before ("sleeps up to 4").
+_COUNT_BEFORE = re.compile(r"\b(?:sleeps|seats|fits|holds|serves|carries|takes)\s+"
+                           r"(?:up\s+to|upto|at\s+most|max(?:imum)?)\s*$")
+
+
 @dataclass(frozen=True)
 class Price:
     """A price stated in text."""
@@ -69,7 +74,7 @@ def parse_price_cap(text: str) -> Price | None:
         before, after = low[:m.start()], low[m.end():]
         if not (_CUE_BEFORE.search(before) or _CUE_AFTER.match(after)):
             continue
-        if not (pre or post) and _UNIT.match(after):
+        if not (pre or post) and (_UNIT.match(after) or _COUNT_BEFORE.search(before)):
             continue
         # "1,200" is grouped thousands (matched first); "1,5k" and "9,99" a decimal comma
         amount = float(m.group("num").replace(",", "") + (m.group("dec") or "").replace(",", "."))

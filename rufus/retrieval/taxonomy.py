@@ -312,7 +312,9 @@ class Taxonomy(NeedIndex, ModelIndex):
         firsts = [c for s, c in kept if phrase[s] == 0] + [m.category for s, _, m in models
                                                            if phrase[s] == 0]
         res.named_first = bool(firsts)
-        if res.accessory and not [c for s, c in kept if phrase[s] == 0]:
+        # an accessory asked for ("case for my airpods"), unless the first phrase names what
+        # is wanted ("sonos arc or bose smart soundbar? my tv stand is tiny")
+        if res.accessory and not firsts:
             return Resolution(accessory=True)
         # said from the first phrase on, its words together ("surround sound", "light for
         # reading" whose "for" is the need's own; not "moving our 2 year old out")
