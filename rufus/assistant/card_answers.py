@@ -42,7 +42,8 @@ _ORD = {"first": 1, "1st": 1, "second": 2, "2nd": 2, "third": 3, "3rd": 3, "four
 _COUNT = {"two": 2, "2": 2, "three": 3, "3": 3, "four": 4, "4": 4}
 # After "the second": what makes it a reference to a listed product, not "the first time".
 _REF_NEXT = frozenset("""
-one ones pick option product item listing choice of and or vs is does do has have come comes
+one ones pick option product item listing choice pair model set of and or vs is does do has have
+come comes
 weigh weighs cost costs last lasts work works support supports in with better worth good
 """.split())
 # "is the first waterproof", "the second lighter": an attribute word right after it.
@@ -56,8 +57,8 @@ _ORDINAL = re.compile(r"\b(?P<the>the\s+|your\s+)?(?P<ord>first|second|third|fou
 _NUMBERED = re.compile(r"(?:\bnumber\s*|#\s*)(?P<n>[1-5]|one|two|three|four|five)\b|"
                        r"\b(?:no\.?|option|pick|item)\s*(?P<d>[1-5])\b")
 _WORD_NUMBER = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5}
-_PAIR = re.compile(r"\b(?:compare|between|of)\s+(?:#|number\s+)?([1-5])\s*(?:and|&|vs\.?|or|,)\s*"
-                   r"(?:#|number\s+)?([1-5])\b")
+_PAIR = re.compile(r"(?:\b(?:compare|between|of)\s+|^\s*)(?:#|number\s+)?([1-5])\s*"
+                   r"(?:and|&|vs\.?|or|,)\s*(?:#|number\s+)?([1-5])\b")
 _BOTH = re.compile(r"\b(?:both(?:\s+of\s+(?:them|those|these))?|those\s+two|these\s+two|the\s+two|"
                    r"all\s+(?:three|3)|those\s+three)\b")
 _IT = re.compile(r"\b(?:it|that\s+one|this\s+one)\b")

@@ -82,6 +82,7 @@ ASK_WORDS: dict[str, tuple[str, ...]] = {
     "iphone": ("iphone",), "android": ("android",), "alexa": ("alexa",), "mac": ("mac",),
     "macbook": ("mac",), "homekit": ("homekit",), "dishwasher": ("dishwasher",),
     "oven": ("oven",), "induction": ("induction",), "latex": ("latex",),
+    "at night": ("night", "vision"), "in the dark": ("night", "vision"),
     "narrower": ("width",), "narrowest": ("width",), "wider": ("width",), "how wide": ("width",),
 }
 _ONE_WORD_ASKS = {p: k for p, k in ASK_WORDS.items() if " " not in p and len(p) >= 5}
@@ -90,10 +91,11 @@ _SAYS_MAX = frozenset({"limit", "max", "maximum", "most", "hold", "holds", "supp
 # "wifi 6 or 6e": the Wi-Fi standard
 _WIFI = re.compile(r"\bwi\s*-?\s*fi\s*\d|\b6e\b")
 # "how long does the first one run", "how long will it last": battery or run time.
-_ASK_PATTERNS = ((re.compile(r"\bhow\s+long\s+(?:does|do|will|can|would)\b.{0,40}\b(?:run|last|go|play)\b"),
+_ASK_PATTERNS = ((re.compile(r"\bhow\s+long\s+(?:does|dose|dos|do|will|can|would)\b.{0,40}"
+                              r"\b(?:run|last|go|play)\b"),
                   ("battery", "runtime")),)
 # "how long does a round take", "which runs longer": a duration asked (keys in these units)
-_DURATION = re.compile(r"\bhow\s+long\s+(?:does|do|will|can|would|is\s+it\s+good\s+for)\b|"
+_DURATION = re.compile(r"\bhow\s+long\s+(?:does|dose|dos|do|will|can|would|is\s+it\s+good\s+for)\b|"
                        r"\b(?:run|last|play|go|stay|work|take)(?:s|es|ing)?\s+(?:\w+\s+)?long(?:er|est)?\b")
 _TAKES_TO = re.compile(r"\btak(?:e|es|ing)\s+(?:\w+\s+)?to\s+(?:fully\s+)?([a-z]+)")
 _DURATION_UNITS = frozenset({"hours", "minutes", "days", "weeks", "s"})
@@ -233,9 +235,11 @@ def _hints(q: str, raw: set[str], skip: set[str]) -> set[str]:
     for phrase, kws in ASK_WORDS.items():
         if f" {phrase} " in q and not set(_stems(phrase)) <= skip:
             hinted.update(kws)
-    for w in raw:  # "ligher", "wieght": one typo of a one-word phrase
+    for w in raw:  # "ligher", "wieght", "hevy": one typo of a one-word phrase
         for phrase, kws in _ONE_WORD_ASKS.items():
-            if w != phrase and typo_of(w, phrase):
+            if w != phrase and (typo_of(w, phrase) or (
+                    len(w) == 4 and len(phrase) == 5 and w[0] == phrase[0]
+                    and edit_distance(w, phrase) == 1)):
                 hinted.update(kws)
     if _WIFI.search(q):
         hinted.update(("wifi", "standard"))
@@ -296,6 +300,12 @@ def _loosely_in(phrase: str, q: str, skip: set[str]) -> bool:
                for i in range(len(ws) - n + 1))
 
 
+def _several(thing: str, q: str) -> bool:
+    """"3 cats", "two devices", "several users": more than one ``thing`` said."""
+    return bool(re.search(r"\b(?:[2-9]|two|three|four|five|six|multiple|several|more\s+than\s+one)\s+"
+                          + re.escape(stem1(thing)) + r"s?\b", q))
+
+
 def _unit_typos(raw: set[str], units: set[str]) -> set[str]:
     """The unit words (five letters or more) that ``raw`` says with one typo."""
     return {u for u in units if len(u) >= 5 and any(w != u and typo_of(w, u) for w in raw)}
@@ -327,6 +337,8 @@ def _key_score(key: str, q: str, raw: set[str], words: set[str], hint: set[str],
         if raw & {"more", "most"}:
             said |= {"max"}  # "which takes more players": the most it takes, not the fewest
         score -= 0.25 * sum(1 for w in key_words(key) if w in _GLUE and w not in said and w != unit)
+    if key.startswith("multi_") and _several(key.removeprefix("multi_"), q):
+        score = max(score, 3.0)  # "a house with 3 cats": multi_cat
     if key.endswith("_count") and _counted(key, q):
         score = max(score, 3.0)  # "how many cards fit": card_capacity_count; "more modes"
     for phrase in feature_words(key):

@@ -129,3 +129,19 @@ def test_a_products_own_name_asks_no_phrase():
                       ["Ninja Foodi DualZone"])[:1] == ["dishwasher_safe"]
     assert asked_keys("which is lighter, the merrell moab 3 mid waterproof or the other", keys,
                       ["Merrell Moab 3 Mid Waterproof"])[:1] == ["weight_lb"]
+
+
+@pytest.mark.parametrize("q, keys, key", [
+    ("how long dose it run on batteries", ["battery_hours", "weight_lb"], "battery_hours"),
+    ("will it record in the dark", ["night_vision", "resolution"], "night_vision"),
+    ("fine for two users?", ["multi_user", "weight_lb"], "multi_user"),
+    ("how hevy is it", ["weight_lb", "resolution"], "weight_lb"),
+])
+def test_held_out_set_6_rules_on_other_wordings(q, keys, key):
+    assert asked_keys(q, keys)[:1] == [key]
+
+
+def test_a_pair_or_set_by_its_position():
+    assert ca.positions("how much is the second pair", 5) == [1]
+    assert ca.positions("1 or 3, which is quieter?", 5) == [0, 2]  # a follow-up led by two positions
+    assert ca.positions("is it 2 and a half feet tall", 5) == []
