@@ -66,6 +66,7 @@ from rufus.assistant.turn_events import TextEvent as TextEvent
 from rufus.assistant.turn_events import turn_span as turn_span
 from rufus.client import AsyncStreams, RequestFailed, output_str
 from rufus.errors import RufusError
+from rufus.qp.plan import fallback_plan as planner_fallback
 from rufus.retrieval.base import MAX_QUERY_CHARS, ProductSource, Retriever, query_terms
 from rufus.retrieval.catalog import Product
 from rufus.retrieval.grounding import GroundedSearch, SearchOutcome
@@ -92,12 +93,10 @@ def validate_request(question: Any, history: Any) -> list[dict[str, str]]:
 
 
 def fallback_plan(question: str) -> dict[str, Any]:
-    """The planner's documented fallback (question passed through), plus a price cap read
-    from the question, so "running shoes under $80" still gets its filter."""
-    q = " ".join(question.split())[:80] or "?"
+    """The planner's documented fallback (rufus.qp.plan: the question passed through), plus
+    a price cap read from the question, so "running shoes under $80" still gets its filter."""
     cap = price_cap(question)
-    return {"intent": "other", "query_type": "conversational", "search_queries": [q],
-            "filters": {"max_price": cap} if cap is not None else {}}
+    return {**planner_fallback(question), "filters": {"max_price": cap} if cap is not None else {}}
 
 
 def with_stated_price_cap(plan: dict[str, Any], question: str) -> dict[str, Any]:
