@@ -404,9 +404,11 @@ def _sizes(low: str, types: dict[str, str]) -> list[Constraint]:
 
 
 def _negated(q: str, phrase: str) -> bool:
-    """"no monthly fee", "without a c wire": the feature said, and not wanted."""
-    return bool(re.search(r"\b(?:no|not|non|without|never|avoid)\s+(?:\w+\s+)?"
-                          + re.escape(phrase) + r"\b", q))
+    """"no monthly fee", "without a c wire", "subscription free": the feature said, and not
+    wanted."""
+    p = re.escape(phrase)
+    return bool(re.search(r"\b(?:no|not|non|without|never|avoid)\s+(?:\w+\s+)?" + p + r"\b", q)
+                or re.search(r"\b" + p + r"\s*-?\s*free\b", q))
 
 
 def _said_joined(q: str, key: str) -> str | None:

@@ -103,6 +103,8 @@ def test_a_catalog_phrase_asks_its_key_less_articles_and_with_a_typo():
 def test_a_feature_phrase_said_with_no_is_not_required(search):
     f = search.search(["smart thermostat"], {}, "smart thermostat that works without a c wire", 8)
     assert ("c_wire_required",) not in [c.keys for c in f.constraints]
+    f = search.search(["smart ring"], {}, "a subscription free smart ring", 8)
+    assert ("subscription_required",) not in [c.keys for c in f.constraints]
 
 
 def test_size_in_a_unit_is_no_size_asked():
