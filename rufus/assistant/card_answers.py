@@ -30,7 +30,7 @@ from rufus.assistant.answer import pick_line
 from rufus.retrieval.attributes import asked_keys, better, differing, label, value_keys, value_text
 from rufus.retrieval.base import norm_brand
 from rufus.retrieval.catalog import Product
-from rufus.retrieval.constraints import COLOURS, Constraint
+from rufus.retrieval.constraints import COLOURS, WORD_NUMBERS, Constraint
 
 Kind = Literal["attribute", "colour", "variant", "details", "compare", "picks"]
 MAX_COMPARED = 4
@@ -56,7 +56,7 @@ _ORDINAL = re.compile(r"\b(?P<the>the\s+|your\s+)?(?P<ord>first|second|third|fou
 # "number 2", "#2", "option three"
 _NUMBERED = re.compile(r"(?:\bnumber\s*|#\s*)(?P<n>[1-5]|one|two|three|four|five)\b|"
                        r"\b(?:no\.?|option|pick|item)\s*(?P<d>[1-5])\b")
-_WORD_NUMBER = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5}
+_WORD_NUMBER = {"one": 1, **{w: n for w, n in WORD_NUMBERS.items() if n <= 5}}
 _PAIR = re.compile(r"(?:\b(?:compare|between|of)\s+|^\s*)(?:#|number\s+)?([1-5])\s*"
                    r"(?:and|&|vs\.?|or|,)\s*(?:#|number\s+)?([1-5])\b")
 _BOTH = re.compile(r"\b(?:both(?:\s+of\s+(?:them|those|these))?|those\s+two|these\s+two|the\s+two|"

@@ -25,7 +25,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 
 from rufus.retrieval.catalog import AttrValue
-from rufus.retrieval.constraints import _KEY_GLUE, _SLEEPS, UNITS, feature_words
+from rufus.retrieval.constraints import _KEY_GLUE, _SLEEPS, UNITS, WORD_NUMBERS, feature_words
 from rufus.retrieval.spelling import edit_distance, stem1
 
 # Question phrases -> words of the keys they ask about (matched against a key's words).
@@ -302,7 +302,7 @@ def _loosely_in(phrase: str, q: str, skip: set[str]) -> bool:
 
 def _several(thing: str, q: str) -> bool:
     """"3 cats", "two devices", "several users": more than one ``thing`` said."""
-    return bool(re.search(r"\b(?:[2-9]|two|three|four|five|six|multiple|several|more\s+than\s+one)\s+"
+    return bool(re.search(r"\b(?:[2-9]|" + "|".join(WORD_NUMBERS) + r"|multiple|several|more\s+than\s+one)\s+"
                           + re.escape(stem1(thing)) + r"s?\b", q))
 
 

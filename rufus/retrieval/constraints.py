@@ -319,9 +319,10 @@ def parse(question: str, cats: Sequence[str], tax: Taxonomy,
     return out
 
 
-_WORD_NUMBERS = {"two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8,
-                 "nine": 9, "ten": 10, "twelve": 12}
-_WORD_NUMBER = re.compile(r"\b(" + "|".join(_WORD_NUMBERS) + r")\b")
+# Numbers said as words ("one" left out: "one that folds" is no number)
+WORD_NUMBERS = {"two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8,
+                "nine": 9, "ten": 10, "twelve": 12}
+_WORD_NUMBER = re.compile(r"\b(" + "|".join(WORD_NUMBERS) + r")\b")
 
 
 def _numbers(low: str, cats: Sequence[str], tax: Taxonomy, types: dict[str, str]) -> list[Constraint]:
@@ -331,7 +332,7 @@ def _numbers(low: str, cats: Sequence[str], tax: Taxonomy, types: dict[str, str]
     used: list[tuple[int, int]] = []
     # "comes with two batteries", "sleeps six": a number said as a word ("one" is too often
     # no number: "one that folds")
-    low = _WORD_NUMBER.sub(lambda m: str(_WORD_NUMBERS[m.group(1)]), low)
+    low = _WORD_NUMBER.sub(lambda m: str(WORD_NUMBERS[m.group(1)]), low)
 
     def free(m: re.Match[str]) -> bool:
         """Whether ``m`` overlaps no span already read as a number."""
