@@ -143,7 +143,6 @@ _LOWER_BETTER = ("weight", "noise", "decibel", "db", "price", "drop")
 # "faster" / "quicker" mean shorter; not a time it keeps going (battery, run, play, flight).
 _TIME_TO = ("response", "latency", "lag", "charge", "charging", "recharge", "boil", "heat",
             "preheat", "setup", "dry", "drying", "cook", "brew")
-_SOONER = ("faster", "fastest", "quicker", "quickest", "sooner", "shorter")
 # Comparative words and which way they point ("lighter": lower weight).
 _LOWER = ("lighter", "lightest", "cheaper", "cheapest", "quieter", "quietest", "smaller",
           "smallest", "thinner", "compact", "narrower", "narrowest", "slimmer", "slimmest")
@@ -228,7 +227,7 @@ def _own_words(key: str) -> list[str]:
     return [stem1(w) for w in key_words(key) if w not in _GLUE]
 
 
-def _hints(q: str, raw: set[str], skip: set[str]) -> set[str]:
+def _hints(q: str, raw: set[str], skip: frozenset[str]) -> set[str]:
     """The key words the question's phrases ask about (:data:`ASK_WORDS`, their one-typo
     forms, the Wi-Fi standard, "how long does it run", a head count)."""
     hinted: set[str] = set()
@@ -282,13 +281,20 @@ def _phrase_words(phrase: str) -> tuple[str, ...]:
     return tuple(w for w in _TOKEN.findall(phrase) if w not in _ARTICLES)
 
 
-def _loosely_in(phrase: str, q: str, skip: set[str]) -> bool:
+@functools.lru_cache(maxsize=256)
+def _loose_words(q: str, skip: frozenset[str]) -> tuple[str, ...]:
+    """``q``'s words less articles and the product name's (read once per question, not per
+    key and phrase)."""
+    return tuple(w for w in q.split() if w not in _ARTICLES and stem1(w) not in skip)
+
+
+def _loosely_in(phrase: str, q: str, skip: frozenset[str]) -> bool:
     """``phrase`` said in ``q`` less articles and possessives, each word as said or with one
     typo ("montly fee", "charge my macbok"), or its words run together with one typo
     ("hotswapable" for "hot swappable"); never by a word of the product's name (``skip``:
     its stems; "Ninja Foodi DualZone" asks no "dual zone")."""
     want = _phrase_words(phrase)
-    ws = [w for w in q.split() if w not in _ARTICLES and stem1(w) not in skip]
+    ws = _loose_words(q, skip)
     if not want or not ws:
         return False
     if len(want) > 1:
@@ -312,7 +318,7 @@ def _unit_typos(raw: set[str], units: set[str]) -> set[str]:
 
 
 def _key_score(key: str, q: str, raw: set[str], words: set[str], hint: set[str],
-               skip: set[str]) -> float:
+               skip: frozenset[str]) -> float:
     """How strongly ``q`` asks about ``key`` (0: not at all); see :func:`asked_keys`."""
     own = _own_words(key)
     unit = unit_of(key)
@@ -361,7 +367,7 @@ def asked_keys(question: str, keys: Iterable[str], ignore: Sequence[str] = ()) -
     6": no key is asked by a word of it)."""
     low = question.lower().replace("colour", "color").replace("grey", "gray")
     q = " " + " ".join(_TOKEN.findall(low)) + " "
-    skip = set(_stems(" ".join(ignore)))
+    skip = frozenset(_stems(" ".join(ignore)))
     toks = _TOKEN.findall(q)
     # a name's words, and typos of them ("momentum 4 wirless"), ask nothing
     named = [w for w in toks if stem1(w) in skip or any(typo_of(w, x) for x in skip)]

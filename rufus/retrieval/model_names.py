@@ -44,9 +44,9 @@ def name_aliases(m: ModelName) -> list[ModelName]:
     """The other names shoppers give ``m``: its generation left out ("fire tv stick 4k max"
     for "(2nd Gen)"), a hyphen between letters dropped ("xt5" for X-T5), a two-part word
     before a number or a word by its initials ("ps5" for PlayStation 5, "qc ultra" for
-QuietComfort Ultra). Each as a ModelName of its own,
-    of two words at least (a one-word "kindle" is the line, not Kindle (2024)); and a brand's
-    "&" said "and" ("tuft and needle original")."""
+    QuietComfort Ultra). Each as a ModelName of its own, of two words at least (a one-word
+    "kindle" is the line, not Kindle (2024)); and a brand's "&" said "and" ("tuft and needle
+    original")."""
     texts = [_GENERATION.sub("", m.model), re.sub(r"(?<=[A-Za-z])-(?=[A-Za-z])", "", m.model),
              _CAMEL_NUMBER.sub(lambda x: "".join(c for c in x.group(1) if c.isupper()), m.model),
              _CAMEL_WORD.sub(lambda x: "".join(c for c in x.group(1) if c.isupper()), m.model)]
