@@ -25,7 +25,7 @@ from rufus.assistant.settings import AssistantSettings  # noqa: E402
 from rufus.qp.settings import QP_KEYS, DecoderKnobs, PlannerModelSettings  # noqa: E402
 from rufus.serving.model_settings import LLMSettings  # noqa: E402
 from rufus.serving.settings import ENVIRONMENT, MODEL_JSON, PBTXT, Row, rows  # noqa: E402
-from tests.environment import HARNESS_ENV  # noqa: E402
+from tests.environment import HARNESS_OPTIONS  # noqa: E402
 
 DOC = ROOT / "docs" / "configuration.md"
 REPOSITORY = ROOT / "model_repository"
@@ -39,24 +39,13 @@ RIG_ENV: dict[str, tuple[str, str]] = {
                           "compose rig: cores of cell B (default: the second half)"),
     "RUFUS_DOCKER_STATE": ("scripts/compose.sh, docker/engine.sh",
                            "compose rig: the local Docker engine's state (build/docker)"),
-    "RUFUS_SKIP_IMAGE": ("scripts/compose.sh", "compose rig: 1 uses the images as they are"),
     "RUFUS_RIG_KVCACHE_GB": ("docker/compose.yaml, tests/containers/conftest.py",
                              "compose rig: vLLM's KV cache per node, GiB (2; 1 in the tests side by side)"),
-    "RUFUS_TARGET": ("docker/compose.yaml", "compose rig: the image target (cpu)"),
-    "RUFUS_OPENAI_IMAGE": ("docker/compose.yaml",
-                           "compose rig: the frontend's image (rufus-inference:cpu)"),
     "RUFUS_INGRESS_IMAGE": ("docker/compose.yaml, scripts/image.sh",
                             "compose rig: the HAProxy ingress image"),
     "RUFUS_INGRESS_HTTP_BIND": ("docker/compose.yaml", "compose rig: address the ingress's "
                                 "HTTP port is published on (127.0.0.1)"),
-    "RUFUS_INGRESS_STATS": ("scripts/rolling_update.sh",
-                            "rolling update: the ingress's stats CSV URL"),
-    "RUFUS_IMAGE_NAME": ("scripts/image.sh", "image build: the image name (rufus-inference)"),
-    "RUFUS_LOCAL_BASES": ("scripts/image.sh", "image build: 1 forces the local base images"),
     "RUFUS_VENV": ("scripts/setup.sh", "setup: the virtual environment (.venv)"),
-    "RUFUS_KEEP_IMAGES": ("tests/containers/conftest.py",
-                          "container tests: 0 removes the images and compile-cache volumes "
-                          "at the end (1: kept for the next run)"),
 }
 
 # model.json keys that mean more than vLLM's engine argument of that name
@@ -146,8 +135,9 @@ A value of the wrong type or out of bounds fails the load with an error that nam
 and its variable and quotes a short prefix of the value. Where a value comes from, first
 match wins:
 
-1. a config.pbtxt parameter's environment variable, `RUFUS_<KEY>` (for every model that reads
-   the key);
+1. a config.pbtxt parameter's environment variable, `RUFUS_<KEY>`, for the few parameters a
+   deployment sets (the environment column; for every model that reads the key); the
+   others are set in the model repository, as the official backend's are;
 2. the model's `config.pbtxt` `parameters`;
 3. the code default below (the tables' config.pbtxt and model.json columns show the committed
    files' values; — where a file leaves the key out).
@@ -197,10 +187,15 @@ def render() -> str:
     out += _table(("variable", "read by", "meaning"),
                   ((f"`{name}`", ", ".join(f"`{r}`" for r in var.readers), var.meaning)
                    for name, var in sorted(ENV.items()) if name not in listed))
-    out += ["Read by scripts, the compose rig and the tests:", ""]
+    out += ["Read by scripts and the compose rig:", ""]
     out += _table(("variable", "read by", "meaning"),
                   ((f"`{name}`", ", ".join(f"`{r}`" for r in readers.split(", ")), meaning)
-                   for name, (readers, meaning) in sorted({**RIG_ENV, **HARNESS_ENV}.items())))
+                   for name, (readers, meaning) in sorted(RIG_ENV.items())))
+    out += ["The tests' own knobs are pytest options, not variables (`tests/environment.py`):",
+            ""]
+    out += _table(("option", "default", "read by", "meaning"),
+                  ((f"`{name}`", f"`{default}`", ", ".join(f"`{r}`" for r in readers.split(", ")),
+                    meaning) for name, (default, _, readers, meaning) in HARNESS_OPTIONS.items()))
     return "\n".join(out).rstrip("\n") + "\n"
 
 

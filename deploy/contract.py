@@ -111,8 +111,6 @@ ENV: dict[str, Var] = {
                                 "replace a dead engine in place (true) or leave it down"),
     "RUFUS_ENGINE_MAX_FAILURES": Var(("rufus/serving/engine.py",),
                                      "engine deaths allowed in the window before giving up"),
-    "RUFUS_ENGINE_FAILURE_WINDOW_S": Var(("rufus/serving/engine.py",),
-                                         "window for RUFUS_ENGINE_MAX_FAILURES, seconds"),
     "RUFUS_ENGINE_RESTART_BACKOFF_S": Var(("rufus/serving/engine.py",),
                                           "first restart backoff, doubled per failure"),
     "RUFUS_ENGINE_RESTART_BACKOFF_MAX_S": Var(("rufus/serving/engine.py",),
@@ -215,9 +213,6 @@ ENV: dict[str, Var] = {
                           "turns admission off)"),
     "RUFUS_QP_MARGIN": Var(("rufus/qp/settings.py",),
                            "planner: refuse above this share of the SLO (1.0)"),
-    "RUFUS_ASSISTANT_PREWARM": Var(("rufus/assistant/settings.py",),
-                                   "assistant: prefill a follow-up's answer prefix while planning "
-                                   "(1; 0 turns it off)"),
     "RUFUS_CATALOG": Var(("rufus/retrieval/__init__.py",),
                          "assistant: your own catalog (.jsonl/.csv) instead of the generated one"),
     "RUFUS_INIT_MARKERS": Var(("rufus/serving/triton_backend.py", "rufus/launch/server.py"),
@@ -229,19 +224,9 @@ ENV: dict[str, Var] = {
                                     "dummy tokens of vLLM's CPU compile warm-up where the KV "
                                     "cache size is explicit (256; 0: vLLM's full "
                                     "max_num_batched_tokens batch)"),
-    "RUFUS_QP_FP32_PACKED": Var(("rufus/qp/decoder/torch_llama.py",),
-                                "planner in fp32: few-row passes through oneDNN's pre-packed "
-                                "matmul, one-row through MKL (1; 0: every pass F.linear)"),
-    "RUFUS_QP_FUSED": Var(("rufus/qp/decoder/torch_llama.py",),
-                          "planner in int8 through our kernel: passes of up to 128 rows run "
-                          "every decoder layer in one call (1; 0: op by op)"),
-    "RUFUS_ENGINE_START_METHOD": Var(("rufus/serving/engine_processes.py",),
-                                     "how vLLM's EngineCore starts when its worker runs inside "
-                                     "it (\"uni\"): fork (default, starts with vLLM imported) "
-                                     "or spawn (vLLM's CPU choice)"),
-    "RUFUS_GC_FREEZE": Var(("rufus/serving/triton_backend.py",),
-                           "freeze each stub's start-up heap out of the garbage collector's "
-                           "scans (1; 0 turns it off, the benchmark's baseline)"),
+    "RUFUS_LAB_OFF": Var(("rufus/env.py",),
+                         "benchmarks only: optimisations turned off for a baseline, "
+                         "comma-separated (gc_freeze, fork, fp32_packed, fused, prewarm)"),
     "RUFUS_PREBUILD": Var(("docker/Dockerfile",),
                           "build arg: start the models once in the build stage so the image "
                           "ships warm compile caches (1; precision: measure only; 0 skips; "

@@ -241,7 +241,7 @@ def unit_table(one: dict, two: dict, conc: list[int]) -> str:
     return "\n".join(rows)
 
 
-ENV_HELP = """environment: RUFUS_BENCH_LOGS (default of --log-dir); VLLM_CPU_KVCACHE_SPACE
+ENV_HELP = """environment: VLLM_CPU_KVCACHE_SPACE
 (in-process engine's KV cache, default 2 GiB as rufus.launch.server gives Triton); the
 serving variables of docs/architecture.md (RUFUS_RUFUS_LLM_ENGINE_ARGS is set from
 --engine-args)."""
@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None, doc: str = __doc__) -> None:
     ap.add_argument("--gap", type=float, default=2.0,
                     help="idle seconds before each measurement (vLLM CPU workers busy-poll "
                          "for 1 s after their last request)")
-    ap.add_argument("--log-dir", default=os.environ.get("RUFUS_BENCH_LOGS", tempfile.gettempdir()))
+    ap.add_argument("--log-dir", default=tempfile.gettempdir())
     args = ap.parse_args(argv)
     # The same CPU KV-cache size for the in-process engine as rufus.launch.server gives Triton's
     # (without it vLLM-CPU sizes the cache from gpu_memory_utilization x total RAM).

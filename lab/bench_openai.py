@@ -144,8 +144,7 @@ def load_avg() -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=help_text({"RUFUS_BENCH_LOGS": "default of --log-dir (build/bench)",
-                          "VLLM_CPU_KVCACHE_SPACE": "KV cache GiB of both servers (default 2)",
+        epilog=help_text({"VLLM_CPU_KVCACHE_SPACE": "KV cache GiB of both servers (default 2)",
                           "RUFUS_RUFUS_LLM_ENGINE_ARGS": "engine-arg overrides, both servers"}))
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
     ap.add_argument("--output-len", type=int, default=64)
@@ -156,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gap", type=float, default=3.0, help="idle seconds before each measurement")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--log-dir", type=Path,
-                    default=Path(os.environ.get("RUFUS_BENCH_LOGS", ROOT / "build" / "bench")))
+                    default=ROOT / "build" / "bench")
     ap.add_argument("--json", type=Path, default=None, help="write all results here")
     a = ap.parse_args(argv)
     a.log_dir.mkdir(parents=True, exist_ok=True)

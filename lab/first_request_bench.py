@@ -79,9 +79,9 @@ SETTLE_S = 0.5
 
 # the served setting and the baselines it is compared with (--baseline)
 SETTINGS: dict[str, dict[str, str]] = {"served": {}, "nowarmup": {"RUFUS_WARMUP": "false"},
-                                       "nofreeze": {"RUFUS_GC_FREEZE": "0"},
+                                       "nofreeze": {"RUFUS_LAB_OFF": "gc_freeze"},
                                        # rufus_llm's EngineCore spawned, as vLLM's CPU default
-                                       "spawn": {"RUFUS_ENGINE_START_METHOD": "spawn"}}
+                                       "spawn": {"RUFUS_LAB_OFF": "fork"}}
 
 
 def client_ready(url: str) -> None:

@@ -33,7 +33,7 @@ VARIANTS: dict[str, dict[str, str]] = {
             "RUFUS_RUFUS_LLM_ENGINE_ARGS": json.dumps({"distributed_executor_backend": "uni"})},
     # the same with the EngineCore spawned (a new interpreter importing torch and vLLM) as
     # vLLM's CPU platform does, instead of forked from the stub (EngineProcessLayout.start_method)
-    "spawn": {"VLLM_USE_AOT_COMPILE": "1", "RUFUS_ENGINE_START_METHOD": "spawn",
+    "spawn": {"VLLM_USE_AOT_COMPILE": "1", "RUFUS_LAB_OFF": "fork",
               "RUFUS_RUFUS_LLM_ENGINE_ARGS": json.dumps({"distributed_executor_backend": "uni"})},
     # the served setting with vLLM's full compile warm-up batch (max_num_batched_tokens
     # dummy tokens) instead of rufus's short one (rufus/serving/vllm_warmup.py)

@@ -90,6 +90,30 @@ def env_port(name: str, default: int, env: Mapping[str, str] | None = None) -> i
     return env_int(name, default, env, minimum=1, maximum=65535)
 
 
+# Optimisations a benchmark turns off to measure its baseline (RUFUS_LAB_OFF=name,name): one
+# variable for the lab, not an operator's knob each (issue 61 retired their own variables).
+LAB_OFF_VAR = "RUFUS_LAB_OFF"
+LAB_SWITCHES: dict[str, str] = {
+    "gc_freeze": "each stub's start-up heap frozen out of the collector's scans",
+    "fork": "the EngineCore forked from the stub (off: spawned, vLLM's CPU default)",
+    "fp32_packed": "the planner's fp32 few-row passes through oneDNN's pre-packed matmul",
+    "fused": "the planner's int8 passes of up to 128 rows in one call per decoder layer",
+    "prewarm": "a follow-up's answer prefix prefilled while the planner runs",
+}
+
+
+def lab_on(name: str, env: Mapping[str, str] | None = None) -> bool:
+    """False when ``RUFUS_LAB_OFF`` lists ``name`` (a benchmark's baseline); an unknown name
+    there is an error naming the variable."""
+    raw = (os.environ if env is None else env).get(LAB_OFF_VAR, "")
+    off = {w.strip() for w in raw.split(",") if w.strip()}
+    unknown = sorted(off - set(LAB_SWITCHES))
+    if unknown:
+        raise EnvError(f"{LAB_OFF_VAR}={raw[:40]!r}: unknown {unknown[0]!r} (one of "
+                       f"{', '.join(LAB_SWITCHES)})")
+    return name not in off
+
+
 def help_text(variables: Mapping[str, str]) -> str:
     """An ``--help`` epilog: one line per variable with what it sets."""
     width = max(map(len, variables), default=0)

@@ -20,7 +20,7 @@ connected before the first one (``client_ready``).
 
 With ``--compare`` the same is done on starts with a baseline setting (``--baseline``: the
 warm-up turned off, ``RUFUS_WARMUP=false``; the stubs' heap freeze turned off,
-``RUFUS_GC_FREEZE=0``; or rufus_llm's EngineCore spawned), in the same run, starts of the two
+``RUFUS_LAB_OFF=gc_freeze``; or rufus_llm's EngineCore spawned), in the same run, starts of the two
 settings alternating. Results: docs/benchmarks.md.
 
     .venv/bin/python scripts/bench_first_request.py [--steady 15] [--compare]

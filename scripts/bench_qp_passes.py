@@ -5,8 +5,8 @@ int8 weights, in the same process, plus a check that both give the same hidden s
     .venv/bin/python scripts/bench_qp_passes.py [--threads 2] [--rows 1 4 8 16 32 64]
         [--json build/qp/passes.json]
 
-The op-by-op model is built with ``RUFUS_QP_FUSED=0``, the fused one with
-``RUFUS_QP_FUSED=1`` (this script sets both). Each figure: median of ``--reps`` passes
+The op-by-op model is built with ``RUFUS_LAB_OFF=fused``, the fused one without it
+(this script sets both). Each figure: median of ``--reps`` passes
 verifying ``rows`` tokens after ``--context`` cached ones, LM head included (as
 rufus/serving/precision.py times them). The CPU class is printed and written with the
 figures; set ``ATEN_CPU_CAPABILITY=avx2`` (and ONEDNN_MAX_CPU_ISA, MKL's

@@ -1,8 +1,7 @@
 """Build the product catalog and its search index (run by scripts/setup.sh).
 
-    python scripts/build_catalog.py                         # generated catalog (24,000 products)
+    python scripts/build_catalog.py                         # the default catalog (data/catalog/)
     python scripts/build_catalog.py --catalog my.jsonl      # your own catalog (JSONL or CSV)
-    python scripts/build_catalog.py --size 50000 --seed 7   # a bigger generated one
 
 Writes build/retrieval/catalog.jsonl and build/retrieval/catalog.sqlite (or --index).
 Bad rows in your own catalog stop the build with the file, row and field named.

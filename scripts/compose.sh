@@ -3,6 +3,7 @@
 #
 #   scripts/compose.sh up       # engine + image (scripts/image.sh) + both cells, ingress,
 #                               # OpenAI frontend; waits until both cells are in rotation
+#   scripts/compose.sh up --no-image   # the same with the images as they are
 #   scripts/compose.sh down     # stop and remove the rig's containers and network
 #   scripts/compose.sh wait     # until both cells are in the ingress's rotation
 #   scripts/compose.sh ps | logs [service] | exec ...   # passed to compose
@@ -13,7 +14,6 @@
 # shared secret) and RUFUS_ADMIN_KEY (optional). Where RUFUS_UNIT_SECRET is unset, `up`
 # makes a random one for this rig and keeps it in build/docker/rig.env (mode 600, not in the
 # image, not in git) so that later commands (rolling update, down) use the same one.
-# RUFUS_SKIP_IMAGE=1 uses the images as they are.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 STATE="${RUFUS_DOCKER_STATE:-$ROOT/build/docker}"
@@ -83,7 +83,7 @@ cmd="${1:-up}"; shift || true
 case "$cmd" in
   up)
     bash "$ROOT/docker/engine.sh" start
-    [[ "${RUFUS_SKIP_IMAGE:-0}" == 1 ]] || bash "$ROOT/scripts/image.sh"
+    if [[ "${1:-}" == --no-image ]]; then shift; else bash "$ROOT/scripts/image.sh"; fi
     secrets
     start=$SECONDS
     compose up -d --no-build "$@"

@@ -2,21 +2,25 @@
 # `make image`: build the cpu image and the ingress image with the classic builder, from a
 # wheelhouse, on public base images where they can be pulled and local equivalents where not.
 #
-#   scripts/image.sh [TAG]          # default TAG: cpu -> rufus-inference:cpu, rufus-ingress:2.6
+#   scripts/image.sh [--local-bases] [TAG]   # default TAG: cpu -> rufus-inference:cpu,
+#                                            # rufus-ingress:2.6; --local-bases forces the
+#                                            # local base images
 #
 # Environment: RUFUS_PREBUILD=0 skips the build-time warm-up (docker/Dockerfile),
 # RUFUS_PREBUILD=precision measures precision only, RUFUS_PREBUILD=auto (`make test`) is
 # "precision" where the rig's four compile-cache volumes exist (they hide the image's
 # compile caches from every node, so warming them at build time is wasted) and 1 elsewhere,
 # RUFUS_WHEELHOUSE_CACHE=0 skips the wheelhouse kept per lock under RUFUS_CACHE_DIR,
-# RUFUS_LOCAL_BASES=1 forces the local bases, DOCKER_BUILDKIT=1 uses BuildKit where it exists,
+# DOCKER_BUILDKIT=1 uses BuildKit where it exists,
 # RUFUS_OBSERVE_IMAGE=1 builds the compose rig's Prometheus too (rufus-prometheus:2.42,
 # observe/prometheus/Dockerfile, for `--profile observe`; off by default: `make test` never
 # needs it).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+LOCAL_BASES=""
+if [[ "${1:-}" == --local-bases ]]; then LOCAL_BASES=--local; shift; fi
 TAG="${1:-cpu}"
-IMAGE="${RUFUS_IMAGE_NAME:-rufus-inference}:$TAG"
+IMAGE="rufus-inference:$TAG"
 INGRESS="${RUFUS_INGRESS_IMAGE:-rufus-ingress:2.6}"
 say() { printf '\n\033[1m[image %s] %s\033[0m\n' "$(date +%H:%M:%S)" "$*" >&2; }
 cd "$ROOT"
@@ -55,7 +59,7 @@ echo "$(find build/wheels -name '*.whl' | wc -l) wheels, $(du -sh build/wheels |
 
 say "base images"
 # shellcheck disable=SC2046
-read -r -a BASE_ARGS <<< "$(bash docker/bases.sh ${RUFUS_LOCAL_BASES:+--local})"
+read -r -a BASE_ARGS <<< "$(bash docker/bases.sh $LOCAL_BASES)"
 
 PREBUILD="${RUFUS_PREBUILD:-1}"
 if [[ "$PREBUILD" == auto ]]; then

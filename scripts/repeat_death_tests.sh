@@ -3,7 +3,7 @@
 # tritonserver, and M more times after the whole of tests/integration/test_llm.py (whose last
 # test is its own engine death). Prints one line per run and a summary; exit 1 if any failed.
 #
-#   scripts/repeat_death_tests.sh [N=15] [M=5]     (RUFUS_TEST_LOGS=<dir> keeps the logs)
+#   scripts/repeat_death_tests.sh [N=15] [M=5]     (LOGS=<dir> keeps the logs: pytest --logs)
 set -uo pipefail
 if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then
   sed -n '2,6p' "$0" | cut -c3-
@@ -20,7 +20,7 @@ run() {  # label, pytest args...
   shift
   local t0=$SECONDS
   local out
-  out=$("$PY" -m pytest -q -s -p no:cacheprovider "$@" 2>&1)
+  out=$("$PY" -m pytest -q -s -p no:cacheprovider ${LOGS:+--logs "$LOGS"} "$@" 2>&1)
   local rc=$?
   local heal
   heal=$(grep -hoE "serving again after [0-9.]+ s|serving again [0-9.]+ s after its engine died" <<<"$out" | tr '\n' ';')

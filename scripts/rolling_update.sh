@@ -21,7 +21,7 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-STATS="${RUFUS_INGRESS_STATS:-http://127.0.0.1:8404/stats;csv}"
+STATS="http://127.0.0.1:8404/stats;csv"  # deploy/contract.py INGRESS_STATS_PORT
 DRAIN_TIMEOUT="${DRAIN_TIMEOUT:-300}"
 READY_TIMEOUT="${READY_TIMEOUT:-1200}"
 CELLS=("$@")

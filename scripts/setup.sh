@@ -177,7 +177,7 @@ setup_precision() {
   # Medusa tree grown on those costs (under a minute natively, about one on AVX2), cached per
   # CPU and model under $RUFUS_CACHE_DIR/precision/; "measured" in a model.json uses it.
   step "precision for this CPU (measured once per CPU class and model)"
-  "$VENV/bin/python" -m rufus.serving.precision
+  "$VENV/bin/python" -m rufus.launch.precision
 }
 
 setup_w8a8() {

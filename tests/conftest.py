@@ -12,18 +12,32 @@ attribute pytest no longer reads.)
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.environment import HARNESS_OPTIONS, option, set_options
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("rufus", "rufus's test harness (tests/environment.py)")
+    for name, (default, kind, _, meaning) in HARNESS_OPTIONS.items():
+        if kind is bool:
+            group.addoption(name, action="store_true", default=default, help=meaning)
+        else:
+            group.addoption(name, type=kind, default=default, help=meaning)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    set_options({name: config.getoption(name) for name in HARNESS_OPTIONS})
+
 
 @pytest.fixture(scope="session")
 def log_dir(tmp_path_factory) -> Path:
-    """Where the integration servers' and the container rig's logs go: RUFUS_TEST_LOGS, else
+    """Where the integration servers' and the container rig's logs go: ``--logs DIR``, else
     pytest's temporary folder (kept after a green run too)."""
-    d = Path(os.environ.get("RUFUS_TEST_LOGS", tmp_path_factory.mktemp("logs")))
+    d = Path(option("--logs") or tmp_path_factory.mktemp("logs"))
     d.mkdir(parents=True, exist_ok=True)
     return d
 

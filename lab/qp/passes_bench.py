@@ -45,8 +45,8 @@ def main(argv: list[str] | None = None, doc: str = __doc__) -> None:
     torch.set_num_threads(a.threads)
     model = a.model or str(qp_model_dir())
     models = {}
-    for name, flag in (("op_by_op", "0"), ("fused", "1")):
-        os.environ["RUFUS_QP_FUSED"] = flag
+    for name, off in (("op_by_op", "fused"), ("fused", "")):
+        os.environ["RUFUS_LAB_OFF"] = off
         models[name] = TorchLlama(model, "int8", 1024)
     if not models["fused"].fused:
         sys.exit("no fused pass on this CPU (the int8 kernel did not load): nothing to compare")

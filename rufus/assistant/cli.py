@@ -10,6 +10,7 @@ import contextlib
 import json
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from rufus.client import RequestFailed, default_url
@@ -17,7 +18,7 @@ from rufus.env import exits_on_env_error
 from rufus.errors import InvalidInput
 
 
-def print_cards(cards: list[dict[str, Any]], plan: dict[str, Any], fallback: bool) -> None:
+def print_cards(cards: list[dict[str, Any]], plan: Mapping[str, Any], fallback: bool) -> None:
     err = sys.stderr
     print(f"[plan{' (fallback)' if fallback else ''}] {json.dumps(plan)}", file=err)
     for i, c in enumerate(cards, start=1):
@@ -58,7 +59,7 @@ async def local(url: str, question: str, history: list[dict[str, str]] | None) -
     from rufus.retrieval import default_retriever
 
     a = Assistant(url, default_retriever())
-    plan: dict = {}
+    plan: Mapping[str, Any] = {}
     fallback = False
     timings: dict = {}
     try:

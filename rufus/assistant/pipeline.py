@@ -66,6 +66,7 @@ from rufus.assistant.turn_events import TextEvent as TextEvent
 from rufus.assistant.turn_events import turn_span as turn_span
 from rufus.client import AsyncStreams, RequestFailed, output_str
 from rufus.errors import RufusError
+from rufus.qp.plan import Plan, as_plan
 from rufus.qp.plan import fallback_plan as planner_fallback
 from rufus.retrieval.base import MAX_QUERY_CHARS, ProductSource, Retriever, query_terms
 from rufus.retrieval.catalog import Product
@@ -92,27 +93,30 @@ def validate_request(question: Any, history: Any) -> list[dict[str, str]]:
     return check_history(history)
 
 
-def fallback_plan(question: str) -> dict[str, Any]:
+def fallback_plan(question: str) -> Plan:
     """The planner's documented fallback (rufus.qp.plan: the question passed through), plus
     a price cap read from the question, so "running shoes under $80" still gets its filter."""
     cap = price_cap(question)
-    return {**planner_fallback(question), "filters": {"max_price": cap} if cap is not None else {}}
+    plan = planner_fallback(question)
+    if cap is not None:
+        plan["filters"] = {"max_price": cap}
+    return plan
 
 
-def with_stated_price_cap(plan: dict[str, Any], question: str) -> dict[str, Any]:
+def with_stated_price_cap(plan: Plan, question: str) -> Plan:
     """A price cap the customer states in this question ("under $50") is a hard constraint:
     added when the planner left it out (measured: the planner sometimes drops it)."""
     cap = price_cap(question)
-    filters = plan.get("filters") or {}
-    if cap is None or "max_price" in filters or plan.get("intent") not in PRODUCT_INTENTS:
+    filters = plan["filters"]
+    if cap is None or "max_price" in filters or plan["intent"] not in PRODUCT_INTENTS:
         return plan
     return {**plan, "filters": {**filters, "max_price": cap}}
 
 
-def search_queries(plan: dict[str, Any], question: str, history: Sequence[dict[str, str]]) -> list[str]:
+def search_queries(plan: Plan, question: str, history: Sequence[dict[str, str]]) -> list[str]:
     """The plan's queries; when none has a content word ("any under $60?") and there is a
     previous user turn, that turn is searched instead (the filters stay this turn's)."""
-    queries = [q for q in plan.get("search_queries", []) if isinstance(q, str)] or [question]
+    queries = [q for q in plan["search_queries"] if isinstance(q, str)] or [question]
     if any(query_terms(q) for q in queries):
         return queries
     for turn in reversed(history):
@@ -205,7 +209,7 @@ class Assistant:
 
     async def plan(self, question: str, history: list[dict[str, str]],
                    conversation: str | None = None, trace: dict[str, str] | None = None
-                   ) -> tuple[dict[str, Any], bool, str]:
+                   ) -> tuple[Plan, bool, str]:
         """(plan, fallback, reason). A planner that fails or is slower than the timeout
         gives the fallback plan: the assistant still answers."""
         tensors: dict[str, Any] = {"question": question}
@@ -224,7 +228,9 @@ class Assistant:
                                                600_000)}, trace=trace)) as s:
                     async for outs in s:
                         last = outs
-            plan = json.loads(output_str(last, "plan"))
+            plan = as_plan(json.loads(output_str(last, "plan")))
+            if plan is None:
+                raise ValueError("the planner's plan does not satisfy plan_schema.json")
             fallback = bool(last["fallback"].reshape(-1)[0]) if "fallback" in last else False
             reason = output_str(last, "fallback_reason")
         except (RequestFailed, TimeoutError, ValueError, KeyError) as exc:
@@ -263,7 +269,7 @@ class Assistant:
                 raise
             log.debug("answer-prefix prefill failed (harmless): %s", exc)
 
-    def _retrieve(self, plan: dict[str, Any], question: str,
+    def _retrieve(self, plan: Plan, question: str,
                   history: list[dict[str, str]]) -> SearchOutcome:
         """The plan's search, grounded against the catalog (rufus.retrieval.grounding: a
         brand that is no catalog brand becomes a query word, the question's stated price
@@ -373,22 +379,22 @@ class Assistant:
             raise
         return turns, self.admit() if ticket is None else ticket
 
-    async def _plan_step(self, turn: _Turn) -> tuple[dict[str, Any], bool, str]:
+    async def _plan_step(self, turn: _Turn) -> tuple[Plan, bool, str]:
         """The plan under its span, timed from the turn's start (:meth:`plan`)."""
         ps = child(turn.span, "plan", **{"gen_ai.request.model": self.planner_model})
         plan, fallback, reason = await self.plan(turn.question, turn.turns,
                                                  trace=tracing.headers(ps))
         turn.timings["plan_s"] = time.monotonic() - turn.t0
-        tracing.end(ps, **{"rufus.plan.intent": str(plan.get("intent", "")),
+        tracing.end(ps, **{"rufus.plan.intent": plan["intent"],
                            "rufus.plan.fallback": fallback,
                            "rufus.plan.fallback_reason": reason[:120] or None})
         return plan, fallback, reason
 
-    async def _route(self, turn: _Turn, plan: dict[str, Any], fallback: bool) -> None:
+    async def _route(self, turn: _Turn, plan: Plan, fallback: bool) -> None:
         """The turn's path, and what it answers over: the products an earlier answer listed,
         a search's, or none (a fixed reply, a general answer)."""
         question = turn.question
-        turn.intent = plan.get("intent", "other")
+        turn.intent = plan["intent"]
         # "compare the first two", "does the second one come in blue?": the products the
         # previous answer listed, answered from their cards
         card = self._by_reference(question, turn.turns)
@@ -407,7 +413,7 @@ class Assistant:
         else:
             turn.path = "service" if turn.intent in SERVICE_REPLIES else "general"
 
-    async def _search_step(self, turn: _Turn, plan: dict[str, Any]) -> None:
+    async def _search_step(self, turn: _Turn, plan: Plan) -> None:
         """The plan's search, off the event loop and under its span; then the card answer
         for a question about products it found by name (None: the usual picks)."""
         t = time.monotonic()

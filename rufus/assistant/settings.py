@@ -1,7 +1,6 @@
 """The shopping assistant's settings: rufus_assistant's config.pbtxt parameters, and what the
 pipeline reads from the environment (the Triton model and the frontend's ``rufus-assistant``
-hook alike), admission included (:class:`~rufus.serving.admission.AdmissionSettings`,
-``RUFUS_ASSISTANT_<FIELD>``, which keeps its own reader).
+hook alike), admission included (its SLO and margin; :class:`AdmissionLimits`).
 """
 
 from __future__ import annotations
@@ -10,34 +9,27 @@ import dataclasses
 from collections.abc import Mapping
 
 from rufus.assistant.prompt import ANSWER_PRODUCTS
-from rufus.serving.admission import AdmissionSettings, admission_rows
+from rufus.env import lab_on
+from rufus.serving.admission import AdmissionSettings, with_limits
 from rufus.serving.model_settings import ModelSettings
-from rufus.serving.settings import Row, env_var, group, param, read
+from rufus.serving.settings import env_var, group, param, read, rows
 
-# the assistant's admission: RUFUS_ASSISTANT_SLO_S, RUFUS_ASSISTANT_MARGIN and the fit's
-# priors (RUFUS_ASSISTANT_<FIELD>), measured at the first answer text
-ADMISSION_PREFIX = "RUFUS_ASSISTANT_"
-ADMISSION_HELP: dict[str, str] = {
-    "slo_s": "first answer text SLO, seconds; turns estimated past margin x SLO are refused "
-             "UNAVAILABLE / 503 (0 turns admission off)",
-    "margin": "refuse above this share of the SLO",
-    "base_s": "prior: first answer text of a lone turn, seconds",
-    "per_waiting_s": "prior: added per turn ahead still waiting for its first text, seconds",
-    "per_decoding_s": "prior: added per turn decoding its answer, seconds",
-    "forgetting": "the fit's weight of the past per observation",
-    "prior_weight": "observations the priors count as",
-    "warm_after": "turns measured before the estimate refuses at margin x SLO; until then "
-                  "only above 1.5 times that (the priors are a guess for this CPU)",
-}
+
+@dataclasses.dataclass(frozen=True)
+class AdmissionLimits:
+    """The assistant's admission as an operator sets it, measured at the first answer text;
+    the fit's priors are AdmissionSettings' defaults (rufus/serving/admission.py)."""
+
+    slo_s: float = env_var("RUFUS_ASSISTANT_SLO_S", 1.0,
+                           "first answer text SLO, seconds; turns estimated past margin x SLO "
+                           "are refused UNAVAILABLE / 503 (0 turns admission off)", minimum=0)
+    margin: float = env_var("RUFUS_ASSISTANT_MARGIN", 1.0,
+                            "refuse above this share of the SLO", minimum=0)
 
 
 def read_admission(env: Mapping[str, str] | None = None) -> AdmissionSettings:
-    return AdmissionSettings.from_env(env, ADMISSION_PREFIX)
-
-
-def admission_env_rows() -> list[Row]:
-    """AdmissionSettings as docs/configuration.md lists it (one variable per field)."""
-    return admission_rows(ADMISSION_PREFIX, AdmissionSettings(), ADMISSION_HELP)
+    limits = read(AdmissionLimits, env=env)
+    return with_limits(AdmissionSettings(), limits.slo_s, limits.margin)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,14 +39,15 @@ class PipelineSettings:
     plan_timeout_s: float = env_var("RUFUS_ASSISTANT_PLAN_TIMEOUT_S", 10.0,
                                     "planner time limit before the fallback plan, seconds",
                                     minimum=0)
-    prewarm: bool = env_var("RUFUS_ASSISTANT_PREWARM", True, "prefill a follow-up's answer "
-                            "prefix while the planner runs")
+    # a follow-up's answer prefix prefilled while the planner runs (RUFUS_LAB_OFF=prewarm:
+    # the benchmark's baseline, no operator's knob)
+    prewarm: bool = True
     admission: AdmissionSettings = group(  # noqa: RUF009 - a default_factory field
-        AdmissionSettings, read=read_admission, describe=admission_env_rows)
+        AdmissionSettings, read=read_admission, describe=lambda: rows(AdmissionLimits))
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> PipelineSettings:
-        return read(cls, env=env)
+        return dataclasses.replace(read(cls, env=env), prewarm=lab_on("prewarm", env))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,8 +60,9 @@ class AssistantSettings(ModelSettings):
     answer_products: int = param("answer_products", ANSWER_PRODUCTS,
                                  "of those cards, how many the answer prompt lists", minimum=1)
     answer_max_tokens: int = param("answer_max_tokens", 160, "answer length cap, tokens",
-                                   minimum=1)
+                                   minimum=1, env=True)
     triton_grpc_url: str = param("triton_grpc_url", "127.0.0.1:8001",
                                  "this server's gRPC address, where it calls the two models "
-                                 "(the launcher sets RUFUS_TRITON_GRPC_URL)")
-    pipeline: PipelineSettings = group(PipelineSettings)  # noqa: RUF009 - a default_factory field
+                                 "(the launcher sets RUFUS_TRITON_GRPC_URL)", env=True)
+    pipeline: PipelineSettings = group(  # noqa: RUF009 - a default_factory field
+        PipelineSettings, read=PipelineSettings.from_env)

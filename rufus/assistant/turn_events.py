@@ -13,6 +13,7 @@ from typing import Any, ClassVar, Literal, Protocol
 
 from rufus.assistant.answer import DropReason
 from rufus.errors import Outcome
+from rufus.qp.plan import Plan
 from rufus.retrieval.grounding import SearchOutcome
 from rufus.serving.admission import Ticket
 from rufus.telemetry import tracing
@@ -34,7 +35,7 @@ class PlanEvent:
     """First: the planner's plan, and whether it is the fallback plan (and why)."""
 
     type: ClassVar[Literal["plan"]] = "plan"
-    plan: dict[str, Any]
+    plan: Plan
     fallback: bool = False
     fallback_reason: str = ""
 

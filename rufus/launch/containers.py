@@ -16,7 +16,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from proxy.haproxy import PANIC_SUFFIX, stat_servers
 from rufus.env import env_opt
@@ -27,6 +27,9 @@ OPENAI = "http://localhost:9000/v1"
 STATS = "http://127.0.0.1:8404/stats;csv"
 CELLS = {"a": ("leader", "follower", "agent", "unit0"),
          "b": ("leader-b", "follower-b", "agent-b", "unit1")}
+
+if TYPE_CHECKING:
+    from rufus.qp.plan import Plan
 
 
 def say(msg: str) -> None:
@@ -131,7 +134,7 @@ def chat_stream(prompt: str, max_tokens: int = 16, timeout: float = 300.0,
     return {"text": text, "chunks": n, "ttft_s": first}
 
 
-def plan(question: str) -> dict[str, Any]:
+def plan(question: str) -> Plan | None:
     from rufus.qp.client import plan as qp_plan
 
     return qp_plan(GRPC, question).plan

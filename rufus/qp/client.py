@@ -24,6 +24,7 @@ from rufus.client import (
     stream_outputs,
 )
 from rufus.env import exits_on_env_error
+from rufus.qp.plan import Plan, as_plan
 
 MODEL = "rufus_qp_medusa"
 
@@ -31,7 +32,7 @@ MODEL = "rufus_qp_medusa"
 @dataclass
 class PlanResponse:
     text: str
-    plan: dict[str, Any]
+    plan: Plan | None  # None: the server sent no plan (an error response)
     fallback: bool
     fallback_reason: str
     token_ids: list[int]
@@ -68,7 +69,7 @@ def plan(url: str, question: str | None, history: list[dict[str, str]] | None = 
     lp = output_str(outs, "logprobs")
     return PlanResponse(
         text=output_str(outs, "text_output"),
-        plan=json.loads(output_str(outs, "plan") or "null"),
+        plan=as_plan(json.loads(output_str(outs, "plan") or "null")),
         fallback=bool(outs["fallback"].reshape(-1)[0]) if "fallback" in outs else True,
         fallback_reason=output_str(outs, "fallback_reason"),
         token_ids=[int(t) for t in outs.get("output_token_ids", np.zeros(0)).reshape(-1)],

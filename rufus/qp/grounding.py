@@ -15,7 +15,8 @@ checked on token ids, never on the grounded plan.
 from __future__ import annotations
 
 import re
-from typing import Any
+
+from rufus.qp.plan import Plan, PlanFilters
 
 _NUM = re.compile(r"(?<![\w.])(\d[\d,]*(?:\.\d+)?)(\s*k\b)?")
 # a number followed by one of these is a quantity or spec, not a price
@@ -80,14 +81,14 @@ def price_grounded(value: float, text: str, strict: bool = True) -> bool:
     return any(abs(value - v) < 1e-6 for v in price_mentions(text, strict))
 
 
-def ground_plan(plan: dict[str, Any], question: str, history: list[dict[str, str]] | None = None,
-                strict: bool = True) -> tuple[dict[str, Any], list[str]]:
+def ground_plan(plan: Plan, question: str, history: list[dict[str, str]] | None = None,
+                strict: bool = True) -> tuple[Plan, list[str]]:
     """The plan with ungrounded filters removed, and what was removed (for logs/responses)."""
     filters = plan.get("filters")
     if not isinstance(filters, dict) or not filters:
         return plan, []
     text = context_text(question, history)
-    kept = dict(filters)
+    kept: PlanFilters = {**filters}
     dropped = []
     brand = kept.get("brand")
     if isinstance(brand, str) and not brand_grounded(brand, text):

@@ -1,5 +1,6 @@
-"""The models' measurements at setup (``python -m rufus.serving.precision``), registered
-with the precision record (rufus/serving/precision.py), which knows no model.
+"""The planner's measurement at setup, and the forward pass that times both models' passes
+(``python -m rufus.launch.precision`` passes them to rufus/serving/precision.py, which knows
+no model).
 
 Both models' passes are timed with the planner's own Llama forward (:class:`TorchLlama`:
 bf16, fp32 and int8 weight-only on any Llama weights; for the answer model it stands in for
@@ -17,7 +18,6 @@ from typing import Any
 from rufus.qp.build import qp_model_dir
 from rufus.qp.tree import interpolate_cost, machine_trees, time_forward
 from rufus.serving import precision
-from rufus.serving.caches import default_model_dir
 
 
 def time_passes(model_dir: Path, dtype: str, threads: int
@@ -69,6 +69,4 @@ def planner_extra(result: dict[str, Any], model_dir: Path, threads: int,
             "choice": {**result["choice"], "planner": best}}
 
 
-precision.set_pass_timer(time_passes)
-precision.register(precision.Measurement("answer", default_model_dir))
-precision.register(precision.Measurement("planner", qp_model_dir, planner_extra))
+PLANNER = precision.Measurement("planner", qp_model_dir, planner_extra)

@@ -16,6 +16,7 @@ is refused at once, UNAVAILABLE, unless the request's ``slo_ms`` parameter accep
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from dataclasses import dataclass, replace
@@ -151,7 +152,8 @@ class PlanSink:
             text = bytes(outputs["text_output"][0]).decode("utf-8", "replace")
             res = parse_plan(text, self.question)
             if self.ground and not res.fallback:
-                res.plan, dropped = ground_plan(res.plan, self.question, self.history)
+                grounded, dropped = ground_plan(res.plan, self.question, self.history)
+                res = dataclasses.replace(res, plan=grounded)
                 if dropped:
                     log.debug("plan filters dropped: %s", "; ".join(dropped))
             outputs["plan"] = np.array([json.dumps(res.plan).encode()], dtype=np.object_)

@@ -12,9 +12,29 @@ import json
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypedDict, cast
 
 SCHEMA_PATH = Path(__file__).with_name("plan_schema.json")
+
+# The plan's types: plan_schema.json as the type checker sees it (a plan stays a JSON object
+# on the wire and in the logs; tests/unit/test_qp.py checks these against the schema).
+Intent = Literal["product_search", "product_comparison", "product_question", "recommendation",
+                 "order_status", "returns_refunds", "other"]
+QueryType = Literal["keyword", "conversational"]
+
+
+class PlanFilters(TypedDict, total=False):
+    brand: str
+    max_price: float
+
+
+class Plan(TypedDict):
+    """One query plan, schema-valid (plan_schema.json; key order is the generation order)."""
+
+    intent: Intent
+    query_type: QueryType
+    search_queries: list[str]
+    filters: PlanFilters
 
 
 @lru_cache(maxsize=1)
@@ -31,7 +51,7 @@ def intents() -> list[str]:
 PLANNER_SYSTEM = "You are the query planner of a shopping assistant. Reply with the JSON plan."
 
 
-def render_plan(plan: dict[str, Any]) -> str:
+def render_plan(plan: Plan | dict[str, Any]) -> str:
     """The exact text the model is shown (and learns to emit): compact, schema key order."""
     return json.dumps(plan, separators=(", ", ": "))
 
@@ -63,18 +83,22 @@ def prompt_context(prompt_text: str) -> str:
     return tail[-1].split("<|im_end|>", 1)[0]
 
 
-def fallback_plan(question: str) -> dict[str, Any]:
+def fallback_plan(question: str) -> Plan:
     """Documented fallback: unknown intent resolved as ``other``, question passed through."""
     q = " ".join(question.split())[:80] or "?"
     return {"intent": "other", "query_type": "conversational", "search_queries": [q],
             "filters": {}}
 
 
-@dataclass
-class PlanResult:
-    plan: dict[str, Any]
+@dataclass(frozen=True)
+class PlanOutcome:
+    """What planning one question gave: a schema-valid plan, and whether it is the fallback
+    (``error`` says why: no JSON, invalid JSON, a schema violation)."""
+
+    plan: Plan
     fallback: bool
     error: str = ""
+
 
 
 @lru_cache(maxsize=1)
@@ -100,19 +124,24 @@ def validate_plan(obj: Any) -> str:
     return ""
 
 
-def parse_plan(text: str, question: str) -> PlanResult:
+def as_plan(obj: Any) -> Plan | None:
+    """``obj`` as a :class:`Plan` when it satisfies the schema, else None."""
+    return cast(Plan, obj) if not validate_plan(obj) else None
+
+
+def parse_plan(text: str, question: str) -> PlanOutcome:
     """Parse the model's raw text; the first JSON object is taken, trailing chatter ignored."""
     start = text.find("{")
     if start < 0:
-        return PlanResult(fallback_plan(question), True, "no JSON object in output")
+        return PlanOutcome(fallback_plan(question), True, "no JSON object in output")
     try:
         obj, _ = json.JSONDecoder().raw_decode(text[start:])
     except json.JSONDecodeError as exc:
-        return PlanResult(fallback_plan(question), True, f"invalid JSON: {exc.msg}")
+        return PlanOutcome(fallback_plan(question), True, f"invalid JSON: {exc.msg}")
     err = validate_plan(obj)
     if err:
-        return PlanResult(fallback_plan(question), True, f"schema: {err}")
-    return PlanResult(obj, False)
+        return PlanOutcome(fallback_plan(question), True, f"schema: {err}")
+    return PlanOutcome(cast(Plan, obj), False)
 
 
 def render_prompt_ids(tokenizer: Any, question: str,

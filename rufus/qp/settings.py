@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rufus.serving.admission import AdmissionSettings, admission_rows
+from rufus.serving.admission import AdmissionSettings, with_limits
 from rufus.serving.model_settings import EngineModelSettings
-from rufus.serving.settings import MODEL_JSON, Row, group, keys, model_json, read
+from rufus.serving.settings import MODEL_JSON, env_var, group, keys, model_json, read, rows
 
 BACKENDS = ("torch_medusa", "torch_autoregressive", "vllm_medusa", "autoregressive", "nxdi")
 # draft trie size cap per step (``max_draft_nodes``, ``batch_draft_nodes``)
@@ -128,40 +128,34 @@ def engine_arguments(model_json: Mapping[str, Any]) -> dict[str, Any]:
 
 
 # The planner's admission: a plan estimated past its SLO (300 ms, RUFUS_QP_SLO_S; margin
-# RUFUS_QP_MARGIN; the fit's priors RUFUS_QP_<FIELD>) is refused at once, UNAVAILABLE. The
+# RUFUS_QP_MARGIN) is refused at once, UNAVAILABLE. The
 # estimate is of the whole plan: plans in flight ahead of it share the decoder's passes
 # (up to ``torch_max_batch`` per pass, the rest queue: TorchBackend.admission_features).
 # A request may state the latency it accepts (request parameter ``slo_ms``): the assistant
 # sends its plan time limit, since its own admission already holds the turn's SLO.
-ADMISSION_PREFIX = "RUFUS_QP_"
 # priors: the least-squares fit of plan latency to plans in flight measured at 4-12 plans/s
-# on AVX-512 + bf16 + AMX (docs/benchmarks-history.md); the online fit moves from there
+# on AVX-512 + bf16 + AMX (docs/benchmarks-history.md); the online fit moves from there.
+# per_waiting_s is per plan in flight ahead that shares its tree passes (torch backends: up
+# to torch_max_batch - 1 of them; other backends: every plan ahead); per_decoding_s (torch
+# backends) per plan ahead beyond a full batch of passes, which waits for a slot.
 ADMISSION = AdmissionSettings(slo_s=0.3, base_s=0.11, per_waiting_s=0.035, per_decoding_s=0.05)
-ADMISSION_HELP: dict[str, str] = {
-    "slo_s": "plan SLO, seconds; plans estimated past margin x SLO are refused UNAVAILABLE "
-             "(a request's `slo_ms` parameter replaces it for that request; 0 turns "
-             "admission off)",
-    "margin": "refuse above this share of the SLO",
-    "base_s": "prior: a lone plan, seconds",
-    "per_waiting_s": "prior: added per plan in flight ahead of it that shares its tree "
-                     "passes (torch backends: up to torch_max_batch - 1 of them; other "
-                     "backends: every plan ahead), seconds",
-    "per_decoding_s": "prior (torch backends): added per plan ahead beyond a full batch "
-                      "of passes, which waits for a slot, seconds",
-    "forgetting": "the fit's weight of the past per observation",
-    "prior_weight": "observations the priors count as",
-    "warm_after": "plans measured before the estimate refuses at margin x SLO; until then "
-                  "only above 1.5 times that (the priors are a guess for this CPU)",
-}
+
+
+@dataclass(frozen=True)
+class AdmissionLimits:
+    """The planner's admission as an operator sets it."""
+
+    slo_s: float = env_var("RUFUS_QP_SLO_S", ADMISSION.slo_s,
+                           "plan SLO, seconds; plans estimated past margin x SLO are refused "
+                           "UNAVAILABLE (a request's `slo_ms` parameter replaces it for that "
+                           "request; 0 turns admission off)", minimum=0)
+    margin: float = env_var("RUFUS_QP_MARGIN", ADMISSION.margin,
+                            "refuse above this share of the SLO", minimum=0)
 
 
 def read_admission(env: Mapping[str, str] | None = None) -> AdmissionSettings:
-    return AdmissionSettings.from_env(env, ADMISSION_PREFIX, ADMISSION)
-
-
-def admission_env_rows() -> list[Row]:
-    """The planner's AdmissionSettings as docs/configuration.md lists it."""
-    return admission_rows(ADMISSION_PREFIX, ADMISSION, ADMISSION_HELP)
+    limits = read(AdmissionLimits, env=env)
+    return with_limits(ADMISSION, limits.slo_s, limits.margin)
 
 
 @dataclass(frozen=True)
@@ -169,7 +163,7 @@ class PlannerModelSettings(EngineModelSettings):
     """rufus_qp_medusa's config.pbtxt parameters (rufus_llm's keys) and its admission."""
 
     admission: AdmissionSettings = group(  # noqa: RUF009 - a default_factory field
-        AdmissionSettings, read=read_admission, describe=admission_env_rows,
+        AdmissionSettings, read=read_admission, describe=lambda: rows(AdmissionLimits),
         default=lambda: ADMISSION)
 
 

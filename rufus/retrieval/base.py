@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from rufus.retrieval.catalog import Product
 
@@ -41,7 +41,7 @@ class Filters:
     models: tuple[str, ...] = ()  # product models (empty: any)
 
     @classmethod
-    def from_plan(cls, filters: dict | None) -> Filters:
+    def from_plan(cls, filters: Mapping[str, Any] | None) -> Filters:
         f = filters or {}
         brand = f.get("brand")
         price = f.get("max_price")

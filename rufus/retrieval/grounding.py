@@ -27,8 +27,9 @@ model text): what was searched and which catalog categories are nearest.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from rufus.retrieval.base import (
     MAX_QUERY_CHARS,
@@ -188,7 +189,7 @@ class GroundedSearch:
         return kept[:k]
 
     # -------------------------------------------------------------- the steps
-    def search(self, queries: Sequence[str], plan_filters: dict | None, question: str,
+    def search(self, queries: Sequence[str], plan_filters: Mapping[str, Any] | None, question: str,
                k: int, earlier: Sequence[str] = ()) -> SearchOutcome:
         """``earlier``: the customer's earlier turns, oldest first; a follow-up that names no
         product type ("any of those in size 9?") searches the type the last of them named."""
@@ -220,7 +221,7 @@ class GroundedSearch:
             categories=found.categories, constraints=found.constraints, dropped=found.dropped,
             models=found.models)
 
-    def ground(self, queries: Sequence[str], plan_filters: dict | None, question: str,
+    def ground(self, queries: Sequence[str], plan_filters: Mapping[str, Any] | None, question: str,
                k: int) -> Grounded:
         """Steps 1-3: the plan's brand, price cap and words checked against the catalog."""
         vocab = self.vocabulary

@@ -6,7 +6,8 @@ cannot meet its SLO is better refused within milliseconds with a retryable error
 ingress sends it to a unit that can, or the client retries, and the requests this unit
 accepts stay in time. Each model that admits this way (the assistant: its first answer
 text; the planner: the whole plan) keeps one :class:`SloAdmission` with its own defaults
-and ``RUFUS_<PREFIX>_<FIELD>`` variables (its settings module says which).
+and two variables, its SLO and margin (its settings module declares them); the fit's
+priors are the code's, not an operator's knob.
 
 The estimate comes from the model's live queue. A new request waits for the requests ahead
 of it that have not reached the measured point yet, and shares the cores with those past it
@@ -28,22 +29,19 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from rufus.env import environ
 from rufus.errors import Unavailable
-from rufus.serving.settings import ENVIRONMENT, Row
 
 COLD_FACTOR = 1.5  # the limit's factor until ``warm_after`` requests are measured
 
 
 @dataclass(frozen=True)
 class AdmissionSettings:
-    """One model's admission; each field has a ``<prefix><FIELD>`` environment override
-    (the assistant's prefix is ``RUFUS_ASSISTANT_``, the planner's ``RUFUS_QP_``). These
-    defaults are the assistant's; the planner's are in rufus/qp/settings.py."""
+    """One model's admission. These defaults are the assistant's; the planner's are in
+    rufus/qp/settings.py. Operators set ``slo_s`` and ``margin`` only (:func:`with_limits`);
+    the priors below are measured starting points the online fit moves from."""
 
     slo_s: float = 1.0          # the SLO (the assistant: first answer text); 0: admission off
     margin: float = 1.0         # refuse above margin * slo
@@ -62,41 +60,11 @@ class AdmissionSettings:
     # (docs/benchmarks-history.md, "Repeated questions").
     warm_after: float = 20.0
 
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None, prefix: str = "RUFUS_ASSISTANT_",
-                 defaults: AdmissionSettings | None = None) -> AdmissionSettings:
-        """``defaults`` (else the class defaults) with the ``<prefix><FIELD>`` overrides."""
-        env = dict(environ() if env is None else env)
-        kw: dict[str, float] = {}
-        for name in cls.__dataclass_fields__:
-            var = f"{prefix}{name.upper()}"
-            raw = env.get(var)
-            if raw is None or raw == "":
-                continue
-            try:
-                value = float(raw)
-            except ValueError:
-                raise ValueError(f"{var}={raw[:40]!r}: not a number") from None
-            if value < 0 or (name == "forgetting" and not 0 < value <= 1):
-                raise ValueError(f"{var}={value}: out of range")
-            kw[name] = value
-        return dataclasses.replace(defaults or cls(), **kw)
 
-
-def admission_rows(prefix: str, defaults: AdmissionSettings,
-                   help_text: Mapping[str, str]) -> list[Row]:
-    """One configuration-table row per field (docs/configuration.md); each model's settings
-    module passes its prefix, defaults and words."""
-    hints = typing.get_type_hints(AdmissionSettings)
-    out = []
-    for f in dataclasses.fields(AdmissionSettings):
-        tp = hints[f.name]
-        var = f"{prefix}{f.name.upper()}"
-        out.append(Row(ENVIRONMENT, var, var, getattr(tp, "__name__", str(tp)),
-                       "> 0, <= 1" if f.name == "forgetting" else ">= 0",
-                       f"{getattr(defaults, f.name)}",
-                       help_text.get(f.name, "see rufus/serving/admission.py")))
-    return out
+def with_limits(defaults: AdmissionSettings, slo_s: float, margin: float) -> AdmissionSettings:
+    """``defaults`` (a model's fit priors, fixed in its settings module) with the two values
+    an operator sets: the SLO and the margin (each model declares their variables)."""
+    return dataclasses.replace(defaults, slo_s=slo_s, margin=margin)
 
 
 @dataclass

@@ -70,18 +70,18 @@ class RestartPolicy:
     whole by its supervisor) leaves a dead engine down.
     """
 
-    # config.pbtxt parameters (RUFUS_<KEY> wins), read with the model's other settings
+    # config.pbtxt parameters (RUFUS_<KEY> wins where env=True), read with the model's other settings
     enabled: bool = param("engine_restart", True,
-                          "replace a dead engine in place (false: leave it down)")
+                          "replace a dead engine in place (false: leave it down)", env=True)
     max_failures: int = param("engine_max_failures", 3, "engine deaths within the window "
-                              "before the host gives up (state failed)", minimum=1)
+                              "before the host gives up (state failed)", minimum=1, env=True)
     window_s: float = param("engine_failure_window_s", 600.0,
                             "the window of engine_max_failures, seconds", minimum=0)
     backoff_s: float = param("engine_restart_backoff_s", 1.0,
                              "backoff before the first restart, doubled per failure in the "
-                             "window, seconds", minimum=0)
+                             "window, seconds", minimum=0, env=True)
     backoff_max_s: float = param("engine_restart_backoff_max_s", 30.0,
-                                 "cap of the restart backoff, seconds", minimum=0)
+                                 "cap of the restart backoff, seconds", minimum=0, env=True)
 
     def delay(self, failures_in_window: int) -> float:
         return min(self.backoff_s * 2 ** max(failures_in_window - 1, 0), self.backoff_max_s)

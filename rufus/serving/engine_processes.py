@@ -17,12 +17,11 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from rufus.env import env_opt, env_str, environ, set_environ
+from rufus.env import env_opt, env_str, environ, lab_on, set_environ
 
 log = logging.getLogger("rufus.serving.engine")  # the host's logger, as before the move
 
 OMP_BIND_VAR = "VLLM_CPU_OMP_THREADS_BIND"
-START_METHOD_VAR = "RUFUS_ENGINE_START_METHOD"
 
 
 def every_core_binding(flags: set[str] | None = None, cpus: list[int] | None = None,
@@ -180,12 +179,10 @@ class EngineProcessLayout:
         start and no OpenMP pool yet in this one), the EngineCore can be forked from here
         instead, as vLLM does on a GPU: it starts with everything imported, and binds itself
         to the cores :meth:`environment` chose (:meth:`_bind_in_child`); ``before_fork`` runs
-        right before that fork. ``RUFUS_ENGINE_START_METHOD`` (``fork`` / ``spawn``)
-        overrides; multi-node units (``"mp"``) keep vLLM's choice. Used between building the
+        right before that fork. ``RUFUS_LAB_OFF=fork`` keeps vLLM's spawn (the
+        benchmark's baseline); multi-node units (``"mp"``) keep vLLM's choice. Used between building the
         config and building the engine (the env var is read then) and restored after."""
-        method = env_str(START_METHOD_VAR, "fork")
-        if method not in ("fork", "spawn"):
-            raise ValueError(f"{START_METHOD_VAR} must be fork or spawn, not {method[:20]!r}")
+        method = "fork" if lab_on("fork") else "spawn"
         if not _uni(engine_args) or method == "spawn":
             yield env_str("VLLM_WORKER_MULTIPROC_METHOD", "fork")
             return

@@ -23,7 +23,7 @@ class ModelSettings:
     """What every model reads from its config.pbtxt."""
 
     warmup: bool = param("warmup", True, "serve warm-up requests before reporting ready "
-                         "(false: ready at once, the first requests pay)")
+                         "(false: ready at once, the first requests pay)", env=True)
     report_custom_metrics: bool = param("REPORT_CUSTOM_METRICS", True,
                                         "publish the model's rufus_* metric families")
     limits: Limits = group(Limits)  # noqa: RUF009 - a default_factory field
@@ -45,7 +45,7 @@ class EngineModelSettings(ModelSettings):
     max_outstanding_requests: int = param("max_outstanding_requests", 0,
                                           "requests admitted at once, queued or running; "
                                           "more are refused AT_CAPACITY (0: no limit)",
-                                          minimum=0)
+                                          minimum=0, env=True)
     restart: RestartPolicy = group(RestartPolicy)  # noqa: RUF009 - a default_factory field
 
 

@@ -13,10 +13,10 @@ picks, per workload, the dtype with the lower cost:
   once the planner's Medusa tree is grown for each dtype on this machine's costs, the
   planner's own rule decides instead (modelled time per plan with that dtype's tree).
 
-This module knows the machine, the cache and the record, not the models: each model
-registers its measurement (:func:`register`: which model, what it adds to the record) and the
-forward pass that times the passes (:func:`set_pass_timer`); the planner's package does both
-(rufus/qp/measure.py), so nothing here imports a model.
+This module knows the machine, the cache and the record, not the models: the setup program
+(``python -m rufus.launch.precision``) passes :func:`run` each model's :class:`Measurement`
+(which model, what it adds to the record) and the forward pass that times the passes, so
+nothing here imports a model.
 
 The result is cached per CPU (:func:`rufus.serving.machine.cpu_key`) and model (its build stamp), so a
 new CPU class or a rebuilt model is measured again, and written where an operator reads it:
@@ -28,13 +28,12 @@ model.json or ``RUFUS_<MODEL>_ENGINE_ARGS`` is used as given.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import logging
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -110,7 +109,7 @@ PassTimer = Callable[[Path, str, int], Callable[[int, int, int], float] | None]
 
 @dataclass(frozen=True)
 class Measurement:
-    """One model's measurement at setup, registered by the model's package: ``workload`` (a
+    """One model's measurement at setup, passed to :func:`run` by the program: ``workload`` (a
     key of :data:`WORKLOADS`) names its candidates and its choice, ``model_dir`` the model
     setup measures, ``extra`` what the model adds to its record from the pass costs (the
     planner: its trees per dtype and the choice they give)."""
@@ -118,28 +117,6 @@ class Measurement:
     workload: str
     model_dir: Callable[[], Path]
     extra: Callable[[dict[str, Any], Path, int, Progress], dict[str, Any]] | None = None
-
-
-MEASUREMENTS: dict[str, Measurement] = {}  # workload -> measurement, in registration order
-_PASS_TIMER: list[PassTimer] = []
-
-
-def register(measurement: Measurement) -> None:
-    """Measure ``measurement``'s model at setup (one per workload)."""
-    MEASUREMENTS[measurement.workload] = measurement
-
-
-def set_pass_timer(timer: PassTimer) -> None:
-    """Time every model's passes with ``timer`` (a forward pass that runs each candidate)."""
-    _PASS_TIMER[:] = [timer]
-
-
-def pass_timer() -> PassTimer:
-    """The registered timer; a measurement without one is a wiring error, said here."""
-    if not _PASS_TIMER:
-        raise LookupError("no pass timer registered (`python -m rufus.serving.precision` "
-                          "registers the models' measurements)")
-    return _PASS_TIMER[0]
 
 
 def model_fingerprint(model_dir: str | Path) -> str:
@@ -176,10 +153,9 @@ def rule(flags: set[str]) -> str:
 def measure(model_dir: str | Path, threads: int = 1,
             progress: Progress = lambda _m: None,
             candidates: tuple[str, ...] = CANDIDATES,
-            timer: PassTimer | None = None) -> dict[str, dict[str, float]]:
-    """Seconds per pass, per candidate dtype, with the model's own weights (through the
-    registered :func:`pass_timer` unless ``timer`` is given)."""
-    timer = timer or pass_timer()
+            *, timer: PassTimer) -> dict[str, dict[str, float]]:
+    """Seconds per pass, per candidate dtype, with the model's own weights, timed by
+    ``timer`` (the program passes the forward pass that runs each candidate)."""
     costs: dict[str, dict[str, float]] = {}
     for dtype in candidates:
         time_pass = timer(Path(model_dir), dtype, threads)
@@ -198,14 +174,14 @@ def measure_and_store(model_dir: str | Path, threads: int = 1, force: bool = Fal
                       progress: Progress = lambda _m: None,
                       extra: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
                       candidates: tuple[str, ...] = CANDIDATES,
-                      timer: PassTimer | None = None) -> dict[str, Any]:
+                      *, timer: PassTimer) -> dict[str, Any]:
     """Measure once per CPU and model (kept in :func:`choice_path`), and choose; ``extra``
     adds model-specific results measured on the choice (the planner's tree per dtype)."""
     path = choice_path(model_dir)
     if path.is_file() and not force:
         return json.loads(path.read_text(encoding="utf-8"))
     t0 = time.monotonic()
-    costs = measure(model_dir, threads, progress, candidates, timer)
+    costs = measure(model_dir, threads, progress, candidates, timer=timer)
     result: dict[str, Any] = {
         "model": str(model_dir), "cpu": machine.describe(), "threads": threads,
         "seconds_per_pass": costs, "workloads": WORKLOADS, "choice": choose(costs)}
@@ -300,45 +276,29 @@ def resolve_quantization(engine_args: dict[str, Any], workload: str = "answer",
     return {**out, "model": str(copy)}
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Measure each registered model (or the directories named) on this machine."""
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("model_dirs", nargs="*", type=Path,
-                    help="default: each registered model (the default model and the "
-                         "planner's model)")
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--force", action="store_true", help="measure again even if cached")
-    a = ap.parse_args(argv)
-    registered = {m.workload: m.model_dir() for m in MEASUREMENTS.values()}
-    if not a.model_dirs:
-        a.model_dirs = list(registered.values())
+def run(model_dirs: Sequence[Path], measurements: Sequence[Measurement], timer: PassTimer,
+        threads: int = 1, force: bool = False) -> int:
+    """Measure each of ``measurements``' models (or ``model_dirs``) on this machine, timing
+    passes with ``timer``: the setup program (rufus/launch/precision.py) passes both, so this
+    module knows no model."""
+    by_workload = {m.workload: m for m in measurements}
+    named = {w: m.model_dir() for w, m in by_workload.items()}
 
     def say(msg: str) -> None:
         print(f"[precision {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
     say(f"this CPU: {machine.describe()}")
-    for d in a.model_dirs:
+    for d in model_dirs or list(named.values()):
         path = choice_path(d)
-        if path.is_file() and not a.force:
+        if path.is_file() and not force:
             say(f"{d.name}: measured before ({path})")
-        # a directory no measurement registered is timed as an answer model
-        workload = next((w for w, md in registered.items() if md.resolve() == d.resolve()),
+        # a directory no measurement names is timed as an answer model
+        workload = next((w for w, md in named.items() if md.resolve() == d.resolve()),
                         "answer")
-        add = MEASUREMENTS[workload].extra if workload in MEASUREMENTS else None
+        add = by_workload[workload].extra if workload in by_workload else None
         extra = None if add is None else (
-            lambda r, d=d, add=add: add(r, d, a.threads, say))
-        res = measure_and_store(d, a.threads, a.force, say, extra,
-                                WORKLOAD_CANDIDATES[workload])
+            lambda r, d=d, add=add: add(r, d, threads, say))
+        res = measure_and_store(d, threads, force, say, extra,
+                                WORKLOAD_CANDIDATES[workload], timer=timer)
         say(f"{d.name}: choice {res['choice']} (measured in {res.get('took_s', 0)} s; {path})")
     return 0
-
-
-if __name__ == "__main__":
-    # The setup program (scripts/setup.sh precision, the image build): the models register
-    # their measurements with this module imported under its own name (not as __main__),
-    # which then runs them. A program's imports sit above every layer (docs/architecture.md).
-    import rufus.qp.measure  # noqa: F401
-    from rufus.serving import precision
-
-    raise SystemExit(precision.main())

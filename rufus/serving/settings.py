@@ -3,7 +3,8 @@
 A field says where its value lives (the key operators already use), its type, default,
 bounds and meaning:
 
-* :func:`param`: a config.pbtxt ``parameters`` entry; ``RUFUS_<KEY>`` in the environment wins;
+* :func:`param`: a config.pbtxt ``parameters`` entry; where it is declared ``env=True`` (the
+  few an operator sets per deployment), ``RUFUS_<KEY>`` in the environment wins;
 * :func:`model_json`: a model.json key (``RUFUS_<MODEL>_ENGINE_ARGS`` and ``RUFUS_ENGINE_ARGS``
   override it before it gets here: rufus/serving/config.py);
 * :func:`env_var`: an environment variable alone;
@@ -75,22 +76,25 @@ class Spec:
     kind: str = ""
     unset: tuple[Any, ...] = (None,)     # model.json values that mean "the default"
     default_text: str = ""               # the default in words, where it is derived
+    override: bool = False               # PBTXT: RUFUS_<KEY> in the environment wins
 
     @property
     def env(self) -> str | None:
         """The environment variable that sets it (None: only its file)."""
         if self.source == ENVIRONMENT:
             return self.key
-        return "RUFUS_" + self.key.upper() if self.source == PBTXT else None
+        return "RUFUS_" + self.key.upper() if self.source == PBTXT and self.override else None
 
 
 def _field(spec: Spec, default: Any) -> Any:
     return dataclasses.field(default=default, metadata={_SPEC: spec})
 
 
-def param(key: str, default: Any, help: str, **kw: Any) -> Any:
-    """A config.pbtxt ``parameters`` entry (string value); ``RUFUS_<KEY>`` wins."""
-    return _field(Spec(PBTXT, key, help, **kw), default)
+def param(key: str, default: Any, help: str, *, env: bool = False, **kw: Any) -> Any:
+    """A config.pbtxt ``parameters`` entry (string value); with ``env``, ``RUFUS_<KEY>``
+    wins (a deployment's knob; the rest are set in the model repository, as the official
+    backend's are)."""
+    return _field(Spec(PBTXT, key, help, override=env, **kw), default)
 
 
 def model_json(key: str, default: Any, help: str, **kw: Any) -> Any:

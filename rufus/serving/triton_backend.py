@@ -27,7 +27,7 @@ from typing import Any, TypedDict
 
 import numpy as np
 
-from rufus.env import env_opt, env_str, setdefault_environ
+from rufus.env import env_opt, env_str, lab_on, setdefault_environ
 from rufus.errors import InvalidInput, RufusError, Unavailable, client_error
 from rufus.serving import caches, machine
 from rufus.serving.cancel import CancelWatcher
@@ -118,10 +118,10 @@ def freeze_heap(name: str, collect: bool = True) -> None:
     Objects made after the freeze are collected as usual; frozen ones are still freed by
     reference counting. Calling it again is cheap: a collection skips frozen objects (an
     engine model freezes before it forks its EngineCore, then once more when initialize() ends).
-    ``RUFUS_GC_FREEZE=0`` turns it off (the benchmark's baseline). ``collect=False``: freeze
+    ``RUFUS_LAB_OFF=gc_freeze`` turns it off (the benchmark's baseline). ``collect=False``: freeze
     only, right before the EngineCore's fork, where a collection found a few hundred
     unreachable objects among 630,000 and cost 0.6-0.9 s of every start."""
-    if env_str("RUFUS_GC_FREEZE", "1") == "0":
+    if not lab_on("gc_freeze"):
         return
     t0 = time.monotonic()
     if collect:

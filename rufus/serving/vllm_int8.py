@@ -6,7 +6,7 @@ path is slow and saturates), so every decode step reads four bytes per weight, a
 steps are most of the answer engine's work under load. The planner's int8 kernel
 (:mod:`rufus.serving.int8_kernel`: int8 weights read as one stream, each activation row
 rounded to int16 on its own scale, exact integer sums) runs a decode step several times
-faster than fp32 on such a CPU (the precision record: ``python -m rufus.serving.precision``).
+faster than fp32 on such a CPU (the precision record: ``python -m rufus.launch.precision``).
 
 How: a vLLM quantization method, ``"quantization": "rufus_int8"``, registered when this module
 is imported (it imports vLLM): by rufus.serving.config where a model's settings choose it

@@ -7,7 +7,7 @@ where no engine can be had. At the end the rig's containers and network are remo
 a dockerd the session started is stopped by its pid. The images (with their build cache)
 and the nodes' compile-cache volumes are kept: the next run builds the image from cached
 layers (only what changed since) and its cells start from the kernels compiled here
-instead of compiling them again. RUFUS_KEEP_IMAGES=0 removes them too (and the image a
+instead of compiling them again. ``--remove-images`` removes them too (and the image a
 build replaced is removed either way, so kept images do not pile up). Before `down`, the
 containers' logs (with timestamps) and the roll's report are kept in `log_dir`
 (tests/conftest.py), so a slow start or roll can be read
@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from rufus.launch import containers as rig
+from tests.environment import option
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGES = ("rufus-inference:cpu", "rufus-ingress:2.6")
@@ -116,7 +117,7 @@ def compose_rig(log_dir: Path) -> Iterator[None]:
     finally:
         if not reuse:
             _save_logs(log_dir)
-            keep = os.environ.get("RUFUS_KEEP_IMAGES", "1") != "0"
+            keep = not option("--remove-images")
             subprocess.run(["bash", str(ROOT / "scripts/compose.sh"), "down",
                             *([] if keep else ["--volumes"])], check=False, timeout=300)
             subprocess.run(["docker", "rmi", "-f", "rufus-inference:cpu-roll"],

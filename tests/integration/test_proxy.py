@@ -6,7 +6,7 @@ One fleet for the module (every vLLM start costs 1-3 minutes on 2 cores); tests 
 file order and the failure test comes after the ones that need a whole fleet. Every
 process is ended by process group at the end, and the test checks that none is left.
 
-RUFUS_PROXY_TEST_NNODES=1 runs single-node units (kills the engine core instead of a
+``--proxy-nnodes 1`` runs single-node units (kills the engine core instead of a
 follower) when CPU is scarce.
 """
 
@@ -26,6 +26,7 @@ from proxy.haproxy import find_haproxy
 from rufus.client import RequestFailed, generate
 from rufus.errors import InvalidInput
 from rufus.launch.fleet import Fleet
+from tests.environment import option
 from tests.fakes import FakeLeader
 
 from .conftest import metric_value, wait_for
@@ -37,7 +38,7 @@ pytestmark = [
                               "installs it from Debian"),
 ]
 MODEL = "rufus_llm"
-NNODES = int(os.environ.get("RUFUS_PROXY_TEST_NNODES", "2"))
+NNODES = option("--proxy-nnodes")
 ENGINE_ARGS = {"max_num_seqs": 8, "max_model_len": 1024}
 SHORT = {"max_tokens": 8, "temperature": 0.0}
 TAKEOUT_BUDGET_S = 5.0

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -22,6 +21,7 @@ from rufus.client import RequestFailed
 from rufus.launch.server import ROOT, TritonServer, free_port, stop_servers
 from rufus.qp.client import plan
 from rufus.qp.plan import fallback_plan, load_eval, validate_plan
+from tests.environment import option
 
 from .conftest import STOP_S, metric_value, scrape, wait_for
 
@@ -242,7 +242,7 @@ def check_lossless(servers, log_dir, dtype: str, stride: int) -> float:
     # Medusa actually ran: drafts were accepted
     text = scrape(servers["medusa"])
     assert metric_value(text, "rufus_qp_spec_num_accepted_tokens_total") > 0
-    assert os.environ.get("RUFUS_QP_REQUIRE_IDENTICAL") != "1" or identical == 1.0
+    assert not option("--require-identical-plans") or identical == 1.0
     return identical
 
 

@@ -4,7 +4,7 @@ rufus_llm: vLLM's engine core is SIGKILLed mid-stream. The stream ends with [UNA
 ``rufus_engine_ready`` turns 0 within 10 s, new requests fail at once with UNAVAILABLE,
 and without any load call the model gets a new engine and serves the same greedy output
 again. Triton's ``/v2/models/<m>/ready`` stays 200 throughout: the model is never unloaded
-(Triton 2.51 sometimes never finalized an unloaded instance). ``RUFUS_RECOVERY_CYCLES``
+(Triton 2.51 sometimes never finalized an unloaded instance). ``--recovery-cycles N``
 repeats the kill/heal cycle in the same server (default 1). Then one more death than the
 policy allows leaves the model down: logged, ``rufus_engine_failed`` 1, and unloaded so
 that Triton's readiness (liveness probes) turns false.
@@ -18,7 +18,6 @@ the engine; the planner reports it and heals the same way.
 from __future__ import annotations
 
 import json
-import os
 import queue
 import shutil
 import time
@@ -30,6 +29,7 @@ import tritonclient.grpc as grpcclient
 from rufus.client import RequestFailed, build_inputs, generate
 from rufus.launch.server import ROOT, TritonServer, free_port
 from rufus.qp.client import plan
+from tests.environment import option
 
 from .conftest import metric_value, scrape, serving, wait_for
 
@@ -37,7 +37,7 @@ pytestmark = pytest.mark.integration
 MODEL = "rufus_llm"
 PROMPT = "The best way to keep running shoes clean is"
 GREEDY = {"temperature": 0.0, "max_tokens": 16}
-CYCLES = int(os.environ.get("RUFUS_RECOVERY_CYCLES", "1"))
+CYCLES = option("--recovery-cycles")
 
 
 @pytest.fixture(scope="module")

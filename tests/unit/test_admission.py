@@ -106,12 +106,16 @@ def test_off_when_the_slo_is_zero():
 
 
 def test_settings_from_the_environment_name_the_variable():
-    s = AdmissionSettings.from_env({"RUFUS_ASSISTANT_SLO_S": "0.8", "RUFUS_ASSISTANT_MARGIN": "1"})
+    from rufus.assistant.settings import read_admission as read_assistant
+
+    s = read_assistant({"RUFUS_ASSISTANT_SLO_S": "0.8", "RUFUS_ASSISTANT_MARGIN": "1"})
     assert s.slo_s == 0.8 and s.margin == 1.0 and s.base_s == AdmissionSettings().base_s
     with pytest.raises(ValueError, match="RUFUS_ASSISTANT_SLO_S"):
-        AdmissionSettings.from_env({"RUFUS_ASSISTANT_SLO_S": "fast"})
-    with pytest.raises(ValueError, match="RUFUS_ASSISTANT_FORGETTING"):
-        AdmissionSettings.from_env({"RUFUS_ASSISTANT_FORGETTING": "0"})
+        read_assistant({"RUFUS_ASSISTANT_SLO_S": "fast"})
+    with pytest.raises(ValueError, match="RUFUS_ASSISTANT_MARGIN"):
+        read_assistant({"RUFUS_ASSISTANT_MARGIN": "-0.5"})
+    # the fit's priors are no operator's knob (retired variables): ignored
+    assert read_assistant({"RUFUS_ASSISTANT_FORGETTING": "0"}) == AdmissionSettings()
 
 
 def test_the_pipeline_refuses_before_any_model_call():
@@ -186,7 +190,9 @@ def test_admission_settings_read_their_prefix_and_keep_their_defaults():
     assert PlannerModelSettings().admission == ADMISSION and ADMISSION.slo_s == 0.3
     got = read_admission({"RUFUS_QP_SLO_S": "0.5", "RUFUS_ASSISTANT_SLO_S": "9"})
     assert (got.slo_s, got.base_s) == (0.5, ADMISSION.base_s)
-    assert AdmissionSettings.from_env({"RUFUS_QP_SLO_S": "0.5"}).slo_s == 1.0  # assistant's
+    from rufus.assistant.settings import read_admission as read_assistant
+
+    assert read_assistant({"RUFUS_QP_SLO_S": "0.5"}).slo_s == 1.0  # the assistant's
     with pytest.raises(ValueError, match="RUFUS_QP_MARGIN"):
         read_admission({"RUFUS_QP_MARGIN": "-1"})
 

@@ -316,7 +316,7 @@ def test_uni_backend_keeps_the_worker_in_the_engine_core_bound_like_vllms_worker
 
 def test_engine_core_is_forked_for_uni_unless_told_otherwise(monkeypatch):
     """With the worker inside the EngineCore the core is forked (it starts with torch and
-    vLLM imported) over vLLM's CPU "spawn"; RUFUS_ENGINE_START_METHOD=spawn keeps vLLM's
+    vLLM imported) over vLLM's CPU "spawn"; RUFUS_LAB_OFF=fork keeps vLLM's
     choice, "mp" (multi-node) always does; the variable is restored afterwards."""
     import os
 
@@ -325,18 +325,18 @@ def test_engine_core_is_forked_for_uni_unless_told_otherwise(monkeypatch):
     engine_start_method = EngineProcessLayout().start_method
 
     monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")  # as vLLM's CPU config sets
-    monkeypatch.delenv("RUFUS_ENGINE_START_METHOD", raising=False)
+    monkeypatch.delenv("RUFUS_LAB_OFF", raising=False)
     uni = {"distributed_executor_backend": "uni"}
     with engine_start_method(uni) as method:
         assert method == "fork" and os.environ["VLLM_WORKER_MULTIPROC_METHOD"] == "fork"
     assert os.environ["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
     with engine_start_method({"distributed_executor_backend": "mp"}) as method:
         assert method == "spawn" == os.environ["VLLM_WORKER_MULTIPROC_METHOD"]
-    monkeypatch.setenv("RUFUS_ENGINE_START_METHOD", "spawn")
+    monkeypatch.setenv("RUFUS_LAB_OFF", "fork")
     with engine_start_method(uni) as method:
         assert method == "spawn" == os.environ["VLLM_WORKER_MULTIPROC_METHOD"]
-    monkeypatch.setenv("RUFUS_ENGINE_START_METHOD", "forkserver")
-    with pytest.raises(ValueError, match="RUFUS_ENGINE_START_METHOD"):
+    monkeypatch.setenv("RUFUS_LAB_OFF", "forkserver")
+    with pytest.raises(ValueError, match="RUFUS_LAB_OFF"):
         with engine_start_method(uni):
             pass
 

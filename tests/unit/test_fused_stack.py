@@ -48,9 +48,9 @@ def tiny64(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 def _pair(model_dir: Path, monkeypatch: pytest.MonkeyPatch, slots: int = 1, a8: bool = False
           ) -> tuple[TorchLlama, TorchLlama]:
-    monkeypatch.setenv("RUFUS_QP_FUSED", "0")
+    monkeypatch.setenv("RUFUS_LAB_OFF", "fused")
     ref = TorchLlama(model_dir, "int8", 256, slots=slots, a8=a8)
-    monkeypatch.setenv("RUFUS_QP_FUSED", "1")
+    monkeypatch.setenv("RUFUS_LAB_OFF", "")
     fused = TorchLlama(model_dir, "int8", 256, slots=slots, a8=a8)
     assert fused.fused and not ref.fused
     assert fused.a8 == ref.a8 == a8
@@ -146,7 +146,7 @@ def test_where_the_fused_pass_does_not_apply(tiny64, monkeypatch) -> None:
     # longer passes (prefills) run op by op, with the same results
     monkeypatch.setattr(torch_llama, "FUSED_MAX_ROWS", 2)
     ids, mask = torch.tensor([3, 4, 5]), torch.ones(3, 3, dtype=torch.bool).tril()
-    monkeypatch.setenv("RUFUS_QP_FUSED", "0")
+    monkeypatch.setenv("RUFUS_LAB_OFF", "fused")
     ref = TorchLlama(model_dir, "int8", 256)
     assert torch.equal(m.forward(ids, torch.arange(3), 0, mask),
                        ref.forward(ids, torch.arange(3), 0, mask))

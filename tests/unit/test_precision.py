@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from rufus.qp import measure  # registers the models' measurements and pass timer
+from rufus.launch import precision as program
+from rufus.qp import measure
 from rufus.serving import machine, precision
 from rufus.serving.caches import W8A8_SUFFIX
 from tests.tiny_models import random_llama
@@ -75,7 +76,7 @@ def test_the_choice_is_keyed_by_cpu_and_model(tmp_path, tiny):
 def test_measure_times_every_pass_in_every_dtype(tmp_path, tiny, monkeypatch):
     monkeypatch.setenv("RUFUS_CACHE_DIR", str(tmp_path))
     lines: list[str] = []
-    res = precision.measure_and_store(tiny, progress=lines.append)
+    res = precision.measure_and_store(tiny, progress=lines.append, timer=measure.time_passes)
     costs = res["seconds_per_pass"]
     assert set(costs) == set(precision.CANDIDATES)
     assert all(set(c) == set(precision.PASSES) and min(c.values()) > 0 for c in costs.values())
@@ -83,7 +84,7 @@ def test_measure_times_every_pass_in_every_dtype(tmp_path, tiny, monkeypatch):
     assert len(lines) == len(precision.CANDIDATES) * len(precision.PASSES)
     assert json.loads(precision.choice_path(tiny).read_text())["choice"] == res["choice"]
     # cached: not measured again
-    assert precision.measure_and_store(tiny, progress=lines.append) == res
+    assert precision.measure_and_store(tiny, progress=lines.append, timer=measure.time_passes) == res
     assert len(lines) == len(precision.CANDIDATES) * len(precision.PASSES)
 
 
@@ -118,7 +119,8 @@ def test_machine_trees_and_the_served_tree(tmp_path, tiny, monkeypatch):
     assert served_tree(mj, version, str(tiny), "float32") == [[0]]
     res = precision.measure_and_store(
         tiny, extra=lambda r: machine_trees(tiny, r["seconds_per_pass"], 1,
-                                            calibration=calib, max_nodes=4))
+                                            calibration=calib, max_nodes=4),
+        timer=measure.time_passes)
     trees = res["planner_trees"]
     assert set(trees) == set(res["seconds_per_pass"])
     for dtype, rec in trees.items():
@@ -153,16 +155,16 @@ def test_planner_choice_weighs_each_dtypes_tree():
     assert measure.planner_choice(costs, trees)[0] == "int8"
 
 
-def test_the_models_register_their_measurements():
-    """The record knows no model: the planner's package registers both models' measurements
-    and the forward pass that times them (``python -m rufus.serving.precision`` imports it)."""
-    assert list(precision.MEASUREMENTS) == ["answer", "planner"]
-    assert precision.MEASUREMENTS["planner"].extra is measure.planner_extra
-    assert precision.MEASUREMENTS["answer"].extra is None
-    assert precision.pass_timer() is measure.time_passes
+def test_the_program_passes_the_models_measurements():
+    """The record knows no model: the setup program (``python -m rufus.launch.precision``)
+    passes both models' measurements and the forward pass that times them."""
+    assert [m.workload for m in program.MEASUREMENTS] == ["answer", "planner"]
+    assert program.PLANNER.extra is measure.planner_extra is program.MEASUREMENTS[1].extra
+    assert program.ANSWER.extra is None
+    assert not hasattr(precision, "MEASUREMENTS") and not hasattr(precision, "register")
 
 
-def test_setup_measures_each_registered_model(tmp_path, monkeypatch):
+def test_setup_measures_each_model_passed_in(tmp_path, monkeypatch):
     """Each registered model's directory with its workload's candidates and its own extra; a
     directory no measurement names is timed as an answer model."""
     monkeypatch.setenv("RUFUS_CACHE_DIR", str(tmp_path / "cache"))
@@ -179,12 +181,9 @@ def test_setup_measures_each_registered_model(tmp_path, monkeypatch):
     def planner_extra(result, model_dir, threads, progress):
         return {"planner_trees": {}, "choice": {**result["choice"], "planner": "int8"}}
 
-    monkeypatch.setattr(precision, "MEASUREMENTS", {})
-    monkeypatch.setattr(precision, "_PASS_TIMER", [])
-    precision.set_pass_timer(timer)
-    precision.register(precision.Measurement("answer", lambda: dirs["answer"]))
-    precision.register(precision.Measurement("planner", lambda: dirs["planner"], planner_extra))
-    assert precision.main([]) == 0
+    measured = (precision.Measurement("answer", lambda: dirs["answer"]),
+                precision.Measurement("planner", lambda: dirs["planner"], planner_extra))
+    assert precision.run([], measured, timer) == 0
     assert timed == [("answer", dt) for dt in precision.WORKLOAD_CANDIDATES["answer"]] + [
         ("planner", dt) for dt in precision.WORKLOAD_CANDIDATES["planner"]]
     planner = precision.stored(dirs["planner"]) or {}
@@ -192,7 +191,7 @@ def test_setup_measures_each_registered_model(tmp_path, monkeypatch):
     answer = precision.stored(dirs["answer"]) or {}
     assert answer["choice"]["answer"] == "float32" and "planner_trees" not in answer
     timed.clear()
-    assert precision.main([str(dirs["other"])]) == 0
+    assert precision.run([dirs["other"]], measured, timer) == 0
     assert timed == [("other", dt) for dt in precision.WORKLOAD_CANDIDATES["answer"]]
 
 

@@ -217,3 +217,19 @@ def test_plan_sink_tells_the_ticket_when_the_plan_is_done() -> None:
     assert (adm.waiting, adm.decoding) == (0, 1)  # the plan is done: measured
     ticket.done()
     assert (adm.waiting, adm.decoding) == (0, 0)
+
+
+def test_the_plan_types_are_the_schema():
+    """rufus.qp.plan's Plan, PlanFilters, Intent and QueryType say what plan_schema.json says,
+    so the type checker checks plans against the schema the decoder is held to."""
+    import typing
+
+    from rufus.qp.plan import Intent, Plan, PlanFilters, QueryType, as_plan, plan_schema
+
+    props = plan_schema()["properties"]
+    assert Plan.__required_keys__ == frozenset(plan_schema()["required"]) == frozenset(props)
+    assert list(typing.get_args(Intent)) == props["intent"]["enum"]
+    assert list(typing.get_args(QueryType)) == props["query_type"]["enum"]
+    assert PlanFilters.__optional_keys__ == frozenset(props["filters"]["properties"])
+    assert as_plan(fallback_plan("tents")) == fallback_plan("tents")
+    assert as_plan({"intent": "shopping"}) is None

@@ -452,7 +452,7 @@ def test_fp32_linear_packs_few_row_passes_and_keeps_one_row_on_f_linear(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """fp32 (the choice where bf16 is emulated): a pass of several rows goes through oneDNN's
     pre-packed matmul and gives F.linear's values; one row is F.linear itself (bit-equal);
-    RUFUS_QP_FP32_PACKED=0 keeps F.linear for every call."""
+    RUFUS_LAB_OFF=fp32_packed keeps F.linear for every call."""
     import torch.nn.functional as F
 
     from rufus.qp.decoder.torch_llama import _packed_linear
@@ -464,12 +464,12 @@ def test_fp32_linear_packs_few_row_passes_and_keeps_one_row_on_f_linear(
     assert torch.equal(lin(one), F.linear(one, w))
     assert torch.allclose(lin(many), F.linear(many, w), atol=1e-4)
     assert lin(many).shape == (7, 96)
-    monkeypatch.setenv("RUFUS_QP_FP32_PACKED", "0")
+    monkeypatch.setenv("RUFUS_LAB_OFF", "fp32_packed")
     plain = _packed_linear(w)
     assert torch.equal(plain(many), F.linear(many, w))
-    monkeypatch.setenv("RUFUS_QP_FP32_PACKED", "yes")
+    monkeypatch.setenv("RUFUS_LAB_OFF", "yes")
     from rufus.env import EnvError
-    with pytest.raises(EnvError, match="RUFUS_QP_FP32_PACKED"):
+    with pytest.raises(EnvError, match="RUFUS_LAB_OFF"):
         _packed_linear(w)
 
 

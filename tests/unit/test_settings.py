@@ -135,7 +135,7 @@ def test_bad_environment_value_names_the_variable_and_the_key():
         PipelineSettings.from_env({"RUFUS_ASSISTANT_PLAN_TIMEOUT_S": "soon"})
     with pytest.raises(SettingError, match="RUFUS_ENGINE_MAX_FAILURES"):
         restart_policy_from_env({"RUFUS_ENGINE_MAX_FAILURES": "three"})
-    with pytest.raises(ValueError, match="RUFUS_ASSISTANT_SLO_S"):  # admission's own reader
+    with pytest.raises(ValueError, match="RUFUS_ASSISTANT_SLO_S"):  # admission's limits
         PipelineSettings.from_env({"RUFUS_ASSISTANT_SLO_S": "fast"})
 
 
@@ -169,19 +169,22 @@ def test_errors_quote_only_a_short_prefix_of_the_value():
 
 def test_environment_wins_over_config_pbtxt():
     cfg = config("rufus_qp_medusa", default_max_tokens="96", warmup="true")
-    s = EngineModelSettings.from_config(cfg, env={"RUFUS_DEFAULT_MAX_TOKENS": "64",
+    s = EngineModelSettings.from_config(cfg, env={"RUFUS_MAX_OUTSTANDING_REQUESTS": "64",
                                                   "RUFUS_WARMUP": "false",
                                                   "RUFUS_ENGINE_RESTART": "0",
                                                   "RUFUS_MAX_JSON_DEPTH": "8"})
-    assert (s.default_max_tokens, s.warmup, s.restart.enabled, s.limits.max_json_depth) == (
-        64, False, False, 8)
+    # parameters declared env=True only: the others are the model repository's (issue 61
+    # retired their variables), so RUFUS_MAX_JSON_DEPTH is no override
+    assert (s.max_outstanding_requests, s.warmup, s.restart.enabled,
+            s.limits.max_json_depth) == (64, False, False, 32)
     # an empty variable is unset: the file's value applies
-    assert EngineModelSettings.from_config(cfg, env={"RUFUS_DEFAULT_MAX_TOKENS": ""}
+    assert EngineModelSettings.from_config(cfg, env={"RUFUS_WARMUP": ""}).warmup is True
+    assert EngineModelSettings.from_config(cfg, env={"RUFUS_DEFAULT_MAX_TOKENS": "64"}
                                            ).default_max_tokens == 96
     a = AssistantSettings.from_config(
         config("rufus_assistant", answer_max_tokens="160"),
         env={"RUFUS_ANSWER_MAX_TOKENS": "32", "RUFUS_TRITON_GRPC_URL": "10.0.0.1:8001",
-             "RUFUS_ASSISTANT_PREWARM": "0", "RUFUS_ASSISTANT_PLAN_TIMEOUT_S": "2.5",
+             "RUFUS_LAB_OFF": "prewarm", "RUFUS_ASSISTANT_PLAN_TIMEOUT_S": "2.5",
              "RUFUS_ASSISTANT_SLO_S": "0.8"})
     assert (a.answer_max_tokens, a.triton_grpc_url, a.pipeline.prewarm,
             a.pipeline.plan_timeout_s, a.pipeline.admission.slo_s) == (
@@ -193,7 +196,7 @@ def test_documented_boolean_spellings_keep_their_meaning():
                       ("0", False), ("yes", True), ("no", False)):
         assert EngineModelSettings.from_config(config("m", engine_restart=raw),
                                                env={}).restart.enabled is want
-    assert PipelineSettings.from_env({"RUFUS_ASSISTANT_PREWARM": "1"}).prewarm is True
+    assert PipelineSettings.from_env({"RUFUS_LAB_OFF": ""}).prewarm is True
 
 
 def test_unknown_keys_are_left_alone():

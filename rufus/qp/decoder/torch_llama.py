@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn.functional as F
 
-from rufus.env import env_int
+from rufus.env import lab_on
 from rufus.serving import int8_kernel
 from rufus.serving.int8_kernel import quantize_int8
 
@@ -62,7 +62,7 @@ def _packed_linear(w: torch.Tensor) -> Any:
     row and slow for the few-row passes Medusa verifies (8 rows of the LM head cost ~3x one
     row); oneDNN's pre-packed fp32 matmul is faster for those and slower for one row, so
     one-row calls keep ``F.linear`` and others take the packed copy (the weight is held
-    twice: +4 bytes per parameter). ``RUFUS_QP_FP32_PACKED=0`` turns this off.
+    twice: +4 bytes per parameter). ``RUFUS_LAB_OFF=fp32_packed`` turns this off.
     """
     if not torch.backends.mkldnn.is_available():
         return lambda x: F.linear(x, w)
@@ -74,7 +74,7 @@ def _packed_linear(w: torch.Tensor) -> Any:
             return lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
         except (RuntimeError, AttributeError):  # no oneDNN bf16 on this CPU or build
             pass
-    elif w.dtype == torch.float32 and env_int("RUFUS_QP_FP32_PACKED", 1, minimum=0, maximum=1):
+    elif w.dtype == torch.float32 and lab_on("fp32_packed"):
         try:
             packed = torch.ops.mkldnn._reorder_linear_weight(w, FP32_PACK_ROWS)
             probe = torch.zeros(2, w.shape[1], dtype=w.dtype)
@@ -360,7 +360,7 @@ class _FusedStack:
     replaces: each row's result depends only on its own tokens and the keys it may see
     (the kernel sums over the visible keys only, in slot order), so tree verification
     reproduces one-row greedy decoding. Passes of more than :data:`FUSED_MAX_ROWS` rows
-    stay op by op; ``RUFUS_QP_FUSED=0`` keeps every pass op by op.
+    stay op by op; ``RUFUS_LAB_OFF=fused`` keeps every pass op by op.
     """
 
     FIELDS = ("qkv", "o", "gate_up", "down")
@@ -376,9 +376,8 @@ class _FusedStack:
     def of(cls, model: TorchLlama) -> _FusedStack | None:
         """The fused stack for ``model`` (int8 through our kernel), or None where it does not
         apply: the kernel did not load, a width is not a multiple of its vector width, or
-        ``RUFUS_QP_FUSED=0``."""
-        if model.dtype != torch.float32 or not env_int("RUFUS_QP_FUSED", 1, minimum=0,
-                                                       maximum=1):
+        ``RUFUS_LAB_OFF=fused``."""
+        if model.dtype != torch.float32 or not lab_on("fused"):
             return None
         kernel, fn = int8_kernel.load(), int8_kernel.forward_fn(model.hd, a8=model.a8)
         if kernel is None or fn is None or model.nq % model.nkv:
