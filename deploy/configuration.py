@@ -59,7 +59,7 @@ ENGINE_NOTES: dict[str, str] = {
                     "model runs in fp32 without them (AVX2), `rufus_int8` (int8 weight-only "
                     "through rufus's kernel); else the model as it is, and with LoRA adapters "
                     "(docs/precision.md); `null` or a vLLM method: as given",
-    "worker_extension_cls": "rufus's vLLM worker extension (rufus/serving/vllm_worker.py)",
+    "worker_extension_cls": "rufus's vLLM worker extension (rufus/vllm_worker/extension.py)",
     "distributed_executor_backend": '`"uni"`: the model runs inside the EngineCore process',
 }
 

@@ -104,7 +104,7 @@ ENV: dict[str, Var] = {
     "RUFUS_MODELS": Var(("rufus/launch/server.py",), "models tritonserver loads"),
     "RUFUS_CACHE_DIR": Var(("rufus/serving/config.py",), "root of built models and caches"),
     "RUFUS_MODEL_DIR": Var(("rufus/serving/config.py",), "the default model's directory"),
-    "RUFUS_COMPILE_CACHE_DIR": Var(("rufus/serving/caches.py",),
+    "RUFUS_COMPILE_CACHE_DIR": Var(("rufus/machine/caches.py",),
                                    "compiled kernels per CPU class (default $RUFUS_CACHE_DIR/compile)"),
     "RUFUS_LOG_LEVEL": Var(("rufus/serving/triton_backend.py",), "Python logging level in the backend"),
     "RUFUS_ENGINE_RESTART": Var(("rufus/serving/engine.py",),
@@ -118,7 +118,7 @@ ENV: dict[str, Var] = {
     "RUFUS_ENGINE_ARGS": Var(("rufus/serving/config.py",), "JSON engine-argument overrides, all models"),
     "RUFUS_RUFUS_LLM_ENGINE_ARGS": Var(("rufus/serving/config.py",),
                                        "JSON engine-argument overrides for rufus_llm"),
-    "RUFUS_RUFUS_QP_MEDUSA_ENGINE_ARGS": Var(("lab/qp/bench.py",),
+    "RUFUS_RUFUS_QP_MEDUSA_ENGINE_ARGS": Var(("lab/qp/plan_bench.py",),
                                              "JSON engine-argument overrides for rufus_qp_medusa"),
     "RUFUS_NNODES": Var(("rufus/multinode/topology.py",), "nodes in the unit"),
     "RUFUS_NODE_RANK": Var(("rufus/multinode/topology.py",), "this node's rank (0 = leader)"),
@@ -220,7 +220,7 @@ ENV: dict[str, Var] = {
                               "that its initialize() returned (stalled loads: docs/operations.md)"),
     "RUFUS_WARMUP": Var(("rufus/serving/model_settings.py",),
                         "serve warm-up requests before reporting ready (true; false skips)"),
-    "RUFUS_VLLM_WARMUP_TOKENS": Var(("rufus/serving/vllm_warmup.py",),
+    "RUFUS_VLLM_WARMUP_TOKENS": Var(("rufus/vllm_worker/warmup.py",),
                                     "dummy tokens of vLLM's CPU compile warm-up where the KV "
                                     "cache size is explicit (256; 0: vLLM's full "
                                     "max_num_batched_tokens batch)"),

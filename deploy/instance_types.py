@@ -2,7 +2,7 @@
 
 A cell (one inference unit) of a given instance type is described once — accelerator,
 devices, nodes per cell, tensor/pipeline-parallel degrees, engine arguments — and everything
-deployed is rendered from that: the LeaderWorkerSet manifests (deploy/kubernetes/render.py)
+deployed is rendered from that: the LeaderWorkerSet manifests (deploy/kubernetes/manifests.py)
 and the values the compose rig and ECS task definitions must agree with (tests). The cell's
 capacity (``engine_args.max_num_seqs``) comes from the same entry, so the weight the ingress
 gives a type relative to the others cannot drift from what its engine is configured for.

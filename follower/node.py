@@ -29,6 +29,7 @@ from typing import Any
 
 from follower.health import HealthState, serve_health
 from rufus.env import EnvError, environ
+from rufus.machine import caches
 from rufus.multinode.control import (
     ControlSettings,
     FollowerControl,
@@ -42,7 +43,6 @@ from rufus.multinode.control import (
 )
 from rufus.multinode.control import configure as configure_control
 from rufus.multinode.topology import Topology, TopologyError, apply_topology, topology_from_env
-from rufus.serving import caches
 from rufus.serving.config import ConfigError, load_engine_config
 from rufus.serving.settings import env_var, group, help_epilog, read
 from rufus.telemetry import tracing

@@ -274,8 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
 
     from rufus.assistant.pipeline import Assistant
+    from rufus.machine import cpu as machine
     from rufus.retrieval import default_retriever
-    from rufus.serving import machine
 
     fleet = Fleet(n_units=2, nnodes=1, engine_args=dict(ENGINE_ARGS), models=list(MODELS),
                   log_dir=Path(a.log_dir))

@@ -170,7 +170,7 @@ def prompt_tokens(prompts: list[list[dict[str, str]]]) -> dict[str, float]:
     from transformers import AutoTokenizer
 
     from rufus.assistant.prompt import answer_prefix_messages
-    from rufus.serving.caches import default_model_dir
+    from rufus.machine.caches import default_model_dir
 
     tok = AutoTokenizer.from_pretrained(default_model_dir())
 
@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None, doc: str = __doc__) -> int:
         asyncio.run(run_level(a.url, 2, 2, "assistant", prompts, a.max_tokens))  # warm-up
         asyncio.run(run_level(a.url, 2, 2, "baseline", prompts, a.max_tokens))
         levels = list(zip(a.concurrency, a.conversations, strict=False))
-        from rufus.serving.machine import describe
+        from rufus.machine.cpu import describe
 
         convs = {"eval": eval_conversations, "followups": followup_conversations}.get(
             a.questions, lambda: CONVERSATIONS)()

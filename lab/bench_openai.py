@@ -271,7 +271,7 @@ def table(summary: dict[str, Any]) -> str:
 
 
 def machine() -> str:
-    from rufus.serving.machine import describe
+    from rufus.machine.cpu import describe
 
     return (f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}, "
             f"CPU class {describe()['cpu_class']}")

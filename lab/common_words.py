@@ -16,8 +16,8 @@ import argparse
 import json
 from pathlib import Path
 
+from rufus.machine.caches import default_model_dir
 from rufus.retrieval.spelling import COMMON_WORDS_PATH
-from rufus.serving.caches import default_model_dir
 
 MIN_LETTERS = 4  # shorter words are never corrected (grounding.max_typo_distance)
 

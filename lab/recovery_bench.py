@@ -36,7 +36,7 @@ VARIANTS: dict[str, dict[str, str]] = {
     "spawn": {"VLLM_USE_AOT_COMPILE": "1", "RUFUS_LAB_OFF": "fork",
               "RUFUS_RUFUS_LLM_ENGINE_ARGS": json.dumps({"distributed_executor_backend": "uni"})},
     # the served setting with vLLM's full compile warm-up batch (max_num_batched_tokens
-    # dummy tokens) instead of rufus's short one (rufus/serving/vllm_warmup.py)
+    # dummy tokens) instead of rufus's short one (rufus/vllm_worker/warmup.py)
     "fullwarmup": {"VLLM_USE_AOT_COMPILE": "1", "RUFUS_VLLM_WARMUP_TOKENS": "0",
                    "RUFUS_RUFUS_LLM_ENGINE_ARGS": json.dumps(
                        {"distributed_executor_backend": "uni"})},
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None, doc: str = __doc__) -> None:
                                                              for v in a.variants}
 
     def env_of(v: str) -> dict[str, str]:
-        # a fresh compile-cache root per variant (rufus/serving/caches.py keys it by CPU)
+        # a fresh compile-cache root per variant (rufus/machine/caches.py keys it by CPU)
         return {**VARIANTS[v], "RUFUS_COMPILE_CACHE_DIR": str(caches[v])}
 
     phases = ([] if a.no_cold else [("first", 0)]) + [("cached", r) for r in range(a.rounds)]

@@ -8,7 +8,7 @@ int8 weights, in the same process, plus a check that both give the same hidden s
 The op-by-op model is built with ``RUFUS_LAB_OFF=fused``, the fused one without it
 (this script sets both). Each figure: median of ``--reps`` passes
 verifying ``rows`` tokens after ``--context`` cached ones, LM head included (as
-rufus/serving/precision.py times them). The CPU class is printed and written with the
+rufus/machine/precision.py times them). The CPU class is printed and written with the
 figures; set ``ATEN_CPU_CAPABILITY=avx2`` (and ONEDNN_MAX_CPU_ISA, MKL's
 variable) to measure the AVX2 build on a bigger CPU.
 """

@@ -4,7 +4,7 @@ and engine death to serving again, each through a real tritonserver.
 Compile settings compared in the same run (``--variants``):
 
 * ``aot``    the served setting: vLLM 0.32's AOT compile cache (``VLLM_USE_AOT_COMPILE=1``)
-  with our fix (rufus/serving/vllm_aot_fix.py, applied by the worker extension named in
+  with our fix (rufus/vllm_worker/aot_fix.py, applied by the worker extension named in
   model.json), so a cached start loads the compiled model. Without the fix vLLM's loader
   fails on CPU ("'function' object has no attribute 'finalize_loading'") and every start
   compiles again.

@@ -7,7 +7,7 @@ Writes build/retrieval/catalog.jsonl and build/retrieval/catalog.sqlite (or --in
 Bad rows in your own catalog stop the build with the file, row and field named.
 """
 
-from rufus.retrieval.build import main
+from rufus.retrieval.catalog_build import main
 
 if __name__ == "__main__":
     raise SystemExit(main(doc=__doc__))

@@ -1,7 +1,7 @@
 """Plan quality of the query planner on the held-out set: every field scored.
 
 Scoring and the in-process decoder: lab/qp/evaluate.py; the post-decode filter
-check: rufus/qp/grounding.py. ``--engine torch`` (default) runs the served path (the torch
+check: rufus/qp/filter_grounding.py. ``--engine torch`` (default) runs the served path (the torch
 decoder, Medusa tree and plan grammar, batch 1) and prints the scores raw and after the
 filter check; ``--engine vllm`` runs vLLM in-process for the prompt/decoding variants
 compared in docs/architecture.md (un-tuned baselines: lab/qp/prompts.py).

@@ -172,12 +172,12 @@ setup_catalog() {
 }
 
 setup_precision() {
-  # Precision by measurement (rufus/serving/precision.py): bf16 / fp32 (/ int8 weight-only for
+  # Precision by measurement (rufus/machine/precision.py): bf16 / fp32 (/ int8 weight-only for
   # the planner) passes of the default model and the planner on this CPU, and the planner's
   # Medusa tree grown on those costs (under a minute natively, about one on AVX2), cached per
   # CPU and model under $RUFUS_CACHE_DIR/precision/; "measured" in a model.json uses it.
   step "precision for this CPU (measured once per CPU class and model)"
-  "$VENV/bin/python" -m rufus.launch.precision
+  "$VENV/bin/python" -m rufus.launch.setup_precision
 }
 
 setup_w8a8() {
@@ -223,10 +223,10 @@ setup_promtool() {
 
 setup_verify() {
   # Checks on a cached start read a built file again only when its stat changed
-  # (rufus/serving/fingerprint.py): this forgets those fingerprints, so the steps after it
+  # (rufus/machine/fingerprint.py): this forgets those fingerprints, so the steps after it
   # hash every model file, catching corruption no write through the filesystem made.
   step "forgetting the stat fingerprints: every built file is hashed again"
-  "$VENV/bin/python" -c 'from rufus.serving import fingerprint; fingerprint.forget()'
+  "$VENV/bin/python" -c 'from rufus.machine import fingerprint; fingerprint.forget()'
 }
 
 case "${1:-all}" in

@@ -9,7 +9,7 @@ from typing import Any
 
 from .cell_plan import Plan
 
-# Kubernetes node labels (the same prefix as deploy/kubernetes/render.py's pod labels)
+# Kubernetes node labels (the same prefix as deploy/kubernetes/manifests.py's pod labels)
 LABEL_PREFIX = "rufus.dev"
 # LeaderWorkerSet: one LWS replica (group) per value of this node label, and no other group
 # there (lws.sigs.k8s.io/docs/concepts, "Exclusive LWS to Topology Placement")
@@ -114,7 +114,7 @@ def render(plan: Plan, fmt: str, label_prefix: str = LABEL_PREFIX) -> str:
     if fmt == "json":
         return json.dumps(plan.to_dict(), indent=1) + "\n"
     if fmt == "k8s":
-        import yaml  # a dependency already (deploy/kubernetes/render.py); only this format needs it
+        import yaml  # a dependency already (deploy/kubernetes/manifests.py); only this format needs it
 
         dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml when built with it
         return yaml.dump(kubernetes_labels(plan, label_prefix), Dumper=dumper, sort_keys=False,

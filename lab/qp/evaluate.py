@@ -15,7 +15,7 @@ contain); ``history`` when it is a follow-up. Scores:
   (case-insensitive substring, so "earbud" matches "earbuds").
 * ``multi_turn_intent``: intent accuracy on the rows with history.
 * ``ungrounded_filters``: predicted brand/max_price values not written in the question or
-  history (rufus/qp/grounding.py): the issue's "never emitted" rule, counted.
+  history (rufus/qp/filter_grounding.py): the issue's "never emitted" rule, counted.
 
 :class:`TorchPlanner` runs the served decoder in-process (the same TorchLlama + Medusa tree
 + xgrammar path as the Triton model, batch 1) so the eval takes about a minute.
@@ -34,9 +34,10 @@ from typing import Any
 
 from lab.loadgen import pct_nearest as pct
 from lab.qp.prompts import baseline_messages
+from rufus.machine import precision
 from rufus.qp.backends import served_tree
 from rufus.qp.build import medusa_dir, qp_model_dir
-from rufus.qp.grounding import brand_grounded, context_text, ground_plan, price_grounded
+from rufus.qp.filter_grounding import brand_grounded, context_text, ground_plan, price_grounded
 from rufus.qp.plan import (
     SEED_FILE,
     load_eval,
@@ -46,7 +47,6 @@ from rufus.qp.plan import (
     render_prompt_ids,
     structured_outputs,
 )
-from rufus.serving import precision
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -119,7 +119,7 @@ def score(rows: list[dict[str, Any]], preds: list[Prediction]) -> dict[str, Any]
 
 def grounded(rows: list[dict[str, Any]], preds: list[Prediction], strict: bool = True
              ) -> list[Prediction]:
-    """The same predictions after the post-decode filter check (rufus/qp/grounding.py)."""
+    """The same predictions after the post-decode filter check (rufus/qp/filter_grounding.py)."""
     out = []
     for r, p in zip(rows, preds, strict=True):
         plan, _ = ground_plan(p.plan, r["question"], r.get("history"), strict)
@@ -145,7 +145,7 @@ class TorchPlanner:
         import torch
         from transformers import AutoTokenizer
 
-        from rufus.qp.decoder.constraints import TokenText, compile_grammar, draft_encoder
+        from rufus.qp.decoder.grammar import TokenText, compile_grammar, draft_encoder
         from rufus.qp.decoder.medusa_decode import Decoder, Tree
         from rufus.qp.decoder.torch_llama import MedusaHeads, TorchLlama
 
@@ -177,7 +177,7 @@ class TorchPlanner:
 
     def plan(self, question: str, history: list[dict[str, str]] | None = None,
              max_tokens: int = 96) -> Prediction:
-        from rufus.qp.decoder.constraints import CopyConstraint, Grammar, WordDrafts
+        from rufus.qp.decoder.grammar import CopyConstraint, Grammar, WordDrafts
 
         grammar = None
         ids = render_prompt_ids(self.tok, question, history)
@@ -395,7 +395,7 @@ def main(argv: list[str] | None = None, doc: str = __doc__) -> None:
     ap.add_argument("--engine", choices=("torch", "vllm"), default="torch")
     ap.add_argument("--dtype", default="measured",
                     help="bfloat16 | float32 | int8 | measured (this machine's served choice, "
-                         "rufus/serving/precision.py)")
+                         "rufus/machine/precision.py)")
     ap.add_argument("--model", default="", help="default: the planner (setup.sh qp)")
     ap.add_argument("--no-medusa", action="store_true", help="torch: plain greedy decoding")
     ap.add_argument("--no-grammar", action="store_true", help="torch: no schema grammar")

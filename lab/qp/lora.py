@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rufus.machine.caches import default_model_dir
 from rufus.qp.build import LORA_PATH, LORA_TARGETS
 from rufus.qp.plan import build_messages, load_eval, render_plan
-from rufus.serving.caches import default_model_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -38,9 +38,9 @@ def main(argv: list[str] | None = None, doc: str = __doc__) -> None:
 
     import torch
 
+    from rufus.machine.cpu import describe
     from rufus.qp.build import qp_model_dir
     from rufus.qp.decoder.torch_llama import TorchLlama
-    from rufus.serving.machine import describe
 
     torch.set_num_threads(a.threads)
     model = a.model or str(qp_model_dir())

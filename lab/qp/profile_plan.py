@@ -57,10 +57,10 @@ def main(argv: list[str] | None = None, doc: str = __doc__) -> None:
     a = ap.parse_args(argv)
 
     from lab.qp.evaluate import int8_activations, speed_planners
+    from rufus.machine.cpu import describe
     from rufus.qp.backends import served_tree
     from rufus.qp.build import medusa_dir, qp_model_dir
     from rufus.qp.plan import load_eval
-    from rufus.serving.machine import describe
 
     mj = json.loads((MODEL_DIR / "model.json").read_text())
     model = qp_model_dir()

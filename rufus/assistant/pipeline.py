@@ -70,7 +70,7 @@ from rufus.qp.plan import Plan, as_plan
 from rufus.qp.plan import fallback_plan as planner_fallback
 from rufus.retrieval.base import MAX_QUERY_CHARS, ProductSource, Retriever, query_terms
 from rufus.retrieval.catalog import Product
-from rufus.retrieval.grounding import GroundedSearch, SearchOutcome
+from rufus.retrieval.search import GroundedSearch, SearchOutcome
 from rufus.serving.admission import SloAdmission, Ticket
 from rufus.serving.validation import check_history, check_question
 from rufus.telemetry import tracing
@@ -271,7 +271,7 @@ class Assistant:
 
     def _retrieve(self, plan: Plan, question: str,
                   history: list[dict[str, str]]) -> SearchOutcome:
-        """The plan's search, grounded against the catalog (rufus.retrieval.grounding: a
+        """The plan's search, grounded against the catalog (rufus.retrieval.search: a
         brand that is no catalog brand becomes a query word, the question's stated price
         wins, typos are corrected, empty results relax the filters); diversified top k."""
         if not self._catalog_names:  # once: the served catalog's brands (its vocabulary);

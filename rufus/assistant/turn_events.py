@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Literal, Protocol
 from rufus.assistant.answer import DropReason
 from rufus.errors import Outcome
 from rufus.qp.plan import Plan
-from rufus.retrieval.grounding import SearchOutcome
+from rufus.retrieval.search import SearchOutcome
 from rufus.serving.admission import Ticket
 from rufus.telemetry import tracing
 

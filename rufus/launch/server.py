@@ -444,7 +444,7 @@ def serve(srv: TritonServer, grace_s: float = 6.0,
 
 def prebuild(models: list[str], timeout: float = 3600.0) -> int:
     """Start, wait for ready (every model warm), stop: what a later start then finds built."""
-    from rufus.serving import caches
+    from rufus.machine import caches
 
     dirs = caches.compile_dirs()
     srv = TritonServer(models=models, grpc_port=free_port(), http_port=free_port(),
@@ -484,7 +484,7 @@ MODEL_ENVIRONMENT = {
     "RUFUS_ENGINE_ARGS, RUFUS_<MODEL>_ENGINE_ARGS": "JSON engine-arg overrides (models)",
     "RUFUS_MODEL_DIR, RUFUS_CACHE_DIR": "where the default model is (models)",
     "RUFUS_COMPILE_CACHE_DIR": "compiled kernels, keyed by CPU class (default "
-                               "$RUFUS_CACHE_DIR/compile; rufus/serving/caches.py)",
+                               "$RUFUS_CACHE_DIR/compile; rufus/machine/caches.py)",
     "RUFUS_WARMUP": "false: report ready without the warm-up requests (docs/serving.md)",
     "RUFUS_<SETTING>": "backend settings, e.g. RUFUS_MAX_OUTSTANDING_REQUESTS (models)",
     "RUFUS_NNODES, RUFUS_NODE_RANK, ...": "multi-node unit (docs/architecture.md)",

@@ -29,7 +29,7 @@ unchanged; only where the rounding happens moves. ``--no-smooth`` writes plain
 round-to-nearest W8A8.
 
 Served by default where the CPU has int8 dot products (rufus_llm's ``"quantization":
-"measured"``, :func:`rufus.serving.precision.resolve_quantization`); ``scripts/setup.sh``
+"measured"``, :func:`rufus.machine.precision.resolve_quantization`); ``scripts/setup.sh``
 writes it (about 15 s) on every machine, since an image built on one class runs on others.
 
 Default output: ``$RUFUS_CACHE_DIR/models/<source name>-w8a8``. Idempotent: the build stamp
@@ -52,8 +52,8 @@ import time
 from pathlib import Path
 
 from rufus.launch.default_model import STAMP, verify
-from rufus.serving.caches import W8A8_SUFFIX, default_model_dir, w8a8_dir
-from rufus.serving.fingerprint import file_sha256, sha256
+from rufus.machine.caches import W8A8_SUFFIX, default_model_dir, w8a8_dir
+from rufus.machine.fingerprint import file_sha256, sha256
 
 # Bump when the written format changes: a stamp with another version is rebuilt.
 FORMAT_VERSION = 2

@@ -5,7 +5,7 @@ NxDI-style Medusa knobs) into what the engine needs; ``create_backend`` picks th
 
 * ``torch_medusa`` (default off Neuron): the project's own batch-1 decoder
   (rufus/qp/decoder/medusa_decode.py): the ``medusa_tree`` verified in one forward pass with a tree
-  attention mask, greedy acceptance under the plan grammar (rufus/qp/decoder/constraints.py);
+  attention mask, greedy acceptance under the plan grammar (rufus/qp/decoder/grammar.py);
   the tokens the grammar forces (``grammar_drafts``) and the plan skeleton
   (``history_drafts``: forced text, the question's words and phrase ends, earlier plans'
   usual followers) join the same pass; without a skeleton, prompt-lookup copies
@@ -36,8 +36,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from rufus.machine import precision
 from rufus.qp.settings import QP_KEYS, DecoderKnobs
-from rufus.serving import precision
 from rufus.serving.admission import Features, queue_features, shared_pass_features
 from rufus.serving.config import ConfigError, expand
 
@@ -149,7 +149,7 @@ class PlannerBackend:
     name: str
     medusa: MedusaSettings | None = None
     structured_output: bool = True
-    # drop plan filters not written in the question/history (rufus/qp/grounding.py)
+    # drop plan filters not written in the question/history (rufus/qp/filter_grounding.py)
     ground_filters: bool = True
     knobs: DecoderKnobs = field(default_factory=DecoderKnobs)  # model.json's, typed
 

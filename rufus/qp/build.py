@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rufus.machine import fingerprint
+from rufus.machine.caches import cache_dir, default_model_dir
 from rufus.qp.plan import SEED_FILE, load_eval, render_plan
-from rufus.serving import fingerprint
-from rufus.serving.caches import cache_dir, default_model_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "data" / "qp"
@@ -54,7 +54,7 @@ def say(msg: str) -> None:
 
 def _digest(*paths: Path) -> str:
     """SHA-256 of the inputs' bytes, end to end; read again only when a file's stat changed
-    (rufus/serving/fingerprint.py), so the up-to-date check of a cached build is instant."""
+    (rufus/machine/fingerprint.py), so the up-to-date check of a cached build is instant."""
     def compute() -> str:
         h = hashlib.sha256()
         for p in paths:

@@ -1,5 +1,5 @@
 """The planner's measurement at setup, and the forward pass that times both models' passes
-(``python -m rufus.launch.precision`` passes them to rufus/serving/precision.py, which knows
+(``python -m rufus.launch.setup_precision`` passes them to rufus/machine/precision.py, which knows
 no model).
 
 Both models' passes are timed with the planner's own Llama forward (:class:`TorchLlama`:
@@ -15,9 +15,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from rufus.machine import precision
 from rufus.qp.build import qp_model_dir
 from rufus.qp.tree import interpolate_cost, machine_trees, time_forward
-from rufus.serving import precision
 
 
 def time_passes(model_dir: Path, dtype: str, threads: int

@@ -26,7 +26,7 @@ import numpy as np
 
 from rufus.errors import InvalidInput, RufusError
 from rufus.qp.backends import PlannerBackend, create_backend, tree_args
-from rufus.qp.grounding import ground_plan
+from rufus.qp.filter_grounding import ground_plan
 from rufus.qp.plan import HISTORY_TURNS_USED, build_messages, parse_plan, structured_outputs
 from rufus.qp.settings import PlannerModelSettings, PlannerSettings
 from rufus.serving.admission import SloAdmission, Ticket
@@ -134,7 +134,7 @@ def parse_plan_request(inputs: dict[str, np.ndarray | None], parameters: str | N
 class PlanSink:
     """Wraps the Triton sink: the final text becomes text + plan + fallback flag.
 
-    With ``ground`` the plan's filters pass the post-decode check (rufus/qp/grounding.py):
+    With ``ground`` the plan's filters pass the post-decode check (rufus/qp/filter_grounding.py):
     a brand or price cap not written in the question or history is dropped from ``plan``;
     ``text_output`` stays the raw generation."""
 

@@ -66,7 +66,7 @@ class DecoderKnobs:
     structured_output: bool = model_json("structured_output", True,
                                          "constrain decoding to the plan schema's grammar")
     ground_filters: bool = model_json("ground_filters", True, "drop plan filters the "
-                                      "customer did not write (rufus/qp/grounding.py)")
+                                      "customer did not write (rufus/qp/filter_grounding.py)")
     medusa_model: str = model_json("medusa_model", "", "directory of the Medusa heads "
                                    "(missing: the planner is served without them)")
     num_medusa_heads: int = model_json("num_medusa_heads", 4, "Medusa heads used", minimum=1)

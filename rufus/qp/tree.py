@@ -82,7 +82,7 @@ def time_forward(model: TorchLlama, n: int, context: int, reps: int = 20, warmup
                  ) -> float:
     """Mean seconds of one forward pass of the served engine (:class:`TorchLlama`)
     verifying ``n`` tokens after ``context`` cached ones (the cost model for choosing the
-    tree size, and rufus/serving/precision.py's pass costs), after ``warmup`` untimed ones."""
+    tree size, and rufus/machine/precision.py's pass costs), after ``warmup`` untimed ones."""
     import torch
 
     ids = torch.zeros(n, dtype=torch.long)
@@ -155,7 +155,7 @@ def machine_trees(model_dir: str | Path, costs: dict[str, dict[str, float]], thr
                   ) -> dict[str, Any]:
     """For each precision measured in ``costs``: time verification of n tokens on this
     machine and grow the tree on those costs (:func:`grow_tree`). Returns the
-    ``planner_trees`` entry of the precision record (rufus/serving/precision.py)."""
+    ``planner_trees`` entry of the precision record (rufus/machine/precision.py)."""
     import torch
 
     from rufus.qp.decoder.torch_llama import TorchLlama

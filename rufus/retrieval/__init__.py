@@ -5,7 +5,7 @@
 - ``OpenSearchRetriever``: the engine to move to at scale (untested here, no server).
 
 ``GroundedSearch`` wraps any of them: the plan's brand, price cap and words checked against
-the catalog before searching, filters relaxed when nothing matches (rufus/retrieval/grounding.py).
+the catalog before searching, filters relaxed when nothing matches (rufus/retrieval/search.py).
 
 :func:`default_retriever` is what the assistant uses: the index built by setup
 (``scripts/build_catalog.py``), or the catalog named by ``RUFUS_CATALOG`` / the generated
@@ -21,8 +21,8 @@ from rufus.env import env_opt, env_str
 from rufus.retrieval.base import Filters, Retriever
 from rufus.retrieval.catalog import Product, load_catalog
 from rufus.retrieval.catalog_data import default_catalog, default_categories
-from rufus.retrieval.grounding import GroundedSearch, SearchOutcome
 from rufus.retrieval.price import Price, parse_price_cap
+from rufus.retrieval.search import GroundedSearch, SearchOutcome
 from rufus.retrieval.sqlite_fts import SqliteFtsRetriever
 from rufus.retrieval.vocabulary import Vocabulary
 

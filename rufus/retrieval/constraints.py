@@ -25,6 +25,7 @@ from typing import Literal
 from rufus.retrieval.base import STOPWORDS, norm_brand
 from rufus.retrieval.catalog import AttrValue, Product
 from rufus.retrieval.phrases import catalog_phrases
+from rufus.retrieval.price import spoken_amounts
 from rufus.retrieval.spelling import stem1
 from rufus.retrieval.taxonomy import Taxonomy
 
@@ -67,12 +68,22 @@ _AT_MOST = re.compile(r"(?:under|below|less\s+than|up\s+to|at\s+most|no\s+more\s
                       r"lighter\s+than|smaller\s+than|shorter\s+than|<=?)\s*$")
 _AT_LEAST = re.compile(r"(?:over|above|more\s+than|at\s+least|min(?:imum)?|longer\s+than|"
                        r"bigger\s+than|larger\s+than|>=?)\s*$")
+# "rated up to 65 lb", "for a 70 lb dog", "i'm 250 lbs": a need a limit must cover
 _LIMIT = re.compile(r"(?:up\s+to|rated\s+(?:to|for)?|holds?|supports?|capacity|for\s+(?:a|an|my)|"
-                    r"for\s+ages?|ages?|year\s+old|years?\s+old|old)\s*$")
+                    r"for\s+ages?|ages?|year\s+old|years?\s+old|old|i'?m|i\s+am|i\s+weigh|"
+                    r"weighs?|weighing|(?:he|she)\s+is|(?:he|she)'s)\s*(?:about\s+|around\s+|like\s+)?$")
 _SIZE = re.compile(r"\bsize\s*:?\s*(?P<v>\d{1,2}(?:\.5)?\s*[cyk]?|xxs|xs|xxl|xl|x-large|small|"
                    r"medium|large|s|m|l)(?![\w.])")
 _KIDS_SIZE = re.compile(r"(?<![\w.$])(?P<v>\d{1,2}(?:\.5)?c)(?![\w])")
 _SIZE_WORDS = {"small": "S", "medium": "M", "large": "L", "x-large": "XL"}
+# "in a medium", "in an xl", "in small": a letter size said without "size" (ending the phrase)
+_IN_SIZE = re.compile(r"\bin\s+(?:an?\s+)?(?:(?:women'?s|men'?s|kids'?)\s+)?(?P<v>xxs|xs|xxl|xl|"
+                      r"x-large|small|medium|large)(?=\s*(?:$|[,.?!;]|and\b|or\b|please\b))")
+# "24 pack", "pack of 12", "36 count": how many of the thing itself (``<its noun>_count``)
+_PACK = re.compile(r"(?<![\w.$])(?P<num>\d+)\s*-?\s*(?:pack|pk|ct|count)\b|"
+                   r"\b(?:pack|box)\s+of\s+(?P<num2>\d+)\b")
+# "spf 30": the thing named before its number (a ``<thing>_count`` key)
+_NAMED_COUNT = re.compile(r"\b(?P<thing>[a-z]{2,12})\s*(?P<num>\d+)\b(?!\s*%)")
 _GENDER = (
     ("Kids'", re.compile(r"\b(?:kids?|kid's|kids'|children'?s?|child'?s|boys?'?|girls?'?|"
                          r"toddlers?'?|youth|little\s+kids?|big\s+kids?)\b")),
@@ -350,6 +361,25 @@ def _numbers(low: str, cats: Sequence[str], tax: Taxonomy, types: dict[str, str]
         if free(m) and (c := _with_unit(m, low, cats, tax)) is not None:
             out.append(c)
             used.append(m.span())
+    counts = [k for k, t in types.items() if t in ("number", "integer") and k.endswith("_count")]
+    for m in _PACK.finditer(low):  # "24 pack" of golf balls: their ball_count
+        heads = {_stem(n.split()[-1]) for c in cats
+                 for n in [c.replace("_", " "), *_nouns_of(tax, c)]}
+        own = tuple(k for k in counts if _stem(k[:-6]) in heads)
+        if own and free(m):
+            out.append(Constraint("number", own[:1], float(m.group("num") or m.group("num2")),
+                                  _op(low[max(0, m.start() - 20):m.start()], False,
+                                      low[m.end():m.end() + 20]), m.group(0).strip()))
+            used.append(m.span())
+    numbers = [k for k, t in types.items() if t in ("number", "integer")]
+    for m in _NAMED_COUNT.finditer(low):  # "spf 30": spf_count (or a key named spf)
+        keys = tuple(k for k in numbers if k in (m.group("thing") + "_count", m.group("thing")))
+        unit_after = re.match(r"\s*([a-z]+)", low[m.end():])
+        if keys and free(m) and not (unit_after and unit_after.group(1) in _UNIT_OF):
+            out.append(Constraint("number", keys, float(m.group("num")),
+                                  _op(low[max(0, m.start() - 20):m.start()], False,
+                                      low[m.end():m.end() + 20]), m.group(0).strip()))
+            used.append(m.span())
     for m in _NUM_COUNT.finditer(low):
         thing = m.group("thing")
         keys = tuple(k for k, t in types.items() if t in ("number", "integer")
@@ -362,6 +392,11 @@ def _numbers(low: str, cats: Sequence[str], tax: Taxonomy, types: dict[str, str]
     return out
 
 
+def _nouns_of(tax: Taxonomy, category: str) -> tuple[str, ...]:
+    spec = tax.specs.get(category)
+    return tuple(spec.nouns) if spec else ()
+
+
 def _with_unit(m: re.Match[str], low: str, cats: Sequence[str], tax: Taxonomy) -> Constraint | None:
     """The constraint a number with a unit states ("65 inch", "rated up to 65 lbs"), or None
     when no attribute of these types has that unit."""
@@ -372,6 +407,8 @@ def _with_unit(m: re.Match[str], low: str, cats: Sequence[str], tax: Taxonomy) -
         return None  # "size 9 in black", "3 in 1"
     value = float(m.group("num"))
     keys = _keys_with(tax, cats, unit)
+    if re.match(r"\s*old\b", low[m.end():]):  # "10 years old": an age, never a warranty
+        keys = tuple(k for k in keys if "age" in k.split("_"))
     limits = tuple(k for k in keys if k.startswith(("max_", "min_")))
     if limits and _LIMIT.search(before):  # "rated up to 65 lbs", "for a 70 lb dog": the
         # upper limit where there is one (a car seat's max_weight_lb, not its min_)
@@ -401,6 +438,9 @@ def _sizes(low: str, types: dict[str, str]) -> list[Constraint]:
     if not _SIZE.search(low):
         for m in _KIDS_SIZE.finditer(low):  # "in a kids 12c": a kids' size without "size"
             out.append(Constraint("size", size_keys, m.group("v").upper(), "=", m.group(0)))
+        for m in _IN_SIZE.finditer(low):  # "leggings with pockets in a medium"
+            v = m.group("v")
+            out.append(Constraint("size", size_keys, _SIZE_WORDS.get(v, v.upper()), "=", m.group(0)))
     return out
 
 
@@ -493,8 +533,9 @@ def _amt(num: str | None, k: str | None) -> float:
 
 def parse_price_range(text: str) -> tuple[float | None, float | None]:
     """(floor, cap) in USD a question states as a floor or range ("over $100", "at least
-    200 dollars", "between 50 and 80", "$50-$80"); (None, None) when it states neither."""
-    low = text.lower()
+    200 dollars", "between 50 and 80", "$50-$80", "over a grand"); (None, None) when it states
+    neither."""
+    low = spoken_amounts(text.lower())
     if (m := _BETWEEN.search(low)) or (m := _RANGE.search(low)):
         lo, hi = _amt(m.group(1), m.group(2)), _amt(m.group(3), m.group(4))
         return (min(lo, hi), max(lo, hi)) if hi > 0 else (None, None)

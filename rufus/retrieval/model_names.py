@@ -144,8 +144,11 @@ class ModelIndex:
             b = i >= len(bw) and ws[i - len(bw):i] == bw
             if (run, b) > (best_run, branded):
                 best_run, at, branded = run, i, b
+        # one word that is a product type's noun names no model ("35 lb kettlebell" is no
+        # Rogue Kettlebell)
         named_alone = (len(m.words) == 1 and len(first) > 4 and not first.isdigit()
-                       and first not in common_words() and len(self._first.get(first, ())) == 1)
+                       and first not in common_words() and len(self._first.get(first, ())) == 1
+                       and stem1(first) not in self._noun_words)
         # two words of the name in a row, one of them a name ("airpods pro"), not plain
         # words ("cast iron" is no Cast Iron Kettlebell, "dash cam" no Dash Cam Mini 2)
         run_ok = best_run >= 2 and not first.isdigit() and (any(

@@ -62,6 +62,14 @@ class WordWeights(dict[str, float]):
         return 0
 
 
+# words that say the customer's own product is to be replaced: it is what is wanted
+REPLACED = frozenset({"broke", "broken", "cracked", "died", "dead", "replace", "replacing",
+                      "replacement", "new", "upgrade", "upgrading", "another"})
+RUNNER_UP = 1.2  # ... and the next type at this multiple
+OWNED_FACTOR = 1.5  # the nearest type beats the customer's own at this multiple of its score
+NEED_NEAR = 0.9  # a need said in full wins at this share of the best type's score
+
+
 class NeedIndex:
     """Needs and the nearest type to them; :class:`Taxonomy` fills these in."""
 
@@ -78,6 +86,11 @@ class NeedIndex:
     _need_deletes: dict[str, set[str]]
     _need_by_word: dict[str, list[frozenset[str]]]
     _verbatim: dict[frozenset[str], tuple[str, ...]]
+
+    def need_word(self, word: str) -> bool:
+        """Whether ``word`` (lower case) is a word of some type's need phrase: the search
+        does not spell-correct it toward a catalog word ("bender" is no "fender")."""
+        return stem1(word) in self._need_by_word
 
     def _index_need(self, c: str, need: str) -> None:
         """Index one need phrase of ``c`` by its content stems. A need of common words only
@@ -137,6 +150,39 @@ class NeedIndex:
         if when and key and not key & set(stems(main_ws)) and content_stems(main_ws):
             need, key = None, frozenset()
         return need, key, need_ws, main_ws
+
+    def _need_near(self, need: str | None, key: frozenset[str], need_ws: Sequence[str]) -> bool:
+        """Whether the question's words score ``need``'s type within :data:`NEED_NEAR` of the
+        best type: a need said in full then names the type ("keep an eye on her ... while i
+        cook" is a baby monitor, not a microwave); one far behind does not ("dust and
+        dander" of allergies is an air purifier's, not a vacuum's), nor one the best type
+        shares ("screen free" of board games and puzzles: the best of them)."""
+        ranked = self.classify_scores(need_ws)
+        if not need or not ranked or ranked[0][1] <= 0:
+            return False
+        best, top = ranked[0]
+        if best != need and best in self._need_phrases.get(key, ()):
+            return False
+        return dict(ranked).get(need, 0.0) >= NEED_NEAR * top
+
+    def _for_owned(self, owned: list[str], need: str | None, need_ws: Sequence[str],
+                   excluded: set[str]) -> list[str]:
+        """What a question wants that opens on the customer's own product (``owned``, "my old
+        tv has no apps"): the need said in full, else the nearest type when the question's
+        words score it :data:`OWNED_FACTOR` times the owned type (a streaming device);
+        else the owned type itself ("my tv broke, need a new one": replaced, not added to)."""
+        if set(need_ws) & REPLACED:
+            return owned
+        if need and need not in owned:
+            return [need]
+        ranked = [cs for cs in self.classify_scores(need_ws) if cs[0] not in excluded]
+        if not ranked or ranked[0][0] in owned or ranked[0][1] < CLASSIFY_MIN:
+            return owned
+        mine = max((v for c, v in ranked if c in owned), default=0.0)
+        runner_up = ranked[1][1] if len(ranked) > 1 else 0.0
+        # a clear nearest type only: far above the owned one and ahead of the next
+        clear = ranked[0][1] >= OWNED_FACTOR * mine and ranked[0][1] >= RUNNER_UP * runner_up
+        return [ranked[0][0]] if clear else owned
 
     def _nearest(self, need_ws: Sequence[str], main_ws: Sequence[str], made: Sequence[str],
                  excluded: set[str]) -> list[str]:

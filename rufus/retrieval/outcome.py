@@ -1,5 +1,5 @@
 """What a search returns (:class:`SearchOutcome`) and what one of its steps found
-(:class:`Found`). Apart from the search so that its steps (rufus/retrieval/grounding.py,
+(:class:`Found`). Apart from the search so that its steps (rufus/retrieval/search.py,
 rufus/retrieval/typed_search.py) share them without importing each other."""
 
 from __future__ import annotations

@@ -49,6 +49,23 @@ _COUNT_BEFORE = re.compile(r"\b(?:sleeps|seats|fits|holds|serves|carries|takes)\
                            r"(?:up\s+to|upto|at\s+most|max(?:imum)?)\s*$")
 
 
+# "a grand", "half a grand", "2 grand", "two grand": thousands of dollars said as slang
+_GRAND_WORDS = {"a": 1.0, "one": 1.0, "two": 2.0, "three": 3.0, "four": 4.0, "five": 5.0,
+                "half a": 0.5}
+_GRAND = re.compile(r"\b(half\s+a|a|one|two|three|four|five|\d+(?:\.\d+)?)\s+grand\b(?!\s+pianos?)")
+
+
+def spoken_amounts(low: str) -> str:
+    """``low`` (lower case) with slang amounts written as dollars: "under a grand" is
+    "under 1000 dollars", "2 grand" "2000 dollars"."""
+    def dollars(m: re.Match[str]) -> str:
+        word = re.sub(r"\s+", " ", m.group(1))
+        n = _GRAND_WORDS.get(word)
+        amount = 1000 * (n if n is not None else float(word))
+        return f"{amount:g} dollars"
+    return _GRAND.sub(dollars, low)
+
+
 @dataclass(frozen=True)
 class Price:
     """A price stated in text."""
@@ -68,7 +85,7 @@ def parse_price_cap(text: str) -> Price | None:
     "$1,200 max", "less than 1.5k", "budget of 300", "under €30"), or None. Only amounts
     with a cap cue count: "65 inch tv", "gts 23", "iphone 15", "size 10" are not caps, and
     neither is a cue before a spec ("under 65 inch", "under 20 pounds")."""
-    low = text.lower().replace("\u2019", "'")
+    low = spoken_amounts(text.lower().replace("\u2019", "'"))
     for m in _MENTION.finditer(low):
         pre, post = m.group("pre"), m.group("post")
         before, after = low[:m.start()], low[m.end():]

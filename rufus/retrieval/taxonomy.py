@@ -80,6 +80,9 @@ class Resolution:
     named_first: bool = False  # a type or model named in the first phrase ("tents for ...")
 
 
+SIZE_OF = frozenset({"size", "sized", "style", "styled"})
+
+
 class Taxonomy(NeedIndex, ModelIndex):
     """The catalog's product types (nouns, names, spec keys and their types), brands per
     category and model names; built once per index (:meth:`from_products`). Needs are read by
@@ -287,7 +290,8 @@ class Taxonomy(NeedIndex, ModelIndex):
         # a noun inside a model's name is the model's ("apple watch" is no analog watch)
         matches = [(s, e, c) for s, e, c in self._noun_matches(st)
                    if not in_model.intersection(range(s, e))]
-        phrase, opener = self._phrases(ws)
+        # a phrase word inside a noun ("carry on") opens no phrase
+        phrase, opener = self._phrases(ws, {i for s, e, _ in matches for i in range(s + 1, e)})
         res = Resolution(models=list(dict.fromkeys(m.model for _, _, m in models if m.model not in lines)),
                          line_models=sorted(lines))
         owned = self._owned(ws, phrase)
@@ -309,8 +313,22 @@ class Taxonomy(NeedIndex, ModelIndex):
         else:  # "camera to keep an eye on the dog": the sense its other words give it
             kept = [(s, self._sense(st[s:ends[s]], c, need_ws, excluded)) for s, c in kept]
         models = self._not_for(models, kept, res)
+        # a need said in full, several words ("fender bender", "disney plus"): its words name
+        # no model or product line
+        need_at = {i for i, w in enumerate(st) if w in need_key} if need and len(need_key) > 1 \
+            else set()
+        if need_at:
+            inside = {m.model for s, e, m in models if set(range(s, e)) <= need_at}
+            models = [x for x in models if x[2].model not in inside]
+            res.models = [x for x in res.models if x not in inside]
         firsts = [c for s, c in kept if phrase[s] == 0] + [m.category for s, _, m in models
                                                            if phrase[s] == 0]
+        # "our bedroom tv is 10 years old, what do i plug into it", "my tv speakers are so
+        # quiet": the customer's own thing first; what is wanted is the need said in full,
+        # else the type the question's words score far above the one owned
+        if firsts and all(set(ws[max(0, s - 2):s]) & POSSESSIVES for s, c in kept
+                          if phrase[s] == 0) and not any(phrase[s] == 0 for s, _, _ in models):
+            firsts = self._for_owned(firsts, need, need_ws, excluded)
         res.named_first = bool(firsts)
         # an accessory asked for ("case for my airpods"), unless the first phrase names what
         # is wanted ("sonos arc or bose smart soundbar? my tv stand is tiny")
@@ -331,10 +349,15 @@ class Taxonomy(NeedIndex, ModelIndex):
         # customer's own)
         chosen = chosen or [c for s, c in kept if opener[phrase[s]] in WANT_OPENERS and s not in owned]
         if not chosen:  # a product line ("macbook", "kindle") or a one-type brand ("vitamix")
-            chosen = self._lines_named(ws, in_model | owned)
+            chosen = self._lines_named(ws, in_model | owned | need_at)
         if not chosen and infer:  # "gift for a coffee lover": the types of the interest
             chosen = self._interest(ws, st, need_ws, excluded)
             res.inferred, res.need_words = bool(chosen), 2 if chosen else 0
+        if not chosen and infer and need and need_at and self._need_near(need, need_key, need_ws):
+            # a need said in full, several of its words ("keep an eye on her": a baby
+            # monitor), whose type the question's words score about as high as the nearest
+            chosen = [need]
+            res.inferred, res.need_words = True, 2
         if not chosen and infer:  # a need ("boil water for tea"): the nearest type
             chosen = self._nearest(need_ws, main_ws, becomes(ws), excluded)
             res.inferred = bool(chosen)
@@ -352,12 +375,13 @@ class Taxonomy(NeedIndex, ModelIndex):
         return res
 
     @staticmethod
-    def _phrases(ws: Sequence[str]) -> tuple[list[int], list[str]]:
+    def _phrases(ws: Sequence[str], inside: set[int] | frozenset[int] = frozenset()
+                 ) -> tuple[list[int], list[str]]:
         """The phrase of each token (its index) and the word that opened each phrase ("for",
-        "on", ...; "" for the first)."""
+        "on", ...; "" for the first); a word at an ``inside`` position opens none."""
         phrase, opener, n = [], [""], 0
         for i, w in enumerate(ws):
-            if w in PHRASE_END and i > 0:
+            if w in PHRASE_END and i > 0 and i not in inside:
                 n += 1
                 opener.append(w)
             phrase.append(n)
@@ -384,6 +408,11 @@ class Taxonomy(NeedIndex, ModelIndex):
                 if phrase[s] == 0:
                     res.accessory = True
                 continue
+            # "carry-on size backpack", "queen sized comforter": a noun that sizes the one
+            # after it is its modifier, not what is wanted
+            if nxt in SIZE_OF and any(e < s2 <= e + 2 and phrase[s2] == phrase[s]
+                                      for s2, _, _ in matches):
+                continue
             before = ws[max(s - 3, 0):s]
             if set(before) & NEGATIONS:
                 negated.update(range(s, e))
@@ -398,7 +427,10 @@ class Taxonomy(NeedIndex, ModelIndex):
                     bare[e] = mine
                     continue
                 del bare[e]
-            same_phrase = [w for i, w in enumerate(ws[:s]) if phrase[i] == phrase[s]]
+            # the words before it in its phrase, another noun's own left out ("carry on
+            # sized backpack" carries nothing)
+            same_phrase = [w for i, w in enumerate(ws[:s]) if phrase[i] == phrase[s]
+                           and not any(s2 <= i < e2 for s2, e2, _ in matches)]
             if (set(same_phrase) & OBJECT_BEFORE or set(ws[e:e + 3]) & OBJECT_AFTER
                     or judged(ws, e) or as_verb(ws, s, e)):
                 acted_on.append((s, cat))  # "carry my laptop": the laptop is carried

@@ -2,7 +2,7 @@
 (rufus/retrieval/taxonomy.py), its stated constraints met (rufus/retrieval/constraints.py).
 A card of another type must never be shown because it shares a side word, so when the
 question names a type of this catalog only listings of that type are candidates; the
-keyword search (rufus/retrieval/grounding.py) is for catalogs whose types are unknown."""
+keyword search (rufus/retrieval/search.py) is for catalogs whose types are unknown."""
 
 from __future__ import annotations
 
@@ -92,7 +92,7 @@ class TypedSearch:
         tax = self.taxonomy
         # the customer's words first; spelling corrected only when they name no type
         # (a correction may turn a word the catalog lacks into one it has: "wrecking")
-        spelled, _ = self.vocabulary.spell(question)
+        spelled, _ = self.vocabulary.spell(question, keep=tax.need_word)
         if typo[0] and not norm_brand(typo[0]).startswith(norm_brand(typo[1])):
             # "vitamx 5200" (not "ecobee3 lite")
             spelled = re.sub(rf"\b{re.escape(typo[0])}\b", typo[1].lower(), spelled, flags=re.I)

@@ -1,11 +1,11 @@
 """The catalog's own words, built once per index: which words it knows, what a typo of one is,
 which names are its brands, whether a listing is what a query asks for, and which categories a
-query is near. The grounded search (rufus/retrieval/grounding.py) asks it; it searches nothing."""
+query is near. The grounded search (rufus/retrieval/search.py) asks it; it searches nothing."""
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from rufus.retrieval.base import STOPWORDS, norm_brand
 from rufus.retrieval.catalog import Product
@@ -149,14 +149,18 @@ class Vocabulary:
                 return cand
         return None
 
-    def spell(self, query: str) -> tuple[str, dict[str, str]]:
+    def spell(self, query: str, keep: Callable[[str], bool] | None = None
+              ) -> tuple[str, dict[str, str]]:
         """``query`` with each typo replaced by its catalog word (other words and order kept),
-        and the corrections made (typo, lower case -> word): the search says each one."""
+        and the corrections made (typo, lower case -> word): the search says each one. A
+        word ``keep`` says is known elsewhere (a need's: "fender bender") is no typo."""
         context = [w for w in words(query) if w not in STOPWORDS]
         corrected: dict[str, str] = {}
         parts: list[str] = []
         at = 0
         for m in _QUERY_WORD.finditer(query):
+            if keep is not None and keep(m.group(0).lower()):
+                continue
             fixed = self.correct(m.group(0), context)
             if fixed is not None:
                 parts += [query[at:m.start()], fixed]

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from rufus.env import environ
-from rufus.serving import precision
-from rufus.serving.caches import cache_dir, default_model_dir
+from rufus.machine import precision
+from rufus.machine.caches import cache_dir, default_model_dir
 from rufus.serving.settings import ConfigError as ConfigError  # its home: the reader
 
 # The official backend's LoRA file next to model.json: adapter name -> local path
@@ -131,7 +131,7 @@ def load_engine_config(
     """Read ``model.json``, apply env overrides (global, then per-model), expand strings;
     ``"dtype": "measured"`` becomes this machine's choice for ``workload`` and
     ``"quantization": "measured"`` its int8 copy where the CPU runs it well
-    (:mod:`rufus.serving.precision`)."""
+    (:mod:`rufus.machine.precision`)."""
     env = environ() if env is None else env
     path = Path(path)
     try:
@@ -160,7 +160,7 @@ def load_engine_config(
     args = precision.resolve_quantization(args, workload, env,
                                           lora=lora_enabled(path.parent, args))
     if args.get("quantization") == precision.INT8_WEIGHT_ONLY:
-        from rufus.serving import vllm_int8
+        from rufus.machine import vllm_int8
         # vLLM checks the method's name when it builds its config: in rufus_llm's stub and
         # in a follower (follower/node.py), both of which load their settings here
         vllm_int8.register()

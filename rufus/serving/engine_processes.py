@@ -34,7 +34,7 @@ def every_core_binding(flags: set[str] | None = None, cpus: list[int] | None = N
     anyway. Measured with AVX2 emulated (docs/benchmarks-history.md, "Every core for the
     answer engine"). With native bf16 the other core stays the planner's (None: vLLM's
     binding); so does an explicit ``VLLM_CPU_OMP_THREADS_BIND``, or a single core."""
-    from rufus.serving import machine
+    from rufus.machine import cpu as machine
 
     env = environ() if env is None else env
     if env.get(OMP_BIND_VAR, "auto") != "auto":

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from rufus.serving import machine
+from rufus.machine import cpu as machine
 from rufus.wire import CAPACITY_GAUGES  # EngineCapacity field -> (family, description)
 
 TTFT_BUCKETS = [0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0]
@@ -174,7 +174,7 @@ class TritonMetrics(Metrics):
         self.kv = family("rufus_kv_cache_usage_ratio", "KV-cache usage (0-1)", gauge
                          ).Metric(labels=labels)
         self._family = family
-        # which CPU class this model's figures come from (rufus/serving/machine.py)
+        # which CPU class this model's figures come from (rufus/machine/cpu.py)
         cpu = {k: v for k, v in machine.describe().items() if k != "flags"}
         self.cpu_info = family("rufus_cpu_info", "This machine's CPU class, native bf16 and "
                                "cores (value 1)", gauge).Metric(labels={**labels, **cpu})

@@ -29,7 +29,8 @@ import numpy as np
 
 from rufus.env import env_opt, env_str, lab_on, setdefault_environ
 from rufus.errors import InvalidInput, RufusError, Unavailable, client_error
-from rufus.serving import caches, machine
+from rufus.machine import caches
+from rufus.machine import cpu as machine
 from rufus.serving.cancel import CancelWatcher
 from rufus.serving.config import load_engine_config
 from rufus.serving.engine import FAILED, READY, RESTARTING, EngineHost, EngineSpec, EngineState
@@ -53,7 +54,7 @@ def prepare_process() -> None:
 
     The stub's embedded interpreter runs with LC_CTYPE=C, so ``open()`` defaults to ASCII
     and torch.compile dies on UTF-8 sources; logs go nowhere unless configured; compiled
-    artefacts go to one directory keyed by this CPU (:mod:`rufus.serving.caches`).
+    artefacts go to one directory keyed by this CPU (:mod:`rufus.machine.caches`).
     """
     try:
         locale.setlocale(locale.LC_CTYPE, "C.UTF-8")
@@ -374,7 +375,7 @@ class EngineModel(TritonModel):
 
     SETTINGS: type[EngineModelSettings] = EngineModelSettings
     settings: EngineModelSettings
-    # which pass mix decides ``"dtype": "measured"`` (rufus/serving/precision.py)
+    # which pass mix decides ``"dtype": "measured"`` (rufus/machine/precision.py)
     precision_workload = "answer"
 
     def start(self) -> None:

@@ -126,7 +126,7 @@ def test_grammar_shape():
 @pytest.fixture(scope="module")
 def tokenizer():
     xgr = pytest.importorskip("xgrammar")
-    from rufus.serving.caches import default_model_dir
+    from rufus.machine.caches import default_model_dir
 
     path = default_model_dir()
     if not (path / "tokenizer.json").exists():

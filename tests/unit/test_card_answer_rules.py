@@ -13,8 +13,8 @@ from rufus.assistant import card_answers as ca
 from rufus.retrieval.attributes import asked_keys, value_keys
 from rufus.retrieval.catalog_data import default_catalog, default_categories
 from rufus.retrieval.constraints import Constraint, relax
-from rufus.retrieval.grounding import GroundedSearch
 from rufus.retrieval.model_names import ModelName, name_aliases
+from rufus.retrieval.search import GroundedSearch
 from rufus.retrieval.sqlite_fts import SqliteFtsRetriever
 
 

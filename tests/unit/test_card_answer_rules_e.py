@@ -12,9 +12,9 @@ import pytest
 from rufus.assistant import card_answers as ca
 from rufus.retrieval.attributes import asked_keys, better
 from rufus.retrieval.catalog_data import default_catalog, default_categories
-from rufus.retrieval.grounding import GroundedSearch
 from rufus.retrieval.model_names import ModelName, name_aliases
 from rufus.retrieval.price import parse_price_cap
+from rufus.retrieval.search import GroundedSearch
 from rufus.retrieval.sqlite_fts import SqliteFtsRetriever
 
 

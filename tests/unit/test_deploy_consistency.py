@@ -352,7 +352,7 @@ def test_lws_groups():
             if accel:
                 assert accel in c["resources"]["limits"], (v, c["name"])
             assert "cpu" in c["resources"]["requests"]
-    out = subprocess.run([sys.executable, str(ROOT / "deploy/kubernetes/render.py"), "--check"],
+    out = subprocess.run([sys.executable, str(ROOT / "deploy/kubernetes/manifests.py"), "--check"],
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
 
@@ -586,7 +586,7 @@ def rufus_imports(rel: str) -> set[str]:
         program = {id(n) for top in tree.body if isinstance(top, ast.If)
                    and "__main__" in ast.unparse(top.test) for n in ast.walk(top)}
         for node in (n for n in ast.walk(tree) if id(n) not in program):
-            # ``from rufus.serving import precision`` needs the submodule too: each name is
+            # ``from rufus.machine import precision`` needs the submodule too: each name is
             # tried as one (a name that is not a module file adds nothing)
             mods = ([a.name for a in node.names] if isinstance(node, ast.Import)
                     else [f"{node.module}.{a.name}" for a in node.names]

@@ -24,7 +24,7 @@ READ = re.compile(r"(?:environ\.get\(|environ\[|getenv\(|env_(?:int|float|port)\
                   r"""\s*["']([A-Z][A-Z0-9_]+)["']""")
 # Read by the tooling, never by an operator: not part of --help.
 INTERNAL = {"PYTHONPATH", "LD_LIBRARY_PATH", "PATH", "HOME"}
-# a thin script's call: ``from lab.qp.bench import main``
+# a thin script's call: ``from lab.qp.plan_bench import main``
 MAIN_FROM = re.compile(r"^from ([\w.]+) import main\b", re.M)
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rufus.serving import fingerprint
+from rufus.machine import fingerprint
 
 
 @pytest.fixture

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from rufus.machine import int8_kernel
 from rufus.qp.decoder import torch_llama
 from rufus.qp.decoder.medusa_decode import Decoder, Tree
 from rufus.qp.decoder.torch_llama import MedusaHeads, Segment, TorchLlama
-from rufus.serving import int8_kernel
 from tests.tiny_models import llama_with_heads
 
 pytestmark = pytest.mark.skipif(int8_kernel.load() is None,

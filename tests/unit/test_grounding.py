@@ -1,4 +1,4 @@
-"""Search-plan grounding (rufus/retrieval/grounding.py) against the real SQLite index of the
+"""Search-plan grounding (rufus/retrieval/search.py) against the real SQLite index of the
 default catalog (data/catalog/*.jsonl): stated price caps, brands that are no brand, typos,
 filter relaxation and the system-written no-results reply. The failing plans are the ones
 customers reported."""
@@ -12,8 +12,8 @@ import pytest
 from rufus.retrieval.base import Filters
 from rufus.retrieval.catalog import Product
 from rufus.retrieval.catalog_data import default_catalog
-from rufus.retrieval.grounding import GroundedSearch, SearchOutcome
 from rufus.retrieval.price import Price, parse_price_cap
+from rufus.retrieval.search import GroundedSearch, SearchOutcome
 from rufus.retrieval.spelling import category_display, edit_distance, stem1
 from rufus.retrieval.sqlite_fts import SqliteFtsRetriever
 from rufus.retrieval.vocabulary import Vocabulary

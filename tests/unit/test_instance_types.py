@@ -22,7 +22,7 @@ RAW = tomllib.loads(DEFAULT_PATH.read_text())
 
 
 def _render_module():
-    spec = importlib.util.spec_from_file_location("lws_render", ROOT / "deploy/kubernetes/render.py")
+    spec = importlib.util.spec_from_file_location("lws_render", ROOT / "deploy/kubernetes/manifests.py")
     assert spec and spec.loader
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -113,7 +113,7 @@ def test_checked_in_manifests_are_the_rendering():
     files = render.outputs(types)
     assert {p.name for p in files} == {p.name for p in (ROOT / "deploy/kubernetes").glob("lws-*.yaml")}
     for path, text in files.items():
-        assert path.read_text() == text, f"{path.name} is stale: run deploy/kubernetes/render.py"
+        assert path.read_text() == text, f"{path.name} is stale: run deploy/kubernetes/manifests.py"
     for name, t in types.types.items():
         m = yaml.safe_load((ROOT / f"deploy/kubernetes/lws-{t.manifest}.yaml").read_text())
         lwt = m["spec"]["leaderWorkerTemplate"]

@@ -1,4 +1,4 @@
-"""The planner's own int8 weight-only kernel (rufus/serving/int8_kernel.py): built here for
+"""The planner's own int8 weight-only kernel (rufus/machine/int8_kernel.py): built here for
 each instruction set this CPU has, its packing, its results against the dequantized weight,
 row independence (what keeps Medusa verification lossless) and the fallback where it cannot
 be built."""
@@ -9,9 +9,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from rufus.machine import cpu as machine
+from rufus.machine import int8_kernel
 from rufus.qp.decoder import torch_llama
 from rufus.qp.decoder.torch_llama import quantize_int8
-from rufus.serving import int8_kernel, machine
 
 _FLAGS = machine.cpu_flags()
 # variant -> (ATEN_CPU_CAPABILITY, CPU flags hidden from the kernel) that select it here

@@ -288,7 +288,7 @@ def test_the_checker_flags_an_uphill_import():
     layers, modules = Layers.read(), project_modules()
     source = (
         "import json\n"
-        "from rufus.serving import machine\n"
+        "from rufus.machine import cpu\n"
         "from rufus.errors import InvalidInput\n"
         "from rufus.client import CONVERSATION_HEADER\n"
         "def measure():\n"
@@ -299,20 +299,20 @@ def test_the_checker_flags_an_uphill_import():
         "if __name__ == '__main__':\n"
         "    import rufus.qp.measure\n"
     )
-    found = uphill("rufus/serving/precision.py", source, layers, modules)
+    found = uphill("rufus/machine/precision.py", source, layers, modules)
     assert [f.split(" (")[0] for f in found] == [
-        "rufus/serving/precision.py:4", "rufus/serving/precision.py:6",
-        "rufus/serving/precision.py:9"], found
+        "rufus/machine/precision.py:4", "rufus/machine/precision.py:6",
+        "rufus/machine/precision.py:9"], found
     assert "imports rufus.qp.decoder.torch_llama (models)" in found[1]
     assert "imports rufus.serving.triton_backend (Triton stub)" in found[2]
     # downhill, from the top row and through a parent-relative import: fine
     assert not uphill("scripts/x.py", "from rufus.launch.server import ROOT\n", layers, modules)
     assert not uphill("rufus/qp/decoder/x.py", "from ..plan import SEED_FILE\n", layers, modules)
     # a table in which the same import points up
-    flipped = Layers((("low", ("rufus/serving/machine.py",)), ("high", ("rufus/serving/",))))
-    assert uphill("rufus/serving/metrics.py", "from rufus.serving import machine\n", flipped,
+    flipped = Layers((("low", ("rufus/machine/cpu.py",)), ("high", ("rufus/serving/",))))
+    assert uphill("rufus/serving/metrics.py", "from rufus.machine import cpu\n", flipped,
                   modules) == ["rufus/serving/metrics.py:1 (high) imports "
-                               "rufus.serving.machine (low)"]
+                               "rufus.machine.cpu (low)"]
 
 
 def test_the_cycle_finder_finds_a_hidden_cycle():
@@ -349,9 +349,9 @@ def test_nothing_but_scripts_and_tests_imports_the_lab():
 
 def test_the_lab_checker_sees_every_kind_of_import():
     source = ("import lab.loadgen\nfrom lab import goodput\n"
-              "def f():\n    from lab.qp.bench import run\n"
+              "def f():\n    from lab.qp.plan_bench import run\n"
               "if __name__ == '__main__':\n    import lab\n")
-    assert lab_imports(source) == [("lab.loadgen", 1), ("lab", 2), ("lab.qp.bench", 4), ("lab", 6)]
+    assert lab_imports(source) == [("lab.loadgen", 1), ("lab", 2), ("lab.qp.plan_bench", 4), ("lab", 6)]
     assert lab_imports("import labels\nfrom rufus.lab import x\nfrom . import lab\n") == []
 
 

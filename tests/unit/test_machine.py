@@ -1,8 +1,9 @@
-"""The machine (rufus/serving/machine.py) and the compile caches keyed by it (rufus/serving/caches.py)."""
+"""The machine (rufus/machine/cpu.py) and the compile caches keyed by it (rufus/machine/caches.py)."""
 
 from __future__ import annotations
 
-from rufus.serving import caches, machine
+from rufus.machine import caches
+from rufus.machine import cpu as machine
 
 AVX2 = "processor: 0\nflags\t\t: fpu sse2 avx avx2 fma bmi2\nprocessor: 1\n"
 AVX512_BF16 = "flags\t\t: fpu avx2 fma avx512f avx512bw avx512vl avx512_vnni avx512_bf16\n"
@@ -69,7 +70,7 @@ def test_the_answer_engine_takes_every_core_only_without_native_bf16():
     assert every_core_binding(avx2, [0], env={}) is None              # one core: nothing to add
     assert every_core_binding(avx2, [0, 1], env={"VLLM_CPU_OMP_THREADS_BIND": "1"}) is None
     # emulated AVX2 on an AMX machine is AVX2 for this choice (ATEN_CPU_CAPABILITY caps flags)
-    from rufus.serving.machine import effective_flags
+    from rufus.machine.cpu import effective_flags
 
     capped = effective_flags(amx, {"ATEN_CPU_CAPABILITY": "avx2"})
     assert every_core_binding(capped, [0, 1], env={}) == "0,1"

@@ -1,4 +1,4 @@
-"""Precision by measurement (rufus/serving/precision.py): the choice follows the measured
+"""Precision by measurement (rufus/machine/precision.py): the choice follows the measured
 costs per workload, is kept per CPU and model, and "measured" in a model.json resolves to it
 (or to the rule for the CPU class when setup has not measured this machine)."""
 
@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from rufus.launch import precision as program
+from rufus.launch import setup_precision as program
+from rufus.machine import cpu as machine
+from rufus.machine import precision
+from rufus.machine.caches import W8A8_SUFFIX
 from rufus.qp import measure
-from rufus.serving import machine, precision
-from rufus.serving.caches import W8A8_SUFFIX
 from tests.tiny_models import random_llama
 
 AVX2 = {"avx2", "fma"}
@@ -156,7 +157,7 @@ def test_planner_choice_weighs_each_dtypes_tree():
 
 
 def test_the_program_passes_the_models_measurements():
-    """The record knows no model: the setup program (``python -m rufus.launch.precision``)
+    """The record knows no model: the setup program (``python -m rufus.launch.setup_precision``)
     passes both models' measurements and the forward pass that times them."""
     assert [m.workload for m in program.MEASUREMENTS] == ["answer", "planner"]
     assert program.PLANNER.extra is measure.planner_extra is program.MEASUREMENTS[1].extra
@@ -286,7 +287,7 @@ def test_loading_settings_that_choose_rufus_int8_registers_it(tmp_path, monkeypa
     """vLLM rejects an unknown method's name when it builds its config, in rufus_llm's stub and
     in a follower alike: both load their settings through load_engine_config, which registers
     ``rufus_int8`` when the settings choose it."""
-    from rufus.serving import vllm_int8
+    from rufus.machine import vllm_int8
     from rufus.serving.config import load_engine_config
 
     calls: list[int] = []

@@ -15,7 +15,7 @@ from lab.qp.medusa_train import head_targets
 from lab.qp.prompts import FEW_SHOT, baseline_messages
 from lab.qp.questions import build, named_brand, render_sets
 from rufus.launch.server import ROOT
-from rufus.qp.grounding import (
+from rufus.qp.filter_grounding import (
     brand_grounded,
     context_text,
     ground_plan,

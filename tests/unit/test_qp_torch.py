@@ -142,7 +142,7 @@ def test_grammar_constrains_choice(tiny: tuple[Path, Path]) -> None:
     decoding, Medusa, and Medusa with grammar-forced and prompt-lookup drafts alike."""
     import xgrammar as xgr
 
-    from rufus.qp.decoder.constraints import Grammar
+    from rufus.qp.decoder.grammar import Grammar
 
     vocab = ["<eos>"] + [chr(ord("a") + i) for i in range(26)] + [f"w{i}" for i in range(69)]
     info = xgr.TokenizerInfo(vocab, stop_token_ids=[0])
@@ -216,7 +216,7 @@ def test_copy_constraint_keeps_brand_to_the_customers_words() -> None:
     them; outside the value nothing changes."""
     import xgrammar as xgr
 
-    from rufus.qp.decoder.constraints import CopyConstraint, Grammar, TokenText, copy_spans
+    from rufus.qp.decoder.grammar import CopyConstraint, Grammar, TokenText, copy_spans
     from rufus.qp.plan import build_messages, prompt_context
 
     assert copy_spans("Where's my Weber grill? Levi's.", 2) >= {
@@ -514,7 +514,7 @@ def test_plan_history_proposes_only_the_usual_follower() -> None:
 
 def test_word_drafts_continue_an_open_string_from_the_question() -> None:
     """Matched on text, so a word split differently in the question still continues."""
-    from rufus.qp.decoder.constraints import TokenText, WordDrafts
+    from rufus.qp.decoder.grammar import TokenText, WordDrafts
 
     vocab = ['{"q": "', "es", "presso", " es", " maker", " too", '"', "x"]
     text = TokenText(vocab)
@@ -550,7 +550,7 @@ def test_word_drafts_plan_pieces_from_the_question() -> None:
     string's close (the next compared product's query after ``vs``), a price phrase is not
     query words but ``max_price``, a brand is the first query's first word, and a
     follow-up's copied words stop at the history's next turn."""
-    from rufus.qp.decoder.constraints import TokenText, WordDrafts
+    from rufus.qp.decoder.grammar import TokenText, WordDrafts
 
     chars = TokenText([chr(c) for c in range(32, 127)])
 
@@ -597,8 +597,8 @@ def test_skeleton_drafts_and_forced_rows_keep_greedy_output(tiny: tuple[Path, Pa
     passes once the skeleton is learnt."""
     import xgrammar as xgr
 
-    from rufus.qp.decoder.constraints import Grammar
-    from rufus.serving import int8_kernel
+    from rufus.machine import int8_kernel
+    from rufus.qp.decoder.grammar import Grammar
 
     vocab = ["<eos>"] + [chr(ord("a") + i) for i in range(26)] + [f"w{i}" for i in range(69)]
     info = xgr.TokenizerInfo(vocab, stop_token_ids=[0])

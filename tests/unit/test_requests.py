@@ -273,7 +273,7 @@ def test_depth_prescan_is_not_fooled_by_brackets_in_strings():
 # -------------------------------------------------- chat rendering with the real tokenizer
 
 def _tokenizer():
-    from rufus.serving.caches import default_model_dir
+    from rufus.machine.caches import default_model_dir
 
     d = default_model_dir()
     if not (d / "tokenizer.json").exists():

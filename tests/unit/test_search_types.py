@@ -12,7 +12,7 @@ import pytest
 from rufus.retrieval.catalog import CatalogError, Product, load_catalog
 from rufus.retrieval.catalog_data import default_catalog, default_categories
 from rufus.retrieval.constraints import Constraint, parse_price_range, relax
-from rufus.retrieval.grounding import GroundedSearch
+from rufus.retrieval.search import GroundedSearch
 from rufus.retrieval.search_eval import meetable, misses, rates, score, wrong_type
 from rufus.retrieval.sqlite_fts import SqliteFtsRetriever
 

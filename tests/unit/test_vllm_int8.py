@@ -1,4 +1,4 @@
-"""The ``rufus_int8`` quantization method for vLLM (rufus/serving/vllm_int8.py): the custom op
+"""The ``rufus_int8`` quantization method for vLLM (rufus/machine/vllm_int8.py): the custom op
 against the kernel it wraps, the linear and LM-head methods on vLLM's own layer classes, and a
 real vLLM engine serving a tiny model with it (in a subprocess: vLLM's globals stay there)."""
 
@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rufus.serving import int8_kernel, vllm_int8
+from rufus.machine import int8_kernel, vllm_int8
 from tests.tiny_models import random_llama
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -80,7 +80,7 @@ _ENGINE = """
 import json, os, sys
 PROMPT = json.loads(sys.argv[2])
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-from rufus.serving import vllm_int8
+from rufus.machine import vllm_int8
 vllm_int8.register()
 from vllm import LLM, SamplingParams
 llm = LLM(model=sys.argv[1], dtype="float32", quantization="rufus_int8", enforce_eager=True,

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from rufus.serving import vllm_warmup
+from rufus.vllm_worker import warmup as vllm_warmup
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -103,10 +103,10 @@ def test_model_json_names_the_extension_and_it_patches_the_installed_vllm() -> N
     pytest.importorskip("vllm")
     for model in ("rufus_llm", "rufus_qp_medusa"):
         cfg = json.loads((ROOT / f"model_repository/{model}/1/model.json").read_text())
-        assert cfg["worker_extension_cls"] == "rufus.serving.vllm_worker.WorkerExtension"
+        assert cfg["worker_extension_cls"] == "rufus.vllm_worker.extension.WorkerExtension"
     from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 
-    from rufus.serving import vllm_worker
+    from rufus.vllm_worker import extension as vllm_worker
 
     assert vllm_worker.APPLIED == {"aot_cache_fix": True, "short_warmup": True, "rufus_int8": True}
     method: Any = vars(CPUModelRunner)["warming_up_model"]

@@ -14,7 +14,7 @@ from safetensors import safe_open
 
 from rufus.launch import w8a8
 from rufus.launch.default_model import STAMP
-from rufus.serving import precision
+from rufus.machine import precision
 from tests.tiny_models import random_llama
 
 LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",

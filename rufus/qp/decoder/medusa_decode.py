@@ -16,7 +16,7 @@ keeps the KV of its previous request and reuses its longest common token prefix 
 prompt is identical for every plan), like vLLM's prefix cache.
 
 What may be emitted (the plan grammar, the copied brand) is decided in
-:mod:`rufus.qp.decoder.constraints`; the timing of a verification pass used to size the tree
+:mod:`rufus.qp.decoder.grammar`; the timing of a verification pass used to size the tree
 is setup and lab code (:func:`rufus.qp.tree.time_forward`).
 """
 
@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from rufus.qp.decoder.constraints import Grammar, WordDrafts
+from rufus.qp.decoder.grammar import Grammar, WordDrafts
 from rufus.qp.decoder.torch_llama import MedusaHeads, Segment, TorchLlama
 from rufus.qp.plan import plan_seed
 from rufus.qp.settings import MAX_DRAFT_NODES  # draft trie size cap per step

@@ -6,7 +6,7 @@ through ``generate(prompt, sampling_params, request_id)`` (an async iterator of
 ``errored`` and ``shutdown``. :class:`TorchPlannerEngine` provides exactly that, so the
 planner keeps rufus_llm's admission control, cancellation, metrics and error mapping while
 decoding runs on :mod:`rufus.qp.decoder.medusa_decode` under the constraints of
-:mod:`rufus.qp.decoder.constraints`.
+:mod:`rufus.qp.decoder.grammar`.
 
 Requests are decoded on one worker thread, so the asyncio loop stays free; each decoding
 step is streamed back as a delta. One request alone is decoded at batch size 1 (the latency
@@ -239,7 +239,7 @@ class TorchPlannerEngine:
     def _grammar(self, schema: Any) -> Any:
         import xgrammar as xgr
 
-        from rufus.qp.decoder.constraints import (
+        from rufus.qp.decoder.grammar import (
             Grammar,
             TokenText,
             compile_grammar,
@@ -322,13 +322,13 @@ class TorchPlannerEngine:
         try:
             grammar = self._grammar(req.schema) if req.schema is not None else None
             if grammar is not None and self._copy_fields:
-                from rufus.qp.decoder.constraints import CopyConstraint
+                from rufus.qp.decoder.grammar import CopyConstraint
 
                 grammar.copy = CopyConstraint.for_prompt(self._copy_fields, self.tokenizer,
                                                          req.prompt, self._token_text)
             if grammar is not None and self._token_text is not None and self._encode \
                     and (self.decoder.lookup_drafts or self.decoder.history_drafts):
-                from rufus.qp.decoder.constraints import WordDrafts
+                from rufus.qp.decoder.grammar import WordDrafts
 
                 grammar.words = WordDrafts.for_prompt(self.tokenizer, req.prompt,
                                                       self._token_text, self._encode)

@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 
 from rufus.env import lab_on
-from rufus.serving import int8_kernel
-from rufus.serving.int8_kernel import quantize_int8
+from rufus.machine import int8_kernel
+from rufus.machine.int8_kernel import quantize_int8
 
 log = logging.getLogger("rufus.qp.torch")
 
@@ -95,7 +95,7 @@ def _packed_linear(w: torch.Tensor) -> Any:
 
 def int8_activations() -> torch.dtype:
     """The activation dtype of ``int8`` on this CPU: float32 through our kernel
-    (:mod:`rufus.serving.int8_kernel`) where it builds, else bf16 for PyTorch's op."""
+    (:mod:`rufus.machine.int8_kernel`) where it builds, else bf16 for PyTorch's op."""
     return torch.float32 if int8_kernel.load() is not None else torch.bfloat16
 
 
@@ -103,7 +103,7 @@ def _int8_linear(w: torch.Tensor, activations: torch.dtype = torch.bfloat16
                  ) -> Callable[[torch.Tensor], torch.Tensor]:
     """``x -> x @ w.T`` with ``w`` int8 weight-only (:func:`quantize_int8`).
 
-    float32 ``activations``: our kernel (:mod:`rufus.serving.int8_kernel`; each row
+    float32 ``activations``: our kernel (:mod:`rufus.machine.int8_kernel`; each row
     rounded to int16 on its own scale, integer products, nothing emulated). bf16:
     ``aten._weight_int8pack_mm`` (bf16 activations only: with fp32 the op is many times
     slower on CPU), else (op missing, or it fails a probe at build time) the dequantized bf16

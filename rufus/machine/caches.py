@@ -23,9 +23,9 @@ from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
 from rufus.env import environ, set_environ
-from rufus.serving.machine import cpu_flags, cpu_key, effective_flags
+from rufus.machine.cpu import cpu_flags, cpu_key, effective_flags
 
-log = logging.getLogger("rufus.serving.caches")
+log = logging.getLogger("rufus.machine.caches")
 
 DEFAULT_CACHE_DIR = "~/.cache/rufus"
 
@@ -41,7 +41,7 @@ def cache_dir(env: Mapping[str, str] | None = None) -> Path:
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 # The answer model's W8A8 copy sits beside its source (rufus/launch/w8a8.py writes it,
-# rufus/serving/precision.py chooses it).
+# rufus/machine/precision.py chooses it).
 W8A8_SUFFIX = "-w8a8"
 # The models' paths are here, not in config.py or precision.py, so that the image's model
 # layers (docker/Dockerfile), which run the model builds, depend on this module and

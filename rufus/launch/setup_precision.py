@@ -1,9 +1,9 @@
 """The setup's precision program: each model's precision measured on this machine
 (``scripts/setup.sh precision``, the image build).
 
-    python -m rufus.launch.precision [MODEL_DIR ...] [--threads N] [--force]
+    python -m rufus.launch.setup_precision [MODEL_DIR ...] [--threads N] [--force]
 
-The record (rufus/serving/precision.py) knows no model; this program passes it the two
+The record (rufus/machine/precision.py) knows no model; this program passes it the two
 models' measurements (the answer model's: its passes alone; the planner's: its Medusa trees
 per precision too, rufus/qp/measure.py) and the forward pass that times them (the planner's
 Llama forward, which stands in for vLLM's CPU pass).
@@ -14,16 +14,16 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from rufus.machine import precision
+from rufus.machine.caches import default_model_dir
 from rufus.qp.measure import PLANNER, time_passes
-from rufus.serving import precision
-from rufus.serving.caches import default_model_dir
 
 ANSWER = precision.Measurement("answer", default_model_dir)
 MEASUREMENTS = (ANSWER, PLANNER)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m rufus.launch.precision", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m rufus.launch.setup_precision", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model_dirs", nargs="*", type=Path,
                     help="default: each measured model (the default model and the "

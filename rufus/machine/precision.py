@@ -14,11 +14,11 @@ picks, per workload, the dtype with the lower cost:
   planner's own rule decides instead (modelled time per plan with that dtype's tree).
 
 This module knows the machine, the cache and the record, not the models: the setup program
-(``python -m rufus.launch.precision``) passes :func:`run` each model's :class:`Measurement`
+(``python -m rufus.launch.setup_precision``) passes :func:`run` each model's :class:`Measurement`
 (which model, what it adds to the record) and the forward pass that times the passes, so
 nothing here imports a model.
 
-The result is cached per CPU (:func:`rufus.serving.machine.cpu_key`) and model (its build stamp), so a
+The result is cached per CPU (:func:`rufus.machine.cpu.cpu_key`) and model (its build stamp), so a
 new CPU class or a rebuilt model is measured again, and written where an operator reads it:
 ``$RUFUS_CACHE_DIR/precision/<cpu key>/<model>-<fingerprint>-m<MEASUREMENT>.json``. A start with no
 measurement (setup not run on this machine) falls back to the rule the measurements give on
@@ -39,10 +39,10 @@ from pathlib import Path
 from typing import Any
 
 from rufus.env import environ
-from rufus.serving import machine
-from rufus.serving.caches import cache_dir, w8a8_dir
+from rufus.machine import cpu as machine
+from rufus.machine.caches import cache_dir, w8a8_dir
 
-log = logging.getLogger("rufus.serving.precision")
+log = logging.getLogger("rufus.machine.precision")
 
 MEASURED = "measured"
 # "int8": int8 weight-only, served by the planner's own forward pass and kernel
@@ -65,7 +65,7 @@ PASSES: dict[str, tuple[int, int, int]] = {
 STAMPS = ("rufus-build.json", "rufus-qp-build.json", "config.json")
 # Bumped when what is measured changes (a new candidate or kernel), so every machine measures
 # again instead of serving a choice made without it. 2: int8 through our own kernel
-# (rufus/serving/int8_kernel.py). 3: int8 passes of few rows through the fused stack
+# (rufus/machine/int8_kernel.py). 3: int8 passes of few rows through the fused stack
 # (torch_llama._FusedStack). 4: the int8 kernel's arithmetic in integers (int16 activations,
 # vpmaddwd). 5: int8 passes with int8 activations where the kernel has them (AVX-512 VNNI;
 # the planner's shipped ``int8_activations``).
@@ -85,7 +85,7 @@ W8A8_CPU_FLAGS = ("avx512_vnni", "amx_int8")
 
 # Where the answer model would run in float32 (no native bf16, no int8 dot products: AVX2),
 # its linear layers run int8 weight-only through the planner's kernel instead
-# (rufus/serving/vllm_int8.py registers the method with vLLM): a decode step reads a quarter
+# (rufus/machine/vllm_int8.py registers the method with vLLM): a decode step reads a quarter
 # of the bytes, and decode steps are most of the answer engine's work under load (figures:
 # docs/benchmarks-history.md, "Int8 weights for the answer model on AVX2").
 INT8_WEIGHT_ONLY = "rufus_int8"
@@ -93,7 +93,7 @@ INT8_WEIGHT_ONLY = "rufus_int8"
 
 def int8_weights_ok(env: Mapping[str, str] | None = None) -> bool:
     """Whether rufus's int8 kernel builds and loads for this CPU (it logs why not)."""
-    from rufus.serving import int8_kernel
+    from rufus.machine import int8_kernel
     return int8_kernel.load(env) is not None
 
 
@@ -279,7 +279,7 @@ def resolve_quantization(engine_args: dict[str, Any], workload: str = "answer",
 def run(model_dirs: Sequence[Path], measurements: Sequence[Measurement], timer: PassTimer,
         threads: int = 1, force: bool = False) -> int:
     """Measure each of ``measurements``' models (or ``model_dirs``) on this machine, timing
-    passes with ``timer``: the setup program (rufus/launch/precision.py) passes both, so this
+    passes with ``timer``: the setup program (rufus/launch/setup_precision.py) passes both, so this
     module knows no model."""
     by_workload = {m.workload: m for m in measurements}
     named = {w: m.model_dir() for w, m in by_workload.items()}

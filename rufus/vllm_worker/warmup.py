@@ -1,5 +1,5 @@
 """A short compile warm-up in vLLM's CPU worker (applied by the worker extension,
-rufus/serving/vllm_worker.py).
+rufus/vllm_worker/extension.py).
 
 Why: before it sizes the KV cache, vLLM's CPU worker runs ``warming_up_model``, whose only
 job on CPU is to make torch.compile trace and compile (or, cached, load) the model's one
@@ -33,7 +33,7 @@ from typing import Any
 
 from rufus.env import env_int
 
-log = logging.getLogger("rufus.serving.vllm_warmup")
+log = logging.getLogger("rufus.vllm_worker.warmup")
 
 DEFAULT_TOKENS = 256
 

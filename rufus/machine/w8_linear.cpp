@@ -1,4 +1,4 @@
-// int8 weight-only linear layer for the planner's CPU decoder (rufus/serving/int8_kernel.py
+// int8 weight-only linear layer for the planner's CPU decoder (rufus/machine/int8_kernel.py
 // builds and loads this file; the reasons and measurements are there and in docs/benchmarks.md).
 //
 //   y[M, N] = x[M, K] @ (q[N, K] * s[N])^T      x, y, s: float32; q: int8

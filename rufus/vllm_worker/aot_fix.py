@@ -12,7 +12,7 @@ and vLLM traces and compiles the model again.
 
 The fix gives torch's bundled callable a ``finalize_loading`` that does nothing (there is
 nothing left to finalize), so the cached function is used. It must run in the process that
-compiles the model (vLLM's worker): rufus's worker extension (rufus/serving/vllm_worker.py,
+compiles the model (vLLM's worker): rufus's worker extension (rufus/vllm_worker/extension.py,
 named in model.json) imports it there, the multi-node follower's worker included. Guarded:
 it does nothing if torch or vLLM changed the classes involved.
 """
@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-log = logging.getLogger("rufus.serving.vllm_aot_fix")
+log = logging.getLogger("rufus.vllm_worker.aot_fix")
 
 
 def apply() -> bool:
@@ -43,7 +43,7 @@ def apply() -> bool:
 
 class AotCacheFix:
     """Empty on purpose: importing this module in the worker applies :func:`apply` (the
-    extension class earlier model.json files name; rufus.serving.vllm_worker supersedes it)."""
+    extension class earlier model.json files name; rufus.vllm_worker.extension supersedes it)."""
 
 
 apply()

@@ -24,7 +24,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from rufus.serving.caches import cache_dir
+from rufus.machine.caches import cache_dir
 
 STORE_NAME = "fingerprints.json"
 FORMAT = 1

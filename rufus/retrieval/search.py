@@ -243,8 +243,9 @@ class GroundedSearch:
         # 3. typos
         fixed: dict[str, str] = {}
         spelled = []
+        keep = self.taxonomy.need_word if self.taxonomy.curated() else None
         for q in qs:
-            text, corrected = vocab.spell(q)
+            text, corrected = vocab.spell(q, keep=keep)
             spelled.append(text)
             fixed.update(corrected)
         return Grounded(queries=spelled, requested=Filters(brand=brand, max_price=max_price),
@@ -317,7 +318,7 @@ class GroundedSearch:
         tax = self.taxonomy
         if not tax.curated():
             return False
-        res = tax.resolve(self.vocabulary.spell(question)[0])
+        res = tax.resolve(self.vocabulary.spell(question, keep=tax.need_word)[0])
         # a need, only when several of its words are the type's ("thanks, that's all i
         # needed" shares one with humidifiers)
         return bool(res.categories) and not res.accessory and (

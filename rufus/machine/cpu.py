@@ -3,8 +3,8 @@
 The same code lands on a mixed fleet (AVX-512 with native bf16, AVX2 with bf16 emulated, AMX,
 ARM), and which kernels are fast, which compiled artefacts may be loaded and which precision
 pays all follow from it: compile caches are keyed by :func:`cpu_key`
-(:mod:`rufus.serving.caches`), the precision choice by it and the model
-(:mod:`rufus.serving.precision`), and every model logs :func:`describe` at start and exports
+(:mod:`rufus.machine.caches`), the precision choice by it and the model
+(:mod:`rufus.machine.precision`), and every model logs :func:`describe` at start and exports
 it as the ``rufus_cpu_info`` metric so a figure can always be tied to its CPU class.
 """
 

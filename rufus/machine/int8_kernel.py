@@ -1,5 +1,5 @@
 """The int8 weight-only matmul on CPUs without native bf16: our own small kernel, for the
-planner's passes and (through rufus/serving/vllm_int8.py) the answer model's on AVX2.
+planner's passes and (through rufus/machine/vllm_int8.py) the answer model's on AVX2.
 
 Why our own: PyTorch's CPU int8 weight-only op (``aten._weight_int8pack_mm``) takes bf16
 activations (with fp32 ones it is many times slower), and bf16 arithmetic is emulated on CPUs
@@ -16,7 +16,7 @@ depends on that row alone, bit for bit, whatever the pass's other rows or the th
 It is compiled here, once per CPU class, with the machine's C++ compiler (the same ``g++``
 torch's inductor needs), into ``$RUFUS_COMPILE_CACHE_DIR/<cpu key>/kernels/`` next to the
 other compiled caches, and loaded with ctypes (no torch headers, so a build is quick).
-The instruction set follows :func:`rufus.serving.machine.this_cpu`, so
+The instruction set follows :func:`rufus.machine.cpu.this_cpu`, so
 ``ATEN_CPU_CAPABILITY=avx2`` builds the AVX2 variant on a bigger CPU; AVX-512 CPUs with
 ``avx512_vnni`` get a variant whose multiply and add are one ``vpdpwssd`` (the same integer
 sums: every variant gives the same bits), and that variant alone also multiplies int8
@@ -43,9 +43,10 @@ from pathlib import Path
 import torch
 
 from rufus.env import env_opt
-from rufus.serving import caches, machine
+from rufus.machine import caches
+from rufus.machine import cpu as machine
 
-log = logging.getLogger("rufus.serving.int8_kernel")
+log = logging.getLogger("rufus.machine.int8_kernel")
 
 SOURCE = Path(__file__).with_name("w8_linear.cpp")
 ISA_FLAGS = {  # avx512vnni: the same integer sums, multiply and add in one vpdpwssd

@@ -4,9 +4,9 @@ products (AVX2): the answer model's linear layers through rufus's own kernel.
 Why: there vLLM serves the answer model in fp32 (bf16 arithmetic is emulated, oneDNN's s8s8
 path is slow and saturates), so every decode step reads four bytes per weight, and decode
 steps are most of the answer engine's work under load. The planner's int8 kernel
-(:mod:`rufus.serving.int8_kernel`: int8 weights read as one stream, each activation row
+(:mod:`rufus.machine.int8_kernel`: int8 weights read as one stream, each activation row
 rounded to int16 on its own scale, exact integer sums) runs a decode step several times
-faster than fp32 on such a CPU (the precision record: ``python -m rufus.launch.precision``).
+faster than fp32 on such a CPU (the precision record: ``python -m rufus.launch.setup_precision``).
 
 How: a vLLM quantization method, ``"quantization": "rufus_int8"``, registered when this module
 is imported (it imports vLLM): by rufus.serving.config where a model's settings choose it
@@ -36,11 +36,11 @@ from vllm.model_executor.layers.vocab_parallel_embedding import (
     UnquantizedEmbeddingMethod,
 )
 
-from rufus.serving import int8_kernel
-from rufus.serving.int8_kernel import quantize_int8
-from rufus.serving.precision import INT8_WEIGHT_ONLY
+from rufus.machine import int8_kernel
+from rufus.machine.int8_kernel import quantize_int8
+from rufus.machine.precision import INT8_WEIGHT_ONLY
 
-log = logging.getLogger("rufus.serving.vllm_int8")
+log = logging.getLogger("rufus.machine.vllm_int8")
 
 NAME = INT8_WEIGHT_ONLY  # the name precision.resolve_quantization chooses
 _KERNEL: list = []  # the loaded kernel's w8_linear, once a layer is packed

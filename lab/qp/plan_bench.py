@@ -40,9 +40,9 @@ from lab.loadgen import pct_nearest as pct
 from lab.qp.evaluate import Prediction, score
 from lab.qp.lossless import LOGPROBS_K, NEAR_TIE_NATS, compare
 from rufus.launch.server import ROOT, TritonServer, free_port
+from rufus.machine import cpu as machine
 from rufus.qp.client import PlanResponse, plan
 from rufus.qp.plan import load_eval
-from rufus.serving import machine
 
 MODEL = "rufus_qp_medusa"
 OVERRIDE = "RUFUS_RUFUS_QP_MEDUSA_ENGINE_ARGS"
