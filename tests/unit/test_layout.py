@@ -295,7 +295,7 @@ def test_the_checker_flags_an_uphill_import():
         "    from rufus.qp.decoder.torch_llama import TorchLlama\n"
         "class Record:\n"
         "    def load(self):\n"
-        "        from .triton_backend import TritonModel\n"
+        "        from ..serving.triton_backend import TritonModel\n"
         "if __name__ == '__main__':\n"
         "    import rufus.qp.measure\n"
     )
