@@ -80,6 +80,8 @@ _SEARCHING = re.compile(r"\b(?:alternatives?|similar|like\s+the|instead|cheaper|
 # A question about the one product named: "is the x ...?", "how loud is the x", "x vegan?"
 _ASKS = re.compile(r"^\s*(?:is|are|does|do|can|could|will|would|how|what|whats|what's|which|has|"
                    r"have|roughly|about)\b|\?\s*$")
+_MADE_WHERE = re.compile(r"\bwhere\b.{0,40}\b(?:made|manufactured|built|assembled)\b|"
+                         r"\bmade\s+in\s+(?:what|which)\b|\bcountry\s+of\s+origin\b")
 # ... but not a request for an opinion (the usual picks show it first)
 _OPINION = re.compile(r"\b(?:worth|good|best|recommend|review|reviews|love)\b")
 # A size the question asks for ("size 8", "in a kids 12c", "in king").
@@ -260,6 +262,8 @@ def plan(question: str, targets: Sequence[Product], catalog_keys: Iterable[str],
         return CardAnswer("attribute", targets, [], asked=label(elsewhere[0]))
     if by_reference and _DETAILS.search(q):
         return CardAnswer("details", targets)
+    if _MADE_WHERE.search(q):  # no card states a country of origin
+        return CardAnswer("attribute", targets, [], asked="country of origin")
     if _ASKS.search(q) and not _OPINION.search(q):
         # "how loud is the dyson v8, in decibels?": nothing on the card says
         return CardAnswer("attribute", targets, [], asked="")
@@ -348,6 +352,11 @@ def render_table(a: CardAnswer) -> list[str]:
     names = [_name(p) for p in ps]
     head = "Comparing " + ", ".join(f"**{n}**" for n in names[:-1]) + f" and **{names[-1]}**:\n\n"
     rows = [k for k in a.keys if any(k in p.attributes for p in ps)]
+    if rows and not a.which:  # "battery life of the sony xm5s" (a name two models share):
+        # the asked spec's value of each, first, before the table
+        k = rows[0]
+        head = (f"{_row_label(k)}: " + "; ".join(f"**{n}** {_cell(p, k)}" for n, p in
+                                                  zip(names, ps, strict=True)) + ".\n\n" + head)
     rows += [k for k in differing([p.attributes for p in ps], skip=("sizes", "gender")) if k not in rows]
     lines = ["| | " + " | ".join(f"[{n}]({p.url})" for n, p in zip(names, ps, strict=True)) + " |",
              "|---|" + "---|" * len(ps),

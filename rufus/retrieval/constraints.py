@@ -78,7 +78,7 @@ _KIDS_SIZE = re.compile(r"(?<![\w.$])(?P<v>\d{1,2}(?:\.5)?c)(?![\w])")
 _SIZE_WORDS = {"small": "S", "medium": "M", "large": "L", "x-large": "XL"}
 # "in a medium", "in an xl", "in small": a letter size said without "size" (ending the phrase)
 _IN_SIZE = re.compile(r"\bin\s+(?:an?\s+)?(?:(?:women'?s|men'?s|kids'?)\s+)?(?P<v>xxs|xs|xxl|xl|"
-                      r"x-large|small|medium|large)(?=\s*(?:$|[,.?!;]|and\b|or\b|please\b))")
+                      r"x-large|small|medium|large)(?=\s*(?:$|[,.?!;]|and\b|or\b|please\b|in\b))")
 # "24 pack", "pack of 12", "36 count": how many of the thing itself (``<its noun>_count``)
 _PACK = re.compile(r"(?<![\w.$])(?P<num>\d+)\s*-?\s*(?:pack|pk|ct|count)\b|"
                    r"\b(?:pack|box)\s+of\s+(?P<num2>\d+)\b")

@@ -83,11 +83,35 @@ def _said_at(words: Sequence[str], w: str, pos: int) -> int:
     return -1
 
 
+_BETWEEN_NAMES = frozenset({"vs", "versus", "or", "and", "compared", "than", "v"})
+
+
+def _window(ws: Sequence[str], at: int, n: int, run: int) -> list[str]:
+    """The words where a name of ``n`` words said from ``at`` may be: up to two past it,
+    cut at a word that starts another name ("vs", "or") after its first ``run`` words."""
+    window = list(ws[at:at + n + 2])
+    cut = next((i for i, w in enumerate(window) if i >= run and w in _BETWEEN_NAMES), len(window))
+    return window[:cut]
+
+
+def _listed_after_brand(ws: Sequence[str], bw: Sequence[str], i: int) -> bool:
+    """Whether the name said at ``i`` follows "vs" / "or" (and "the") after its brand was
+    said earlier ("instant pot duo vs duo crisp", "ecobee enhanced vs premium"): the brand
+    is said for it too."""
+    j = i - 1
+    if j >= 0 and ws[j] in ("the", "a", "an"):
+        j -= 1
+    nb = len(bw)
+    return (nb > 0 and j >= nb and ws[j] in _BETWEEN_NAMES
+            and any(list(ws[k:k + nb]) == list(bw) for k in range(j - nb + 1)))
+
+
 class ModelIndex:
     """The models and the words that name them; :class:`Taxonomy` fills these in."""
 
     _models: list[ModelName]
     _first: dict[str, set[str]]
+    _first_models: dict[str, set[str]]
     _noun_words: set[str]
     _owners: dict[str, set[str]]  # a name's word -> the brands whose names use it
     _word_models: dict[str, int]  # a name's word -> how many models' names have it
@@ -99,6 +123,9 @@ class ModelIndex:
         """(start, end, model, line) of every model ``ws`` (tokens) names, the brand before it
         included; see the module docstring. ``line``: a product line was named, more than
         :data:`LINE_MODELS` models equally ("apple watch"), not one model."""
+        # a plural of a name's word is that word ("wayfarers", "xm5s")
+        ws = [w[:-1] if len(w) > 3 and w.endswith("s") and w not in self._by_word
+              and w[:-1] in self._by_word else w for w in ws]
         have = set(ws)
         starts: dict[str, list[int]] = {}
         for i, w in enumerate(ws):
@@ -122,6 +149,14 @@ class ModelIndex:
         # "series 9" of "oral-b io series 9")
         out = [x for x in out if not any(o[0] <= x[0] and x[1] <= o[1] and o[1] - o[0] > x[1] - x[0]
                                          for o in out)]
+        # names overlapping across brands: the one whose brand is said ("weber spirit e310"
+        # is no Vitamix E310)
+        def said_brand(m: ModelName) -> bool:
+            bw = list(m.brand_words)
+            return bool(bw) and any(ws[i:i + len(bw)] == bw for i in range(len(ws)))
+        out = [x for x in out if said_brand(x[2]) or not any(
+            o[0] < x[1] and x[0] < o[1] and norm_brand(o[2].brand) != norm_brand(x[2].brand)
+            and said_brand(o[2]) for o in out)]
         seen = {(s, e, m.model): (s, e, m, line) for s, e, m, line in out}  # aliases: once
         return sorted(seen.values(), key=lambda x: x[0])
 
@@ -134,16 +169,19 @@ class ModelIndex:
         bw = list(m.brand_words)
         if first not in have:
             return self._fallback(ws, bw, m, False)
-        best_run, at, branded = 0, -1, False
+        best_run, at, branded, best_hits = 0, -1, False, 0
         for i in starts[first]:
             run = 0
             while run < len(m.words) and i + run < len(ws) and ws[i + run] == m.words[run]:
                 run += 1
             # the brand right before it ("jbl flip"): one word of the model is enough;
-            # the longest run wins ("dyson v8 vs v15 detect": V15 Detect is the second)
-            b = i >= len(bw) and ws[i - len(bw):i] == bw
-            if (run, b) > (best_run, branded):
-                best_run, at, branded = run, i, b
+            # the longest run wins ("dyson v8 vs v15 detect": V15 Detect is the second),
+            # then the place its other words are said ("arizona vs the arizona eva": the EVA
+            # is the second)
+            b = (i >= len(bw) and ws[i - len(bw):i] == bw) or _listed_after_brand(ws, bw, i)
+            hits = len(set(_window(ws, i, len(m.words), run)) & set(m.words))
+            if (run, hits, b) > (best_run, best_hits, branded):
+                best_run, at, branded, best_hits = run, i, b, hits
         # one word that is a product type's noun names no model ("35 lb kettlebell" is no
         # Rogue Kettlebell)
         named_alone = (len(m.words) == 1 and len(first) > 4 and not first.isdigit()
@@ -154,22 +192,33 @@ class ModelIndex:
         run_ok = best_run >= 2 and not first.isdigit() and (any(
             self._namelike(w) or w.isdigit() for w in m.words[:best_run])
             # the whole name, not a type's words: "ticket to ride", not "orthopedic dog bed"
-            or (best_run == len(m.words) >= 3 and not set(stems(m.words)) & self._noun_words))
+            or (best_run == len(m.words) >= 3 and not set(stems(m.words)) & self._noun_words)
+            # a letter and a word, the whole name ("k elite", "k mini": K-Elite, K-Mini)
+            or (best_run == len(m.words) == 2 and len(first) == 1 and first.isalpha()))
         if not (branded or run_ok or named_alone):  # "g-shock ga2100 or dw5600e"
             line = self._first.get(first) == {norm_brand(m.brand)} and self._namelike(first)
+            if (line and len(first) > 4 and self._first_models.get(first) == {m.model}
+                    and "for" not in ws[:at]):  # not what it is for ("for an ironman")
+                # a line word of one model only names it ("where is the moccamaster made")
+                return (1, 1 / len(m.words)), at, at + best_run
             return self._fallback(ws, bw, m, line)
         # the name's words said where it is named ("duo crisp" is no Duo 7-in-1 because
         # "10-in-1" came earlier in the question)
-        near = set(ws[at:at + len(m.words) + 2])
+        # ... up to a word that starts another name ("birkenstock arizona vs the arizona eva":
+        # the first is the Arizona, not the EVA)
+        near = set(_window(ws, at, len(m.words), best_run))
         hits = sum(1 for w in m.words if w in near)
-        start = at - len(bw) if branded else at
+        start = at - len(bw) if branded and list(ws[max(at - len(bw), 0):at]) == bw else at
         if best_run < len(m.words) and m.words[-1] not in ws[start:at + best_run]:
             # "bowflex selecttech 552 vs 1090": 1090's number is said further on
             tail = self._tail(ws, bw, m.words)
             if tail is not None and tail[0] >= at + best_run:
                 return (len(m.words), 1.0), tail[0], tail[1]
-        # most words named, then the fewest unnamed
-        return (hits, hits / len(m.words)), start, at + best_run
+        # most words named, then the fewest name words unnamed: a number or a short word
+        # left unsaid is a spec of the base model ("instant pot duo" is the Duo 7-in-1, not
+        # the Duo Crisp)
+        named = [w for w in m.words if not w.isdigit() and len(w) > 2] or list(m.words)
+        return (hits, sum(1 for w in named if w in near) / len(named)), start, at + best_run
 
     def _fallback(self, ws: Sequence[str], bw: Sequence[str], m: ModelName,
                   line: bool) -> tuple[tuple[int, float], int, int] | None:
@@ -203,15 +252,32 @@ class ModelIndex:
             own = [x for x in said if not x.isdigit() and self._owners.get(x) == {brand}
                    and stem1(x) not in self._noun_words and x not in STOPWORDS]
             plain = [x for x in said if x not in STOPWORDS and stem1(x) not in self._noun_words]
-            after_brand = nb > 0 and i >= nb and list(ws[i - nb:i]) == list(bw)
+            after_brand = nb > 0 and ((i >= nb and list(ws[i - nb:i]) == list(bw))
+                                      or _listed_after_brand(ws, bw, i))
             ok = ((after_brand and len(said) >= 2 and plain)
+                  # right after the brand, a word of only one of its models ("ecobee
+                  # premium", "ray ban wayfarer")
+                  or (after_brand and len(said) == 1 and w not in STOPWORDS and not w.isdigit()
+                      and self._brand_word_models(brand, w) == {m.model})
                   or (len(said) >= 2 and any(self._namelike(x) for x in own))
                   or (len(said) >= 3 and said[0] == words[0] and (own or lead)
                       and not self._is_type(said))
                   or (len(said) == 1 and w != words[0] and self._alone(w, ws[:i])))
             if ok and (best is None or j - i > best[2]):
-                best = (i - nb if after_brand else i, j, j - i)
+                right_after = after_brand and list(ws[max(i - nb, 0):i]) == list(bw)
+                best = (i - nb if right_after else i, j, j - i)
         return best
+
+    def _brand_word_models(self, brand: str, w: str) -> set[str]:
+        """The models of ``brand`` (normalised) whose names have the word ``w``."""
+        index = self.__dict__.get("_by_brand_word")
+        if index is None:
+            index = {}
+            for m in self._models:
+                for x in m.words:
+                    index.setdefault((norm_brand(m.brand), x), set()).add(m.model)
+            self.__dict__["_by_brand_word"] = index
+        return index.get((brand, w), set())
 
     def _is_type(self, said: Sequence[str]) -> bool:
         """``said`` is a product type's noun ("orthopedic dog bed"): the type named, no

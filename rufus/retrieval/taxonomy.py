@@ -105,6 +105,7 @@ class Taxonomy(NeedIndex, ModelIndex):
         self._word_texts: dict[str, int] = {}  # a name's word -> how many models' texts say it
         self.model_brand: dict[str, str] = {}  # model -> its brand
         self._first: dict[str, set[str]] = {}  # a model's first word -> brands using it
+        self._first_models: dict[str, set[str]] = {}  # a model's first word -> the models
         self._line_words: dict[str, str] = {}  # a product line's word -> its one category
         self._line_brand: dict[str, str] = {}  # a product line's word -> its one brand
         self._brand_words: dict[str, str] = {}  # a one-type brand's word -> its category
@@ -184,6 +185,7 @@ class Taxonomy(NeedIndex, ModelIndex):
         firsts: dict[str, Counter[str]] = {}
         for m in models:
             self._first.setdefault(m.words[0], set()).add(norm_brand(m.brand))
+            self._first_models.setdefault(m.words[0], set()).add(m.model)
             firsts.setdefault(m.words[0], Counter())[m.category] += 1
         self._line_words = _majority(firsts, self._namelike)
         line_brands: dict[str, set[str]] = {}
