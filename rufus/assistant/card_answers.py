@@ -80,6 +80,9 @@ _SEARCHING = re.compile(r"\b(?:alternatives?|similar|like\s+the|instead|cheaper|
 # A question about the one product named: "is the x ...?", "how loud is the x", "x vegan?"
 _ASKS = re.compile(r"^\s*(?:is|are|does|do|can|could|will|would|how|what|whats|what's|which|has|"
                    r"have|roughly|about)\b|\?\s*$")
+# words that ask about two products or more (a comparison), not one
+_TWO_ASKED = re.compile(r"\b(?:vs\.?|versus|or|compare[sd]?|comparing|comparison|difference|"
+                        r"differences|between|and|better|which)\b")
 _MADE_WHERE = re.compile(r"\bwhere\b.{0,40}\b(?:made|manufactured|built|assembled)\b|"
                          r"\bmade\s+in\s+(?:what|which)\b|\bcountry\s+of\s+origin\b")
 # ... but not a request for an opinion (the usual picks show it first)
@@ -241,6 +244,11 @@ def plan(question: str, targets: Sequence[Product], catalog_keys: Iterable[str],
     keys = asked_keys(question, own, ignore)
     if not keys and len(targets) == 1:  # "can it play 78s": a value its card lists
         keys = value_keys(question, targets[0].attributes, ignore)
+    if len(targets) >= 2 and not keys and not _TWO_ASKED.search(q) and not by_reference and (
+            _MADE_WHERE.search(q) or (_ASKS.search(q) and not _OPINION.search(q))):
+        # "denim weight of levis 501s": one name two models share, a spec no card states
+        return CardAnswer("attribute", targets[:1], [],
+                          asked="country of origin" if _MADE_WHERE.search(q) else "")
     if len(targets) >= 2:  # two products named or referred to: compare them
         # "a vs b battery life": the spec named decides, as "which lasts longer" would
         which = bool(_WHICH.search(q) or _COMPARATIVE.search(q) or _SUPERLATIVE.search(q)

@@ -91,8 +91,11 @@ def ground_plan(plan: Plan, question: str, history: list[dict[str, str]] | None 
     kept: PlanFilters = {**filters}
     dropped = []
     brand = kept.get("brand")
-    if isinstance(brand, str) and not brand_grounded(brand, text):
-        dropped.append(f"brand={brand[:40]!r} not in the question or history")
+    # a brand only the assistant's earlier answer named ("just the 40 oz ones" after a list
+    # led by YETI) is no brand the customer asked for
+    said = context_text(question, [m for m in history or [] if m.get("role") != "assistant"])
+    if isinstance(brand, str) and not brand_grounded(brand, said):
+        dropped.append(f"brand={brand[:40]!r} not in the customer's words")
         del kept["brand"]
     price = kept.get("max_price")
     if isinstance(price, int | float) and not price_grounded(float(price), text, strict):

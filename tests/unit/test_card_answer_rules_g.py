@@ -55,3 +55,17 @@ def test_where_it_is_made_is_said_not_stated(search):
     plan = ca.plan(q, ca.targets(q, found.products, found.models), [])
     assert plan is not None and plan.kind == "attribute" and plan.keys == []
     assert "does not state its country of origin" in ca.render_attribute(plan)[0]
+
+
+def test_a_spec_no_card_states_of_a_shared_name_is_said_not_stated(search):
+    """"thread count of the levis 501s": a name the men's and women's 501 share, and a spec
+    neither card has: said not stated, not a comparison table of other specs."""
+    q = "what's the fabric weight on levis 501s?"
+    found = search.search([q], {}, q, 20)
+    plan = ca.plan(q, ca.targets(q, found.products, found.models), [])
+    assert plan is not None and plan.kind == "attribute" and plan.keys == []
+    assert "does not state" in ca.render_attribute(plan)[0]
+    q2 = "levis 501 vs 505, which is warmer?"  # a comparison stays one
+    found = search.search([q2], {}, q2, 20)
+    plan2 = ca.plan(q2, ca.targets(q2, found.products, found.models), [])
+    assert plan2 is None or plan2.kind == "compare"
