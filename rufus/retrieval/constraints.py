@@ -361,34 +361,30 @@ def _numbers(low: str, cats: Sequence[str], tax: Taxonomy, types: dict[str, str]
         if free(m) and (c := _with_unit(m, low, cats, tax)) is not None:
             out.append(c)
             used.append(m.span())
-    counts = [k for k, t in types.items() if t in ("number", "integer") and k.endswith("_count")]
-    for m in _PACK.finditer(low):  # "24 pack" of golf balls: their ball_count
-        heads = {_stem(n.split()[-1]) for c in cats
-                 for n in [c.replace("_", " "), *_nouns_of(tax, c)]}
-        own = tuple(k for k in counts if _stem(k[:-6]) in heads)
-        if own and free(m):
-            out.append(Constraint("number", own[:1], float(m.group("num") or m.group("num2")),
-                                  _op(low[max(0, m.start() - 20):m.start()], False,
-                                      low[m.end():m.end() + 20]), m.group(0).strip()))
-            used.append(m.span())
+    def count(m: re.Match[str], keys: tuple[str, ...], num: str) -> None:
+        """A count the question states at ``m`` ("24 pack", "spf 30", "3 burner")."""
+        out.append(Constraint("number", keys, float(num), _op(low[max(0, m.start() - 20):m.start()],
+                                                              False, low[m.end():m.end() + 20]),
+                              m.group(0).strip()))
+        used.append(m.span())
+
     numbers = [k for k, t in types.items() if t in ("number", "integer")]
+    counts = [k for k in numbers if k.endswith("_count")]
+    heads = {_stem(n.split()[-1]) for c in cats for n in [c.replace("_", " "), *_nouns_of(tax, c)]}
+    own = tuple(k for k in counts if _stem(k[:-6]) in heads)[:1]
+    for m in _PACK.finditer(low):  # "24 pack" of golf balls: their ball_count
+        if own and free(m):
+            count(m, own, m.group("num") or m.group("num2"))
     for m in _NAMED_COUNT.finditer(low):  # "spf 30": spf_count (or a key named spf)
         keys = tuple(k for k in numbers if k in (m.group("thing") + "_count", m.group("thing")))
         unit_after = re.match(r"\s*([a-z]+)", low[m.end():])
         if keys and free(m) and not (unit_after and unit_after.group(1) in _UNIT_OF):
-            out.append(Constraint("number", keys, float(m.group("num")),
-                                  _op(low[max(0, m.start() - 20):m.start()], False,
-                                      low[m.end():m.end() + 20]), m.group(0).strip()))
-            used.append(m.span())
+            count(m, keys, m.group("num"))
     for m in _NUM_COUNT.finditer(low):
         thing = m.group("thing")
-        keys = tuple(k for k, t in types.items() if t in ("number", "integer")
-                     and k.endswith("_count") and k.startswith(thing[:4]))
+        keys = tuple(k for k in counts if k.startswith(thing[:4]))
         if keys and free(m) and thing not in _UNIT_OF:
-            out.append(Constraint("number", keys, float(m.group("num")),
-                                  _op(low[max(0, m.start() - 20):m.start()], False,
-                                      low[m.end():m.end() + 20]), m.group(0).strip()))
-            used.append(m.span())
+            count(m, keys, m.group("num"))
     return out
 
 
