@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from rufus.retrieval import constraints
-from rufus.retrieval.base import Filters, Retriever, norm_brand
+from rufus.retrieval.base import STOPWORDS, Filters, Retriever, norm_brand
 from rufus.retrieval.catalog import Product
 from rufus.retrieval.constraints import parse_price_range
 from rufus.retrieval.outcome import Found
@@ -107,14 +107,21 @@ class TypedSearch:
             res, text = tax.resolve(" ".join(product_phrase(spelled)), infer=False), spelled
         else:
             res, text = tax.resolve(spelled), spelled
+        # a short follow-up: few words besides numbers and stopwords ("anything in size 10.5
+        # for under $150?")
+        short = len([w for w in words(question) if w not in STOPWORDS
+                     and not re.fullmatch(r"[\d.]+", w)]) <= 6
         if earlier and res.categories and not res.named_first and not res.models and (
-                _ANAPHOR.search(question.lower()) or (res.inferred and len(words(question)) <= 6)):
+                _ANAPHOR.search(question.lower()) or (res.inferred and short)):
             # ... or a short follow-up naming no type ("women's size 8 please")
             # "any of those that work with an iphone?", "do they make them in a kids 12c?":
             # a follow-up about the earlier turn's products, whatever type a side word names
             res, text = self._first_resolved(reversed(earlier), res, text)
         if not res.categories and not res.accessory and not unknown:
-            res, text = self._first_resolved([*qs, *reversed(earlier)], res, text)
+            # a follow-up naming no type: the customer's earlier turn before the plan's
+            # queries ("cordless only, under 500" after a vacuum: not the plan's drills)
+            texts = [*reversed(earlier), *qs] if earlier and short else [*qs, *reversed(earlier)]
+            res, text = self._first_resolved(texts, res, text)
         return (res, text) if res.categories else None
 
     def _first_resolved(self, texts: Iterable[str], res: Resolution,
