@@ -332,7 +332,9 @@ def parse(question: str, cats: Sequence[str], tax: Taxonomy,
 
 # Numbers said as words ("one" left out: "one that folds" is no number)
 WORD_NUMBERS = {"two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8,
-                "nine": 9, "ten": 10, "twelve": 12}
+                "nine": 9, "ten": 10, "eleven": 11, "twelve": 12, "fifteen": 15, "twenty": 20,
+                "thirty": 30, "forty": 40, "fifty": 50, "sixty": 60, "seventy": 70,
+                "eighty": 80, "ninety": 90}
 _WORD_NUMBER = re.compile(r"\b(" + "|".join(WORD_NUMBERS) + r")\b")
 
 

@@ -53,17 +53,24 @@ _COUNT_BEFORE = re.compile(r"\b(?:sleeps|seats|fits|holds|serves|carries|takes)\
 _GRAND_WORDS = {"a": 1.0, "one": 1.0, "two": 2.0, "three": 3.0, "four": 4.0, "five": 5.0,
                 "half a": 0.5}
 _GRAND = re.compile(r"\b(half\s+a|a|one|two|three|four|five|\d+(?:\.\d+)?)\s+grand\b(?!\s+pianos?)")
+# "a hundred bucks", "two hundred dollars", "a couple hundred": hundreds said as words
+_HUNDREDS = {"a": 1, "one": 1, "a couple": 2, "couple": 2, "two": 2, "three": 3, "four": 4,
+             "five": 5, "six": 6, "seven": 7, "eight": 8, "nine": 9}
+_HUNDRED = re.compile(r"\b(a\s+couple|couple|a|one|two|three|four|five|six|seven|eight|nine)"
+                      r"\s+hundred\b(?:\s+(?:dollars|bucks|usd))?")
 
 
 def spoken_amounts(low: str) -> str:
     """``low`` (lower case) with slang amounts written as dollars: "under a grand" is
-    "under 1000 dollars", "2 grand" "2000 dollars"."""
+    "under 1000 dollars", "2 grand" "2000 dollars", "a hundred bucks" "100 dollars"."""
     def dollars(m: re.Match[str]) -> str:
         word = re.sub(r"\s+", " ", m.group(1))
         n = _GRAND_WORDS.get(word)
         amount = 1000 * (n if n is not None else float(word))
         return f"{amount:g} dollars"
-    return _GRAND.sub(dollars, low)
+    def hundreds(m: re.Match[str]) -> str:
+        return f"{100 * _HUNDREDS[' '.join(m.group(1).split())]} dollars"
+    return _HUNDRED.sub(hundreds, _GRAND.sub(dollars, low))
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,9 @@ def found(search: GroundedSearch, q: str, k: int = 8):
     ("espresso machine, half a grand tops", 500.0, None),
     ("a mattress over a grand is too much? no, at least a grand", None, 1000.0),
     ("a grand piano sound in a digital piano", None, None),  # no amount
+    ("blender for less than a hundred bucks", 100.0, None),  # set I: hundreds said as words
+    ("a couple hundred max for a stroller", 200.0, None),
+    ("a hundred piece puzzle", None, None),
 ])
 def test_slang_amounts_are_dollars(text, cap, floor):
     got = parse_price_cap(text)
@@ -94,3 +97,10 @@ def test_cards_are_of_the_type_asked_for(search, q, category):
 def test_a_need_word_is_no_typo(search):
     out = found(search, "got into a fender bender, want proof")
     assert "bender" not in out.corrected and not any("bender" in n for n in out.notes)
+
+
+def test_a_count_said_as_a_word_with_its_comparison(search):
+    out = found(search, "mineral sunscreen, spf thirty or higher")
+    assert any(c.keys == ("spf_count",) and c.value == 30.0 and c.op == ">="
+               for c in out.constraints), out.constraints
+    assert out.products and all(float(p.attributes["spf_count"]) >= 30 for p in out.products)
