@@ -94,6 +94,12 @@ def _window(ws: Sequence[str], at: int, n: int, run: int) -> list[str]:
     return window[:cut]
 
 
+def _brand_before(ws: Sequence[str], bw: Sequence[str], i: int) -> bool:
+    """Whether the brand's words ``bw`` end right before position ``i`` ("jbl | flip"); true
+    of no words."""
+    return i >= len(bw) and list(ws[i - len(bw):i]) == list(bw)
+
+
 def _listed_after_brand(ws: Sequence[str], bw: Sequence[str], i: int) -> bool:
     """Whether the name said at ``i`` follows "vs" / "or" (and "the") after its brand was
     said earlier ("instant pot duo vs duo crisp", "ecobee enhanced vs premium"): the brand
@@ -112,6 +118,7 @@ class ModelIndex:
     _models: list[ModelName]
     _first: dict[str, set[str]]
     _first_models: dict[str, set[str]]
+    _by_brand_word: dict[tuple[str, str], set[str]]  # (brand, a name's word) -> its models
     _noun_words: set[str]
     _owners: dict[str, set[str]]  # a name's word -> the brands whose names use it
     _word_models: dict[str, int]  # a name's word -> how many models' names have it
@@ -178,7 +185,7 @@ class ModelIndex:
             # the longest run wins ("dyson v8 vs v15 detect": V15 Detect is the second),
             # then the place its other words are said ("arizona vs the arizona eva": the EVA
             # is the second)
-            b = (i >= len(bw) and ws[i - len(bw):i] == bw) or _listed_after_brand(ws, bw, i)
+            b = _brand_before(ws, bw, i) or _listed_after_brand(ws, bw, i)
             hits = len(set(_window(ws, i, len(m.words), run)) & set(m.words))
             if (run, hits, b) > (best_run, best_hits, branded):
                 best_run, at, branded, best_hits = run, i, b, hits
@@ -208,7 +215,7 @@ class ModelIndex:
         # the first is the Arizona, not the EVA)
         near = set(_window(ws, at, len(m.words), best_run))
         hits = sum(1 for w in m.words if w in near)
-        start = at - len(bw) if branded and list(ws[max(at - len(bw), 0):at]) == bw else at
+        start = at - len(bw) if branded and _brand_before(ws, bw, at) else at
         if best_run < len(m.words) and m.words[-1] not in ws[start:at + best_run]:
             # "bowflex selecttech 552 vs 1090": 1090's number is said further on
             tail = self._tail(ws, bw, m.words)
@@ -252,32 +259,19 @@ class ModelIndex:
             own = [x for x in said if not x.isdigit() and self._owners.get(x) == {brand}
                    and stem1(x) not in self._noun_words and x not in STOPWORDS]
             plain = [x for x in said if x not in STOPWORDS and stem1(x) not in self._noun_words]
-            after_brand = nb > 0 and ((i >= nb and list(ws[i - nb:i]) == list(bw))
-                                      or _listed_after_brand(ws, bw, i))
+            after_brand = nb > 0 and (_brand_before(ws, bw, i) or _listed_after_brand(ws, bw, i))
             ok = ((after_brand and len(said) >= 2 and plain)
                   # right after the brand, a word of only one of its models ("ecobee
                   # premium", "ray ban wayfarer")
                   or (after_brand and len(said) == 1 and w not in STOPWORDS and not w.isdigit()
-                      and self._brand_word_models(brand, w) == {m.model})
+                      and self._by_brand_word.get((brand, w)) == {m.model})
                   or (len(said) >= 2 and any(self._namelike(x) for x in own))
                   or (len(said) >= 3 and said[0] == words[0] and (own or lead)
                       and not self._is_type(said))
                   or (len(said) == 1 and w != words[0] and self._alone(w, ws[:i])))
             if ok and (best is None or j - i > best[2]):
-                right_after = after_brand and list(ws[max(i - nb, 0):i]) == list(bw)
-                best = (i - nb if right_after else i, j, j - i)
+                best = (i - nb if _brand_before(ws, bw, i) else i, j, j - i)
         return best
-
-    def _brand_word_models(self, brand: str, w: str) -> set[str]:
-        """The models of ``brand`` (normalised) whose names have the word ``w``."""
-        index = self.__dict__.get("_by_brand_word")
-        if index is None:
-            index = {}
-            for m in self._models:
-                for x in m.words:
-                    index.setdefault((norm_brand(m.brand), x), set()).add(m.model)
-            self.__dict__["_by_brand_word"] = index
-        return index.get((brand, w), set())
 
     def _is_type(self, said: Sequence[str]) -> bool:
         """``said`` is a product type's noun ("orthopedic dog bed"): the type named, no

@@ -106,6 +106,7 @@ class Taxonomy(NeedIndex, ModelIndex):
         self.model_brand: dict[str, str] = {}  # model -> its brand
         self._first: dict[str, set[str]] = {}  # a model's first word -> brands using it
         self._first_models: dict[str, set[str]] = {}  # a model's first word -> the models
+        self._by_brand_word: dict[tuple[str, str], set[str]] = {}  # (brand, word) -> models
         self._line_words: dict[str, str] = {}  # a product line's word -> its one category
         self._line_brand: dict[str, str] = {}  # a product line's word -> its one brand
         self._brand_words: dict[str, str] = {}  # a one-type brand's word -> its category
@@ -186,6 +187,8 @@ class Taxonomy(NeedIndex, ModelIndex):
         for m in models:
             self._first.setdefault(m.words[0], set()).add(norm_brand(m.brand))
             self._first_models.setdefault(m.words[0], set()).add(m.model)
+            for x in m.words:
+                self._by_brand_word.setdefault((norm_brand(m.brand), x), set()).add(m.model)
             firsts.setdefault(m.words[0], Counter())[m.category] += 1
         self._line_words = _majority(firsts, self._namelike)
         line_brands: dict[str, set[str]] = {}
