@@ -46,14 +46,14 @@ test: setup check-deploy  ## lint + type check + deploy checks + unit + integrat
 	if [ "$(IMAGE_BESIDE_UNIT)" = 1 ] && { command -v docker >/dev/null || [ "$$(id -u)" = 0 ]; }; then \
 	  mkdir -p build/docker; timeout 10 docker info >/dev/null 2>&1 || touch build/docker/engine-by-test; \
 	  echo "[test] building the image beside the unit tests (log: build/image-beside-unit.log)"; \
-	  ( RUFUS_PREBUILD=$(TEST_PREBUILD) bash scripts/image.sh > build/image-beside-unit.log 2>&1; echo $$? > build/image-beside-unit.rc ) & \
+	  ( bash scripts/image.sh --prebuild $(TEST_PREBUILD) > build/image-beside-unit.log 2>&1; echo $$? > build/image-beside-unit.rc ) & \
 	fi; \
 	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) --durations=20 tests/unit; rc=$$?; wait; \
 	if [ -f build/image-beside-unit.rc ]; then \
 	  echo "[test] image build beside the unit tests: exit $$(cat build/image-beside-unit.rc); $$(tail -n 1 build/image-beside-unit.log)"; fi; \
 	if [ $$rc != 0 ]; then $(STOP_TEST_ENGINE); fi; \
 	exit $$rc
-	RUFUS_PREBUILD=$(TEST_PREBUILD) $(PY) -m pytest -q -p no:cacheprovider $(SUITES_XDIST) --durations=60 tests/containers tests/integration; \
+	$(PY) -m pytest -q -p no:cacheprovider $(SUITES_XDIST) --durations=60 --prebuild=$(TEST_PREBUILD) tests/containers tests/integration; \
 	rc=$$?; $(STOP_TEST_ENGINE); exit $$rc
 
 check-deploy: setup  ## static checks of docker/ and deploy/ (no Docker engine needed)
@@ -107,7 +107,7 @@ compose-up: setup  ## image + the two-cell compose rig (ingress gRPC :8001, Open
 compose-down:     ## stop and remove the rig (volumes with compile caches are kept)
 	bash scripts/compose.sh down
 
-roll: setup       ## rolling update of the rig under load: RUFUS_IMAGE or a new tag of the current image
+roll: setup       ## rolling update of the rig under load: ROLL_ARGS="--image X" or a new tag of the current image
 	$(PY) -m lab.roll_bench $(ROLL_ARGS)
 
 test-containers: setup  ## container tests: build, rig up, faults, rolling update, rig down

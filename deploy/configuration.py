@@ -1,6 +1,6 @@
 """Render docs/configuration.md: every model setting, from the typed declarations
 (rufus/serving/model_settings.py, rufus/qp/settings.py, rufus/assistant/settings.py), and
-every environment variable, from deploy/contract.py's table plus the rig's own below.
+every environment variable, from deploy/contract.py's table, and the rig's script flags.
 
     python -m deploy.configuration          # rewrite docs/configuration.md
     python -m deploy.configuration --check  # exit 1 if the committed file is stale
@@ -30,22 +30,33 @@ from tests.environment import HARNESS_OPTIONS  # noqa: E402
 DOC = ROOT / "docs" / "configuration.md"
 REPOSITORY = ROOT / "model_repository"
 
-# Read by scripts, the compose rig and the tests, not by a served process (so not in the
-# deployment contract).
-RIG_ENV: dict[str, tuple[str, str]] = {
-    "RUFUS_CELL_A_CPUS": ("docker/compose.yaml, scripts/compose.sh",
-                          "compose rig: cores of cell A (default: the first half)"),
-    "RUFUS_CELL_B_CPUS": ("docker/compose.yaml, scripts/compose.sh",
-                          "compose rig: cores of cell B (default: the second half)"),
-    "RUFUS_DOCKER_STATE": ("scripts/compose.sh, docker/engine.sh",
-                           "compose rig: the local Docker engine's state (build/docker)"),
-    "RUFUS_RIG_KVCACHE_GB": ("docker/compose.yaml, tests/containers/conftest.py",
-                             "compose rig: vLLM's KV cache per node, GiB (2; 1 in the tests side by side)"),
-    "RUFUS_INGRESS_IMAGE": ("docker/compose.yaml, scripts/image.sh",
-                            "compose rig: the HAProxy ingress image"),
-    "RUFUS_INGRESS_HTTP_BIND": ("docker/compose.yaml", "compose rig: address the ingress's "
-                                "HTTP port is published on (127.0.0.1)"),
-    "RUFUS_VENV": ("scripts/setup.sh", "setup: the virtual environment (.venv)"),
+# The rig's and the build's knobs are their scripts' flags, not variables (each script's
+# header says more; tests/unit/test_settings.py checks that each flag is in its script).
+RIG_FLAGS: dict[tuple[str, str], str] = {
+    ("scripts/compose.sh", "up --kvcache-gb N"): "vLLM's KV cache per node, GiB (2; the "
+                                                 "container tests give 1 beside the integration tests)",
+    ("scripts/compose.sh", "up --cell-a-cpus LIST"): "cores of cell a (default: the first half)",
+    ("scripts/compose.sh", "up --cell-b-cpus LIST"): "cores of cell b (default: the second half)",
+    ("scripts/compose.sh", "up --no-image"): "the images as they are (no scripts/image.sh)",
+    ("scripts/compose.sh", "up --prebuild MODE"): "scripts/image.sh's --prebuild",
+    ("scripts/compose.sh", "image CELL IMAGE"): "run a cell on IMAGE from its next recreation "
+                                                "(kept in build/docker/rig.yaml)",
+    ("scripts/rolling_update.sh", "--image IMAGE"): "the image the cells are rolled to "
+                                                    "(rufus-inference:cpu)",
+    ("scripts/image.sh", "--prebuild MODE"): "build-time warm-up: 1 (default) starts the models "
+                                             "once so the image ships warm compile caches; "
+                                             "precision: measure only; 0: skip; auto: precision "
+                                             "where the rig's compile-cache volumes exist",
+    ("scripts/image.sh", "--no-wheelhouse-cache"): "pip download into build/wheels every build "
+                                                   "(default: the lock's wheelhouse kept once "
+                                                   "per lock under RUFUS_CACHE_DIR/wheelhouse)",
+    ("scripts/image.sh", "--observe"): "also build the compose rig's Prometheus "
+                                       "(rufus-prometheus:2.42, profile observe)",
+    ("scripts/image.sh", "--local-bases"): "local base images even where the public ones pull",
+    ("scripts/setup.sh", "--wheelhouse DIR"): "install from this directory of wheels, no "
+                                              "package index (the image build's)",
+    ("scripts/setup.sh", "--no-venv-cache"): "pip install the venv every time, keep no copy "
+                                             "under RUFUS_CACHE_DIR/venvs (the image build)",
 }
 
 # model.json keys that mean more than vLLM's engine argument of that name
@@ -187,10 +198,10 @@ def render() -> str:
     out += _table(("variable", "read by", "meaning"),
                   ((f"`{name}`", ", ".join(f"`{r}`" for r in var.readers), var.meaning)
                    for name, var in sorted(ENV.items()) if name not in listed))
-    out += ["Read by scripts and the compose rig:", ""]
-    out += _table(("variable", "read by", "meaning"),
-                  ((f"`{name}`", ", ".join(f"`{r}`" for r in readers.split(", ")), meaning)
-                   for name, (readers, meaning) in sorted(RIG_ENV.items())))
+    out += ["The rig's and the build's knobs are their scripts' flags, not variables:", ""]
+    out += _table(("script", "flag", "meaning"),
+                  ((f"`{script}`", f"`{flag}`", meaning)
+                   for (script, flag), meaning in RIG_FLAGS.items()))
     out += ["The tests' own knobs are pytest options, not variables (`tests/environment.py`):",
             ""]
     out += _table(("option", "default", "read by", "meaning"),

@@ -120,22 +120,21 @@ ENV: dict[str, Var] = {
                                        "JSON engine-argument overrides for rufus_llm"),
     "RUFUS_RUFUS_QP_MEDUSA_ENGINE_ARGS": Var(("lab/qp/plan_bench.py",),
                                              "JSON engine-argument overrides for rufus_qp_medusa"),
-    "RUFUS_NNODES": Var(("rufus/multinode/topology.py",), "nodes in the unit"),
-    "RUFUS_NODE_RANK": Var(("rufus/multinode/topology.py",), "this node's rank (0 = leader)"),
-    "RUFUS_LEADER_ADDR": Var(("rufus/multinode/topology.py",), "leader host"),
+    # membership: LeaderWorkerSet's names (LWS sets them; compose and ECS set the same)
+    "LWS_GROUP_SIZE": Var(("rufus/multinode/topology.py",), "nodes in the unit"),
+    "LWS_WORKER_INDEX": Var(("rufus/multinode/topology.py",), "this node's rank (0 = leader)"),
+    "LWS_LEADER_ADDRESS": Var(("rufus/multinode/topology.py",), "leader host"),
     "RUFUS_LEADER_PORT": Var(("rufus/multinode/topology.py",), "leader rendezvous port"),
     "RUFUS_HEALTH_PORT": Var(("rufus/multinode/topology.py",), "follower health port"),
     "RUFUS_CONTROL_PORT": Var(("rufus/multinode/topology.py",),
                               "leader's control port (handshake, heartbeats)"),
     "RUFUS_UNIT_MODEL": Var(("rufus/multinode/control.py",), "the model whose engine spans the unit"),
-    "RUFUS_HEARTBEAT_S": Var(("rufus/multinode/topology.py",), "leader/follower heartbeat period"),
-    "RUFUS_PEER_TIMEOUT_S": Var(("rufus/multinode/topology.py",), "peer declared dead after this silence"),
-    "RUFUS_FOLLOWER_WAIT_S": Var(("rufus/multinode/topology.py",), "how long a follower waits to join"),
+    "RUFUS_PEER_TIMEOUT_S": Var(("rufus/multinode/topology.py",), "peer declared dead after this "
+                                "silence (heartbeats every second, or a fifth of it)"),
+    "RUFUS_JOIN_WAIT_S": Var(("rufus/multinode/topology.py",),
+                             "how long the unit has to form: the leader waits for its followers, "
+                             "a follower for its leader (600)"),
     "RUFUS_MODEL_JSON": Var(("follower/",), "follower: the model.json it shares with the leader"),
-    "RUFUS_LEADER_WAIT_S": Var(("follower/",), "follower: how long it waits for the leader"),
-    "LWS_GROUP_SIZE": Var(("rufus/multinode/topology.py",), "set by LeaderWorkerSet"),
-    "LWS_WORKER_INDEX": Var(("rufus/multinode/topology.py",), "set by LeaderWorkerSet"),
-    "LWS_LEADER_ADDRESS": Var(("rufus/multinode/topology.py",), "set by LeaderWorkerSet"),
     "RUFUS_AGENT_PORT": Var(("proxy/",), "unit agent HTTP port"),
     "RUFUS_LEADER_HTTP": Var(("proxy/",), "unit agent: the leader's Triton HTTP base URL"),
     "RUFUS_FOLLOWER_HEALTH_URLS": Var(("proxy/",),
@@ -150,19 +149,15 @@ ENV: dict[str, Var] = {
     "RUFUS_AGENT_DRAIN_S": Var(("proxy/", "rufus/launch/fleet.py"),
                                "unit agent: seconds it answers 'down' on SIGTERM before exiting "
                                "(default 4.5; the local fleet sets 0)"),
-    "RUFUS_FLEET_NNODES": Var(("rufus/launch/fleet.py",), "local fleet (make fleet): nodes per unit"),
-    **{f"RUFUS_UNIT{i}_{kind}": Var((HAPROXY_CONFIG,),
-                                    f"ingress: unit {i}'s {kind.lower()} address (host:port)")
-       for i in (0, 1) for kind in ("GRPC", "HTTP", "AGENT")},
     # secrets (SECURITY.md): from a Kubernetes Secret / ECS secrets / the compose environment,
     # never a literal value in a deployment file
     "RUFUS_ADMIN_KEY": Var(("rufus/launch/server.py",),
                            "secret: opens Triton's restricted APIs (model control); unset = random"),
     "RUFUS_UNIT_SECRET": Var(("rufus/multinode/control.py",),
                              "secret: the unit's control-channel HMAC key, same on every node"),
-    "RUFUS_CONTROL_BIND": Var(("rufus/multinode/topology.py",),
-                              "leader: control channel bind address (default 0.0.0.0)"),
-    "RUFUS_HEALTH_BIND": Var(("follower/",), "follower: /health bind address (default 0.0.0.0)"),
+    "RUFUS_BIND": Var(("rufus/multinode/topology.py",),
+                      "address a node's own listeners bind: the leader's control channel, a "
+                      "follower's /health (default 0.0.0.0)"),
     "RUFUS_CONFIG_VARS": Var(("rufus/serving/config.py",),
                              "extra non-RUFUS_ variables model.json may expand (comma-separated)"),
     # the OpenAI-compatible frontend (python -m rufus.frontend)
@@ -193,8 +188,6 @@ ENV: dict[str, Var] = {
                                 "frontend: resends before the first token (UNAVAILABLE)"),
     "RUFUS_OPENAI_API_KEY": Var(("rufus/frontend/__main__.py",),
                                 "secret: bearer key the frontend requires on /v1 (unset: open)"),
-    "RUFUS_ROLE": Var(("docker/healthcheck.py",),
-                      "leader|follower|agent|openai: which endpoint the image HEALTHCHECK probes"),
     # the shopping assistant (rufus_assistant, rufus/assistant/, rufus/retrieval/)
     "RUFUS_TRITON_GRPC_URL": Var(("rufus/launch/server.py",),
                                  "rufus_assistant: the server's own gRPC address (set by the "
@@ -220,39 +213,16 @@ ENV: dict[str, Var] = {
                               "that its initialize() returned (stalled loads: docs/operations.md)"),
     "RUFUS_WARMUP": Var(("rufus/serving/model_settings.py",),
                         "serve warm-up requests before reporting ready (true; false skips)"),
-    "RUFUS_VLLM_WARMUP_TOKENS": Var(("rufus/vllm_worker/warmup.py",),
-                                    "dummy tokens of vLLM's CPU compile warm-up where the KV "
-                                    "cache size is explicit (256; 0: vLLM's full "
-                                    "max_num_batched_tokens batch)"),
     "RUFUS_LAB_OFF": Var(("rufus/env.py",),
                          "benchmarks only: optimisations turned off for a baseline, "
-                         "comma-separated (gc_freeze, fork, fp32_packed, fused, prewarm)"),
-    "RUFUS_PREBUILD": Var(("docker/Dockerfile",),
-                          "build arg: start the models once in the build stage so the image "
-                          "ships warm compile caches (1; precision: measure only; 0 skips; "
-                          "scripts/image.sh's auto, make test's: precision where the rig's "
-                          "compile-cache volumes exist)"),
-    "RUFUS_PREBUILD_MODELS": Var(("docker/Dockerfile",), "build arg: models the prebuild starts"),
-    "RUFUS_IMAGE": Var(("scripts/rolling_update.sh",),
-                       "compose rig: the image of the nodes (rolling update: the new one)"),
-    "RUFUS_WHEELHOUSE": Var(("scripts/setup.sh",),
-                            "setup: install from this directory of wheels, no package index "
-                            "(the image build's build/wheels, scripts/image.sh)"),
-    "RUFUS_OBSERVE_IMAGE": Var(("scripts/image.sh",),
-                               "image build: 1 also builds the compose rig's Prometheus "
-                               "(rufus-prometheus:2.42, profile observe; default 0)"),
-    "RUFUS_PROMETHEUS_IMAGE": Var(("scripts/image.sh", "docker/compose.yaml"),
-                                  "the compose rig's Prometheus image (rufus-prometheus:2.42)"),
-    "RUFUS_WHEELHOUSE_CACHE": Var(("scripts/image.sh",),
-                                  "image build: keep the lock's wheelhouse once per lock under "
-                                  "RUFUS_CACHE_DIR/wheelhouse and link build/wheels to it (1; 0: "
-                                  "pip download into build/wheels every build)"),
-    "RUFUS_VENV_CACHE": Var(("scripts/setup.sh",),
-                            "setup: keep the installed venv once per lock and Python under "
-                            "RUFUS_CACHE_DIR/venvs; a new clone's .venv is hard links to it "
-                            "(1; 0: pip install every time)"),
+                         "comma-separated (gc_freeze, fork, fp32_packed, fused, prewarm, short_warmup)"),
     "RUFUS_CATALOG_INDEX": Var(("rufus/retrieval/__init__.py",),
                                "assistant: search index file (build/retrieval/catalog.sqlite)"),
+}
+# docker/Dockerfile's own build arguments (`docker build --build-arg`; scripts/image.sh's flags)
+BUILD_ARGS: dict[str, str] = {
+    "PREBUILD": "the build-time warm-up: 1 starts LEADER_MODELS once so the image ships warm "
+                "compile caches; precision measures only; 0 skips (scripts/image.sh --prebuild)",
 }
 # Read by third-party code (the environment is their documented interface), not by ours.
 EXTERNAL_ENV: dict[str, str] = {

@@ -9,7 +9,7 @@
 #   docker/engine.sh status
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-STATE="${RUFUS_DOCKER_STATE:-$ROOT/build/docker}"
+STATE="$ROOT/build/docker"
 PIDFILE="$STATE/dockerd.pid"
 say() { printf '[engine %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 

@@ -1,10 +1,11 @@
 """Container health check for the one image (Dockerfile HEALTHCHECK, compose, ECS).
 
-Probes the endpoint of this container's role (``RUFUS_ROLE``: leader, follower, agent or openai),
-as listed in deploy/contract.py; or the URL given as the only argument. Standard library
-only, so it runs under the venv's python and under the CUDA/Neuron base images' python3.
+Probes the endpoint of the role given as the argument (leader, the default; follower, agent
+or openai), as listed in deploy/contract.py; or a URL. The role is the health check's own
+argument (compose's and ECS's health check command), not a setting. Standard library only,
+so it runs under the venv's python and under the CUDA/Neuron base images' python3.
 
-    python3 docker/healthcheck.py [URL]     exit 0 healthy, 1 not
+    python3 docker/healthcheck.py [ROLE|URL]     exit 0 healthy, 1 not
 """
 
 from __future__ import annotations
@@ -30,14 +31,14 @@ def url_for(role: str, env: dict[str, str] | os._Environ[str] = os.environ) -> s
 
 
 def main() -> int:
-    if len(sys.argv) > 1:
-        url = sys.argv[1]
+    arg = sys.argv[1] if len(sys.argv) > 1 else "leader"
+    if "://" in arg:
+        url = arg
+    elif arg in PROBE:
+        url = url_for(arg)
     else:
-        role = os.environ.get("RUFUS_ROLE", "leader")
-        if role not in PROBE:
-            print(f"RUFUS_ROLE={role!r}: expected one of {sorted(PROBE)}", file=sys.stderr)
-            return 1
-        url = url_for(role)
+        print(f"role {arg[:40]!r}: expected one of {sorted(PROBE)} or a URL", file=sys.stderr)
+        return 1
     try:
         with urllib.request.urlopen(url, timeout=4) as r:
             ok = r.status == 200

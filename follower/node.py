@@ -5,7 +5,7 @@ Lifecycle (each step logged, ``/health`` reports the state):
 1. topology from the environment (``rufus.multinode.topology``; ours or LeaderWorkerSet's);
 2. engine args from the leader's ``model.json`` (``RUFUS_MODEL_JSON``, same env overrides)
    through the same ``apply_topology`` the leader uses;
-3. dial the leader's control port with a bounded, logged retry (``RUFUS_LEADER_WAIT_S``);
+3. dial the leader's control port with a bounded, logged retry (``RUFUS_JOIN_WAIT_S``);
    the leader compares config fingerprints and rejects a mismatch before any vLLM work;
 4. vLLM's headless path (``create_engine_config(headless=True)`` + ``MultiprocExecutor``,
    exactly what ``vllm serve --headless`` does for ``node_rank_within_dp > 0``): the worker
@@ -56,7 +56,7 @@ DEFAULT_MODEL_JSON = ROOT / "model_repository" / "rufus_llm" / "1" / "model.json
 # Exit codes an operator (or the rig) can act on.
 EXIT_OK = 0
 EXIT_CONFIG = 2          # bad topology/model.json, or the leader rejected our config
-EXIT_NO_LEADER = 3       # leader not reachable within RUFUS_LEADER_WAIT_S
+EXIT_NO_LEADER = 3       # leader not reachable within RUFUS_JOIN_WAIT_S
 EXIT_LEADER_LOST = 4     # leader went away after we joined
 EXIT_WORKER_DIED = 5     # a local vLLM worker process died
 EXIT_JOIN_FAILED = 6     # vLLM raised while joining the unit
@@ -97,7 +97,7 @@ def build_executor(engine_args: dict[str, Any]) -> Any:
         usage_context=UsageContext.OPENAI_API_SERVER, headless=True)
     if vllm_config.parallel_config.node_rank_within_dp <= 0:
         raise TopologyError("this node resolved to the leader's rank within its DP group; "
-                            "a follower needs RUFUS_NODE_RANK >= 1")
+                            "a follower needs LWS_WORKER_INDEX >= 1")
     return MultiprocExecutor(vllm_config, monitor_workers=False)
 
 
@@ -105,10 +105,6 @@ def build_executor(engine_args: dict[str, Any]) -> Any:
 class FollowerSettings:
     """What the follower reads from the environment besides its topology and engine args."""
 
-    leader_wait_s: float = env_var("RUFUS_LEADER_WAIT_S", 300.0,
-                                   "bound on waiting for the leader, seconds", minimum=0.0)
-    health_bind: str = env_var("RUFUS_HEALTH_BIND", "0.0.0.0",
-                               "this follower's /health bind address")
     log_level: str = env_var("RUFUS_LOG_LEVEL", "INFO", "logging level")
     control: ControlSettings = group(ControlSettings)  # noqa: RUF009 - a default_factory field
     traces: TracingSettings = group(TracingSettings)  # noqa: RUF009 - a default_factory field
@@ -117,9 +113,9 @@ class FollowerSettings:
 # read by the topology's and the engine config's own readers (rufus/multinode/topology.py,
 # rufus/serving/config.py)
 OTHER_ENVIRONMENT = {
-    "RUFUS_NNODES / LWS_GROUP_SIZE": "nodes in the unit (> 1 for a follower)",
-    "RUFUS_NODE_RANK / LWS_WORKER_INDEX": "this node's rank (>= 1; 0 is the tritonserver leader)",
-    "RUFUS_LEADER_ADDR / LWS_LEADER_ADDRESS": "leader host (default 127.0.0.1)",
+    "LWS_GROUP_SIZE": "nodes in the unit (> 1 for a follower)",
+    "LWS_WORKER_INDEX": "this node's rank (>= 1; 0 is the tritonserver leader)",
+    "LWS_LEADER_ADDRESS": "leader host (default 127.0.0.1)",
     "RUFUS_LEADER_PORT": "torch.distributed rendezvous port on the leader (default 29500)",
     "RUFUS_CONTROL_PORT": "the leader's control channel (default leader port + 1)",
     "RUFUS_UNIT_SECRET": "control-channel secret, the same on every node (required)",
@@ -167,11 +163,11 @@ def _configuration(settings: FollowerSettings) -> tuple[Topology, dict[str, Any]
         topo = topology_from_env()
         if not topo.multi_node or topo.is_leader:
             raise TopologyError(
-                f"a follower needs RUFUS_NNODES > 1 and RUFUS_NODE_RANK >= 1 (got nnodes="
+                f"a follower needs LWS_GROUP_SIZE > 1 and LWS_WORKER_INDEX >= 1 (got nnodes="
                 f"{topo.nnodes}, rank={topo.node_rank}); rank 0 is the tritonserver leader")
         args = engine_args_for(topo)
         secret = unit_secret()
-        wait_s = settings.leader_wait_s
+        wait_s = settings.control.join_wait_s
         configure_control(settings.control)
     except (TopologyError, ConfigError, UnitError, EnvError) as exc:
         log.error("follower configuration error: %s", exc)
@@ -190,7 +186,7 @@ def _start_health(topo: Topology, bind: str) -> HealthState | None:
         serve_health(health, topo.health_port, bind)
     except OSError as exc:
         log.error("cannot serve /health on port %d: %s (set RUFUS_HEALTH_PORT / "
-                  "RUFUS_HEALTH_BIND)", topo.health_port, exc)
+                  "RUFUS_BIND)", topo.health_port, exc)
         return None
     return health
 
@@ -293,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     if config is None:
         return EXIT_CONFIG
     topo, args, secret, wait_s = config
-    health = _start_health(topo, settings.health_bind)
+    health = _start_health(topo, settings.control.bind)
     if health is None:
         return EXIT_CONFIG
 

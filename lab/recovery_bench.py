@@ -37,7 +37,7 @@ VARIANTS: dict[str, dict[str, str]] = {
               "RUFUS_RUFUS_LLM_ENGINE_ARGS": json.dumps({"distributed_executor_backend": "uni"})},
     # the served setting with vLLM's full compile warm-up batch (max_num_batched_tokens
     # dummy tokens) instead of rufus's short one (rufus/vllm_worker/warmup.py)
-    "fullwarmup": {"VLLM_USE_AOT_COMPILE": "1", "RUFUS_VLLM_WARMUP_TOKENS": "0",
+    "fullwarmup": {"VLLM_USE_AOT_COMPILE": "1", "RUFUS_LAB_OFF": "short_warmup",
                    "RUFUS_RUFUS_LLM_ENGINE_ARGS": json.dumps(
                        {"distributed_executor_backend": "uni"})},
     "mp": {"VLLM_USE_AOT_COMPILE": "1",

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -114,8 +113,8 @@ def cmd_roll(a: argparse.Namespace) -> int:
     time.sleep(a.baseline_s)
     t_roll = time.monotonic()
     rotation: list[tuple[float, list[str]]] = []
-    env = {**os.environ, "RUFUS_IMAGE": image}
-    proc = subprocess.Popen(["bash", str(ROOT / "scripts/rolling_update.sh"), *cells], env=env)
+    proc = subprocess.Popen(["bash", str(ROOT / "scripts/rolling_update.sh"), "--image", image,
+                             *cells])
     while proc.poll() is None:
         try:
             now = sorted(in_rotation(strict=True))

@@ -32,7 +32,7 @@ What it cannot do, and who does it instead (see proxy/README.md):
 - split a tritonclient stream that carries many requests -> not done: our client opens one
   stream per request (documented contract).
 
-    python -m proxy.haproxy --compose > proxy/haproxy/haproxy.cfg   # deployment flavor
+    python -m proxy.compose_ingress > proxy/haproxy/haproxy.cfg     # deployment flavor
     python -m proxy.haproxy --units 2                                # local fixed-port layout
 """
 
@@ -392,91 +392,6 @@ def render(
 
 # a server whose container is not up yet (or is being recreated) starts without an address
 # instead of stopping HAProxy, and gets one from Docker's DNS when it appears
-_DNS = "resolvers docker init-addr last,libc,none"
-_DUP = "resolve-opts allow-dup-ip"
-
-
-def render_compose(n_units: int = 2, *, grpc_port: int = 8001, http_port: int = 8000,
-                   stats_port: int = 8404, agent_check_port: int = 8091,
-                   check_inter_ms: int = 1000,
-                   limits: Limits = Limits()) -> str:
-    """The checked-in proxy/haproxy/haproxy.cfg: the deployment flavor (docker/compose.yaml).
-
-    Addresses come from the environment HAProxy runs with (deploy/contract.py):
-    ``RUFUS_UNIT<i>_GRPC`` / ``_HTTP`` / ``_AGENT``, each ``host:port``; clients reach gRPC on
-    ``grpc_port`` and Triton HTTP on ``http_port`` (Triton's own ports, so clients do not
-    change). The agent runs on its own host there, and HAProxy cannot split a ``host:port``
-    variable into the check address and port, so health is checked on one server per unit
-    *agent* (backend ``unit_health``) and the data-path servers ``track`` it: an agent
-    ``down`` or a failed ``/health`` takes the unit out of both frontends at once. Trade-off:
-    the agent's *weight* stays on the tracked server (HAProxy does not propagate weights), so
-    here routing is plain leastconn on HAProxy's own stream counts; the local fleet, whose
-    agents share the leader's host, uses :func:`render` and gets the weights too.
-    Only inference, health and metadata pass either frontend (SECURITY.md).
-    """
-    if n_units < 1:
-        raise ValueError("no units to balance")
-    out = [
-        "# Rendered by `python -m proxy.haproxy --compose` (proxy/haproxy.py); do not edit by hand.",
-        "# Unit addresses come from the environment: RUFUS_UNIT<i>_GRPC/_HTTP/_AGENT (host:port).",
-        *global_section(limits), "", *defaults_section(limits), "",
-        "resolvers docker",
-        "    # Docker's embedded DNS: a unit's containers get a new address when they are",
-        "    # recreated (rolling update, restart); HAProxy follows it instead of keeping the",
-        "    # address it resolved at start",
-        "    nameserver dns 127.0.0.11:53",
-        "    hold valid 1s",
-        "    hold nx 1s",
-        "    hold obsolete 5s",
-        "", *grpc_frontend("grpc_lor", f":{grpc_port}", "units_lor", limits,
-                            affinity="units_affinity"), "",
-        *_http_frontend("triton_http", f":{http_port}", "units_http", limits,
-                        affinity="units_http_affinity"), "",
-        "frontend stats",
-        "    # read-only state for operators and scripts/rolling_update.sh (which unit is in",
-        "    # rotation); compose publishes it on 127.0.0.1 only",
-        f"    bind :{stats_port}",
-        "    http-request use-service prometheus-exporter if { path /metrics }",
-        "    stats enable",
-        "    stats uri /stats",
-        "",
-        *per_source_table(limits), "",
-        "backend unit_health",
-        "    # one server per unit agent: GET /health (200 iff every node of the unit is ready)",
-        "    # and the agent-check line ('down #why' takes the unit out at once)",
-        "    option httpchk",
-        "    http-check send meth GET uri /health",
-        "    http-check expect status 200",
-        "    # an agent that answers slowly because its host is busy (a cell next door starting)",
-        "    # is not a dead unit: a longer check timeout and a third failure before DOWN; a",
-        "    # unit that fails answers 'down' to the agent-check, which takes it out at once",
-        "    timeout check 2s",
-        f"    default-server inter {check_inter_ms}ms fastinter 500ms downinter {check_inter_ms}ms "
-        f"fall 3 rise 2 agent-inter {check_inter_ms}ms",
-    ]
-    for i in range(n_units):
-        out.append(f'    server unit{i} "${{RUFUS_UNIT{i}_AGENT}}" check agent-check '
-                   f"agent-port {agent_check_port} {_DNS}")
-    for name, affinity, kind, proto in (("units_lor", "units_affinity", "GRPC", " proto h2"),
-                                        ("units_http", "units_http_affinity", "HTTP", "")):
-        # a unit's panic server has its primary's name and address: HAProxy's resolver
-        # gives each address of a name to one server of a backend unless told otherwise,
-        # and kept the panic servers in MAINT (resolution) for good (allow-dup-ip)
-        dup = f" {_DUP}" if n_units > 1 else ""
-        servers = [f'    server unit{i} "${{RUFUS_UNIT{i}_{kind}}}"{proto} '
-                   f"track unit_health/unit{i} {_DNS}{dup}" for i in range(n_units)]
-        if n_units > 1:
-            servers += [*PANIC_COMMENT, "    option allbackups"] + [
-                f'    server unit{i}{PANIC_SUFFIX} "${{RUFUS_UNIT{i}_{kind}}}"{proto} backup '
-                f"{_DNS}{dup}" for i in range(n_units)]
-        retry = HTTP_RETRY if kind == "HTTP" else []
-        out += ["", f"backend {name}",
-                "    # least outstanding requests: HAProxy counts in-flight streams per unit itself",
-                f"    balance {BALANCE}", *retry, *servers,
-                "", *_affinity_backend(affinity, servers, retry)]
-    return "\n".join(out) + "\n"
-
-
 def runtime_exchange(sock: socket.socket, cmd: str) -> str:
     """Send one runtime-API command on a connected socket and read the reply to its end
     (HAProxy closes the connection after answering a non-interactive command)."""
@@ -573,12 +488,8 @@ class HAProxy:
 
 def main() -> None:
     ap = argparse.ArgumentParser(
-        description="Render haproxy.cfg for N units",
-        epilog="environment: none read here; HAProxy running the --compose config reads "
-               "RUFUS_UNIT<i>_GRPC, RUFUS_UNIT<i>_HTTP, RUFUS_UNIT<i>_AGENT (host:port)")
-    ap.add_argument("--compose", action="store_true",
-                    help="the deployment flavor (addresses from RUFUS_UNIT<i>_* env vars): "
-                         "what proxy/haproxy/haproxy.cfg holds")
+        description="Render the local fleet's haproxy.cfg for N units (the deployment "
+                    "flavor: python -m proxy.compose_ingress)")
     ap.add_argument("--units", type=int, default=2)
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=9000)
@@ -586,9 +497,6 @@ def main() -> None:
     ap.add_argument("--stats-port", type=int, default=9100)
     ap.add_argument("--stats-socket", default="/run/haproxy/rufus.sock")
     a = ap.parse_args()
-    if a.compose:
-        print(render_compose(a.units), end="")
-        return
     print(render(documented_units(a.units, a.host), port=a.port, rr_port=a.rr_port,
                  stats_port=a.stats_port, stats_socket=a.stats_socket), end="")
 

@@ -99,6 +99,8 @@ LAB_SWITCHES: dict[str, str] = {
     "fp32_packed": "the planner's fp32 few-row passes through oneDNN's pre-packed matmul",
     "fused": "the planner's int8 passes of up to 128 rows in one call per decoder layer",
     "prewarm": "a follow-up's answer prefix prefilled while the planner runs",
+    "short_warmup": "vLLM's compile warm-up with a short dummy batch where that is safe "
+                    "(off: vLLM's full max_num_batched_tokens batch)",
 }
 
 

@@ -15,7 +15,7 @@ trap 'docker rm -f "$NAME" >/dev/null 2>&1 || true' EXIT
 
 t0=$(date +%s%N)
 since() { local ms=$(( ($(date +%s%N) - t0) / 1000000 )); printf '%d.%d' $((ms / 1000)) $(((ms % 1000) / 100)); }
-docker run -d --name "$NAME" --shm-size 2g -p 127.0.0.1::8000 -e RUFUS_ROLE=leader \
+docker run -d --name "$NAME" --shm-size 2g -p 127.0.0.1::8000 \
   -e RUFUS_MODELS="$MODELS" "$IMAGE" >/dev/null
 port="$(docker port "$NAME" 8000/tcp | head -1 | sed 's/.*://')"
 pending="${MODELS//,/ }"

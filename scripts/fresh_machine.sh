@@ -16,20 +16,18 @@
 # build/fresh-machine/<time>), the clone and HOME in a temporary directory removed at the end.
 #
 #   bash scripts/fresh_machine.sh [OUT]
-#   RUFUS_WHEELHOUSE=build/wheels bash scripts/fresh_machine.sh   # install without PyPI
+#   bash scripts/fresh_machine.sh --wheelhouse build/wheels [OUT]   # install without PyPI
 #
 # Prefix ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 for the emulated AVX2 class.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+WHEELHOUSE=()
+if [[ "${1:-}" == --wheelhouse ]]; then WHEELHOUSE=(--wheelhouse "$(realpath "$2")"); shift 2; fi
 OUT="$(realpath -m "${1:-$ROOT/build/fresh-machine/$(date -u +%Y%m%dT%H%M%SZ)}")"
 WORK="$(mktemp -d /tmp/rufus-fresh-XXXXXX)"
 INDUCTOR_DEFAULT="/tmp/torchinductor_$(id -un)"
 mkdir -p "$OUT"
-if [[ -n "${RUFUS_WHEELHOUSE:-}" ]]; then
-  RUFUS_WHEELHOUSE="$(realpath "$RUFUS_WHEELHOUSE")"
-  export RUFUS_WHEELHOUSE
-fi
 
 say() { printf '[fresh_machine %s] %s\n' "$(date +%H:%M:%S)" "$*" | tee -a "$OUT/summary.txt"; }
 
@@ -54,7 +52,11 @@ cd "$WORK/clone"
 say "fresh clone of $(git rev-parse --short HEAD) in $WORK/clone, HOME=$HOME; CPU: $(grep -o -w -E 'avx512f|avx512_bf16|amx_bf16|avx2' /proc/cpuinfo | sort -u | tr '\n' ' ')${ATEN_CPU_CAPABILITY:+(kernels capped: ATEN_CPU_CAPABILITY=$ATEN_CPU_CAPABILITY)}"
 
 t0=$(date +%s)
-make setup > "$OUT/setup.log" 2>&1
+if (( ${#WHEELHOUSE[@]} )); then  # `make setup` with the wheelhouse: setup.sh's flag
+  bash scripts/setup.sh "${WHEELHOUSE[@]}" all > "$OUT/setup.log" 2>&1
+else
+  make setup > "$OUT/setup.log" 2>&1
+fi
 say "make setup: $(( $(date +%s) - t0 )) s (log: $OUT/setup.log)"
 
 .venv/bin/python scripts/bench_recovery.py --variants uni --rounds 1 --streams 16 --death \

@@ -3,7 +3,8 @@
 # capacity: at most one cell is out of the ingress's rotation at any time, and a cell's
 # leader and follower always run the same image.
 #
-#   RUFUS_IMAGE=rufus-inference:cpu-new scripts/rolling_update.sh [cell ...]   (default: a b)
+#   scripts/rolling_update.sh [--image IMAGE] [cell ...]
+#       IMAGE: the new image (default rufus-inference:cpu); cells: a, b (default both)
 #
 # For each cell, one at a time:
 #   0. wait until every other cell is in rotation (never take out a second cell);
@@ -24,7 +25,16 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 STATS="http://127.0.0.1:8404/stats;csv"  # deploy/contract.py INGRESS_STATS_PORT
 DRAIN_TIMEOUT="${DRAIN_TIMEOUT:-300}"
 READY_TIMEOUT="${READY_TIMEOUT:-1200}"
-CELLS=("$@")
+image=rufus-inference:cpu
+CELLS=()
+while (( $# )); do
+  case "$1" in
+    --image) image="$2"; shift ;;
+    --image=*) image="${1#--image=}" ;;
+    *) CELLS+=("$1") ;;
+  esac
+  shift
+done
 [[ ${#CELLS[@]} -gt 0 ]] || CELLS=(a b)
 ALL=(a b)
 
@@ -49,7 +59,7 @@ wait_for() {  # wait_for SECONDS DESCRIPTION COMMAND...
 }
 is_up() { [[ "$(status_of "$1")" == UP* ]]; }
 agent_healthy() {  # the agent's own verdict: every model of the unit ready (ready = warm)
-  compose exec -T "$(svc agent "$1")" python /opt/rufus/docker/healthcheck.py >/dev/null 2>&1
+  compose exec -T "$(svc agent "$1")" python /opt/rufus/docker/healthcheck.py agent >/dev/null 2>&1
 }
 back() {
   # HAProxy shows a server UP the moment its recreated container's name resolves again
@@ -67,7 +77,6 @@ others_up() {
 }
 
 stats >/dev/null || { say "cannot read the ingress's stats at $STATS (is the rig up?)"; exit 1; }
-image="${RUFUS_IMAGE:-rufus-inference:cpu}"
 say "rolling ${CELLS[*]} to $image"
 for cell in "${CELLS[@]}"; do
   leader="$(svc leader "$cell")" follower="$(svc follower "$cell")" agent="$(svc agent "$cell")"
@@ -80,7 +89,8 @@ for cell in "${CELLS[@]}"; do
   say "cell $cell: out of rotation after $((SECONDS - t0)) s; $(streams_on "$cell") stream(s) still open"
   wait_for "$DRAIN_TIMEOUT" "cell $cell drained" drained "$cell" || exit 1
   say "cell $cell: drained after $((SECONDS - t0)) s; recreating $leader $follower $agent on $image"
-  RUFUS_IMAGE="$image" compose up -d --no-deps --no-build --force-recreate "$leader" "$follower" "$agent" >/dev/null 2>&1
+  bash "$ROOT/scripts/compose.sh" image "$cell" "$image"  # the cell's image from now on (rig.yaml)
+  compose up -d --no-deps --no-build --force-recreate "$leader" "$follower" "$agent" >/dev/null 2>&1
   sleep 5  # let the old containers' addresses leave HAProxy's view first
   wait_for "$READY_TIMEOUT" "cell $cell back in rotation" back "$cell" || exit 1
   say "cell $cell: back in rotation on $image, $((SECONDS - t0)) s out"

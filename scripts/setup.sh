@@ -6,10 +6,24 @@
 #   scripts/setup.sh            everything
 #   scripts/setup.sh venv       only the virtual environment
 #   scripts/setup.sh verify     everything, hashing every built file (not only changed ones)
+#
+# Flags, before the step:
+#   --wheelhouse DIR   install from this directory of wheels, no package index (the image
+#                      build's, scripts/image.sh; scripts/fresh_machine.sh)
+#   --no-venv-cache    pip install the venv, and keep no copy of it under the cache
+#                      directory (the image build: a copy would only grow the image)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-VENV="${RUFUS_VENV:-$ROOT/.venv}"
+VENV="$ROOT/.venv"
+WHEELHOUSE="" VENV_CACHE=1
+while [[ "${1:-}" == --* ]]; do
+  case "$1" in
+    --wheelhouse) WHEELHOUSE="$2"; shift 2 ;;
+    --no-venv-cache) VENV_CACHE=0; shift ;;
+    *) echo "unknown flag $1 (--wheelhouse DIR, --no-venv-cache)" >&2; exit 2 ;;
+  esac
+done
 BUILD="$ROOT/build"
 PY="${PYTHON:-python3.11}"
 command -v "$PY" >/dev/null 2>&1 || PY=python3
@@ -22,18 +36,18 @@ step() { printf '\n\033[1m[setup %s] %s\033[0m\n' "$(date +%H:%M:%S)" "$*"; }
 # A wheelhouse (a directory of the lock's wheels, e.g. the Docker build's, scripts/image.sh)
 # replaces the package index for every pip call below and in the scripts it runs: no index,
 # no TLS trust store needed, reproducible.
-if [[ -n "${RUFUS_WHEELHOUSE:-}" ]] && compgen -G "$RUFUS_WHEELHOUSE/*.whl" >/dev/null; then
-  export PIP_NO_INDEX=1 PIP_FIND_LINKS="$RUFUS_WHEELHOUSE"
-  printf '[setup] installing from the wheelhouse %s (no package index)\n' "$RUFUS_WHEELHOUSE"
+if [[ -n "$WHEELHOUSE" ]] && compgen -G "$WHEELHOUSE/*.whl" >/dev/null; then
+  export PIP_NO_INDEX=1 PIP_FIND_LINKS="$WHEELHOUSE"
+  printf '[setup] installing from the wheelhouse %s (no package index)\n' "$WHEELHOUSE"
 fi
 
 # the lock's key: the files' contents only (sha256sum's output would name the clone's path)
 lock_hash() { cat "$ROOT/requirements.lock" "$ROOT/pyproject.toml" | sha256sum | cut -c1-16; }
 
 # venv_cache_dir PYTHON: where the venv of this lock and that interpreter's version is kept
-# (nothing with RUFUS_VENV_CACHE=0)
+# (nothing with --no-venv-cache)
 venv_cache_dir() {
-  [[ "${RUFUS_VENV_CACHE:-1}" != 0 ]] || return 0
+  [[ "$VENV_CACHE" != 0 ]] || return 0
   local pyver
   pyver="$("$1" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')"
   echo "${RUFUS_CACHE_DIR:-$HOME/.cache/rufus}/venvs/py$pyver-$(lock_hash)"
@@ -49,7 +63,7 @@ setup_venv() {
   fi
   # A venv installed once per lock (and Python) is kept in the cache, as the models and the
   # image's wheelhouse are: a new clone's venv is made of hard links to it (copies across
-  # filesystems) in seconds instead of minutes of pip. RUFUS_VENV_CACHE=0: pip every time.
+  # filesystems) in seconds instead of minutes of pip. --no-venv-cache: pip every time.
   local cache
   cache="$(venv_cache_dir "$PY")"
   if [[ -n "$cache" && -f "$cache/.complete" && ! -e "$VENV" ]]; then

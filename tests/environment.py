@@ -20,6 +20,9 @@ HARNESS_OPTIONS: dict[str, tuple[Any, type, str, str]] = {
     "--remove-images": (False, bool, "tests/containers/conftest.py",
                         "remove the images and compile-cache volumes at the end (default: "
                         "kept for the next run)"),
+    "--prebuild": ("1", str, "tests/containers/conftest.py",
+                   "the rig image's build-time warm-up (scripts/image.sh --prebuild: 1, "
+                   "precision, 0 or auto; make test's: auto)"),
 }
 
 _VALUES: dict[str, Any] = {}

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from proxy.haproxy import Backend, HAProxy, render
-from rufus.env import EnvError, env_int, environ_copy
+from rufus.env import environ_copy
 from rufus.launch.rig import MODEL, LocalUnit, Supervisor
 from rufus.launch.server import ROOT, free_port
 
@@ -440,9 +440,8 @@ COMMANDS = {"up": "start the fleet, print where everything listens; Ctrl-C stops
 FLEET_HELP = """
 Every process started here is ended by process group on exit (Ctrl-C, SIGTERM, or an error).
 
-environment:
-  RUFUS_FLEET_NNODES  default of --nnodes (2)
-  (the units read the serving variables of docs/architecture.md, e.g. RUFUS_ENGINE_ARGS)
+environment: the units read the serving variables of docs/configuration.md, e.g.
+  RUFUS_ENGINE_ARGS
 """
 
 
@@ -500,9 +499,9 @@ def parser(commands: dict[str, str] = COMMANDS, prog: str = "python -m rufus.lau
         formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("command", nargs="?", default=next(iter(commands)), choices=list(commands))
     ap.add_argument("--units", type=int, default=2)
-    ap.add_argument("--nnodes", type=int, default=None,
+    ap.add_argument("--nnodes", type=_positive, default=2,
                     help="nodes per unit (leader + followers); 1 = single-node units "
-                         "(default: RUFUS_FLEET_NNODES or 2)")
+                         "(default: 2)")
     ap.add_argument("--fixed-ports", action="store_true",
                     help="documented ports (ingress 9000, RR 9001, stats 9100, unit i at 8100+10i)")
     ap.add_argument("--engine-args", default="", help="JSON engine-arg overrides for every unit")
@@ -510,14 +509,20 @@ def parser(commands: dict[str, str] = COMMANDS, prog: str = "python -m rufus.lau
     return ap
 
 
+def _positive(raw: str) -> int:
+    """An argparse type: a whole number >= 1 (the message names the value)."""
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"a whole number >= 1, not {raw[:20]!r}")
+    return n
+
+
 def parse(ap: argparse.ArgumentParser, argv: list[str] | None = None) -> argparse.Namespace:
-    """Parse, resolve ``--nnodes`` from the environment, set up logging."""
+    """Parse and set up logging."""
     a = ap.parse_args(argv)
-    if a.nnodes is None:
-        try:
-            a.nnodes = env_int("RUFUS_FLEET_NNODES", 2, minimum=1)
-        except EnvError as exc:
-            ap.error(str(exc))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     return a
 

@@ -2,7 +2,7 @@
 
 Used by ``make rig`` (scripts/rig.py), the multi-node tests and the benchmark. Each node is
 its own process group (as a container would be), started with the environment a real
-deployment gives it (``RUFUS_NNODES``, ``RUFUS_NODE_RANK``, ``RUFUS_LEADER_ADDR``, ...), so
+deployment gives it (``LWS_GROUP_SIZE``, ``LWS_WORKER_INDEX``, ``LWS_LEADER_ADDRESS``, ...), so
 the code under test is the deployed code; only the addresses are local.
 
 Modes:
@@ -161,9 +161,9 @@ class LocalUnit:
 
     def node_env(self, rank: int) -> dict[str, str]:
         env = {
-            "RUFUS_NNODES": str(self.nnodes),
-            "RUFUS_NODE_RANK": str(rank),
-            "RUFUS_LEADER_ADDR": self.leader_addr,
+            "LWS_GROUP_SIZE": str(self.nnodes),
+            "LWS_WORKER_INDEX": str(rank),
+            "LWS_LEADER_ADDRESS": self.leader_addr,
             "RUFUS_LEADER_PORT": str(self.leader_port),
             "RUFUS_CONTROL_PORT": str(self.control_port),
             "RUFUS_UNIT_SECRET": self.unit_secret,

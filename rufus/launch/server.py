@@ -487,7 +487,7 @@ MODEL_ENVIRONMENT = {
                                "$RUFUS_CACHE_DIR/compile; rufus/machine/caches.py)",
     "RUFUS_WARMUP": "false: report ready without the warm-up requests (docs/serving.md)",
     "RUFUS_<SETTING>": "backend settings, e.g. RUFUS_MAX_OUTSTANDING_REQUESTS (models)",
-    "RUFUS_NNODES, RUFUS_NODE_RANK, ...": "multi-node unit (docs/architecture.md)",
+    "LWS_GROUP_SIZE, LWS_WORKER_INDEX, ...": "multi-node unit (docs/architecture.md)",
 }
 
 

@@ -26,7 +26,7 @@ leader's control port (``Topology.leader_control_port``):
 The leader needs no list of follower addresses: followers dial in. Every read is bounded
 (``MAX_LINE`` bytes, ``MAX_PENDING`` handshakes at once); a malformed message fails only its
 own connection (before admission the unit is untouched; after, that member is lost). The
-leader binds ``RUFUS_CONTROL_BIND`` (default ``0.0.0.0``: followers dial in from other hosts).
+leader binds ``RUFUS_BIND`` (default ``0.0.0.0``: followers dial in from other hosts).
 """
 
 from __future__ import annotations
@@ -52,13 +52,14 @@ from rufus.multinode.topology import (
     NODE_KEYS,
     ControlSettings,
     Topology,
+    heartbeat_s,
     topology_from_env,
 )
 from rufus.serving.settings import read
 
 log = logging.getLogger("rufus.multinode.control")
 
-HEARTBEAT_S, PEER_TIMEOUT_S = ControlSettings.heartbeat_s, ControlSettings.peer_timeout_s  # configure()
+HEARTBEAT_S, PEER_TIMEOUT_S = heartbeat_s(ControlSettings.peer_timeout_s), ControlSettings.peer_timeout_s
 HELLO_TIMEOUT_S = 10.0
 MAX_LINE = 64 * 1024      # one control message; a hello with a full fingerprint is ~2 KB
 MAX_PENDING = 16          # handshakes in flight; more connections are closed at once
@@ -67,11 +68,10 @@ MIN_SECRET_LEN = 16
 
 
 def configure(settings: ControlSettings | None = None) -> ControlSettings:
-    """Read the channel's settings once, where the process starts; time this process's
-    channels by them."""
+    """Read the channel's settings once, where the process starts; time its channels by them."""
     global HEARTBEAT_S, PEER_TIMEOUT_S
     s = read(ControlSettings) if settings is None else settings
-    HEARTBEAT_S, PEER_TIMEOUT_S = s.heartbeat_s, s.peer_timeout_s
+    HEARTBEAT_S, PEER_TIMEOUT_S = heartbeat_s(s.peer_timeout_s), s.peer_timeout_s
     return s
 
 
@@ -295,7 +295,7 @@ class LeaderControl:
             waiting = self.state == "waiting"
         if waiting and missing:
             self.fail(f"follower rank(s) {missing} did not join within {self.join_timeout:.0f} s"
-                      f" (are they started with RUFUS_LEADER_ADDR pointing here and "
+                      f" (are they started with LWS_LEADER_ADDRESS pointing here and "
                       f"RUFUS_CONTROL_PORT={self.topo.leader_control_port}?)")
 
     def _accept_loop(self) -> None:
@@ -444,7 +444,7 @@ class FollowerControl:
                     raise LeaderUnreachable(
                         f"leader control port {self.address} not reachable after "
                         f"{attempt} attempts in {wait_s:.0f} s ({exc}); is the leader "
-                        "(tritonserver with RUFUS_NODE_RANK=0) running?") from exc
+                        "(tritonserver with LWS_WORKER_INDEX=0) running?") from exc
                 if attempt == 1 or attempt % 10 == 0:
                     log.info("waiting for leader at %s (attempt %d, %s; %.0f s left)",
                              self.address, attempt, exc.strerror or exc, left)
@@ -561,13 +561,13 @@ def abort_start(host: Any, model_name: str, limit_s: float = 1800.0) -> int:
 
 
 def unit_topology(model_name: str, topo: Topology | None = None) -> Topology | None:
-    """The unit a Triton model leads (RUFUS_NNODES > 1), None if single-node; on a follower: error."""
+    """The unit a Triton model leads (LWS_GROUP_SIZE > 1), None if single-node; on a follower: error."""
     topo = topo or topology_from_env()
     if not topo.multi_node or model_name != unit_model_name():
         return None
     if not topo.is_leader:
         raise UnitError(f"{model_name}: tritonserver runs only on the leader (rank 0), this "
-                        f"node has RUFUS_NODE_RANK={topo.node_rank}; start `python -m follower`")
+                        f"node has LWS_WORKER_INDEX={topo.node_rank}; start `python -m follower`")
     return topo
 
 
@@ -591,7 +591,7 @@ def attach_leader(model_name: str, host: Any, topo: Topology) -> LeaderControl:
 
     settings = configure()
     control = LeaderControl(topo, fingerprint(host.engine_args), on_fail,
-                            join_timeout=settings.follower_wait_s, bind=settings.bind,
+                            join_timeout=settings.join_wait_s, bind=settings.bind,
                             secret=unit_secret()).start()
     log.info("%s: leader of a %d-node unit: %s", model_name, topo.nnodes,
              {k: host.engine_args.get(k) for k in ("nnodes", "node_rank", "master_addr",

@@ -1,18 +1,18 @@
 """Where this process sits in a multi-node inference unit, read once from the environment.
 
-Our variables win over Kubernetes LeaderWorkerSet's, so the same image runs under
-docker compose, ECS and LWS:
+Membership uses Kubernetes LeaderWorkerSet's own names, which LWS sets; docker compose and
+ECS set the same three, so the same image runs under all of them with one contract:
 
-==========================  ===============================  =========================
-meaning                     ours                             LeaderWorkerSet
-==========================  ===============================  =========================
-nodes in the unit           ``RUFUS_NNODES``                 ``LWS_GROUP_SIZE``
-this node's rank            ``RUFUS_NODE_RANK``              ``LWS_WORKER_INDEX``
-leader host                 ``RUFUS_LEADER_ADDR``            ``LWS_LEADER_ADDRESS``
-leader's rendezvous port    ``RUFUS_LEADER_PORT`` (29500)    -
-leader's control port       ``RUFUS_CONTROL_PORT`` (+1)      -
-follower health port        ``RUFUS_HEALTH_PORT`` (8081)     -
-==========================  ===============================  =========================
+==========================  ===============================
+meaning                     variable (default)
+==========================  ===============================
+nodes in the unit           ``LWS_GROUP_SIZE`` (1)
+this node's rank            ``LWS_WORKER_INDEX`` (0)
+leader host                 ``LWS_LEADER_ADDRESS`` (127.0.0.1)
+leader's rendezvous port    ``RUFUS_LEADER_PORT`` (29500)
+leader's control port       ``RUFUS_CONTROL_PORT`` (+1)
+follower health port        ``RUFUS_HEALTH_PORT`` (8081)
+==========================  ===============================
 
 The rendezvous port is vLLM's ``master_port`` (torch.distributed); the control port is our
 own leader/follower channel (handshake with a config fingerprint, then heartbeats), see
@@ -36,23 +36,32 @@ DEFAULT_LEADER_PORT = 29500
 DEFAULT_HEALTH_PORT = 8081
 
 
-BIND_ENV = "RUFUS_CONTROL_BIND"
+BIND_ENV = "RUFUS_BIND"
 DEFAULT_BIND = "0.0.0.0"
-HEARTBEAT_DEFAULT_S, PEER_TIMEOUT_DEFAULT_S = 1.0, 5.0
+PEER_TIMEOUT_DEFAULT_S = 5.0
+HEARTBEAT_MAX_S = 1.0  # a ping at least this often, and five within a peer timeout
+
+
+def heartbeat_s(peer_timeout_s: float) -> float:
+    """The ping period: a second, or a fifth of a shorter peer timeout (not a setting of its
+    own: it only has to be well inside the timeout)."""
+    return min(HEARTBEAT_MAX_S, peer_timeout_s / 5)
 
 
 @dataclass(frozen=True)
 class ControlSettings:
-    """The control channel's settings (rufus/multinode/control.py), read when a leader or
-    follower starts: ``control.configure``."""
+    """The unit's membership settings (rufus/multinode/control.py, follower/node.py), read
+    when a leader or follower starts: ``control.configure``."""
 
-    heartbeat_s: float = env_var("RUFUS_HEARTBEAT_S", HEARTBEAT_DEFAULT_S,
-                                 "control channel: heartbeat period, s", minimum=0.01)
     peer_timeout_s: float = env_var("RUFUS_PEER_TIMEOUT_S", PEER_TIMEOUT_DEFAULT_S,
-                                    "control channel: a peer silent this long is lost, s", minimum=0.01)
-    bind: str = env_var(BIND_ENV, DEFAULT_BIND, "leader: control channel bind address")
-    follower_wait_s: float = env_var("RUFUS_FOLLOWER_WAIT_S", 600.0,
-                                     "leader: how long followers have to join, s", minimum=0.0)
+                                    "control channel: a peer silent this long is lost, s "
+                                    "(heartbeats every second, or a fifth of it)", minimum=0.01)
+    bind: str = env_var(BIND_ENV, DEFAULT_BIND,
+                        "address this node's own listeners bind: the leader's control "
+                        "channel, a follower's /health")
+    join_wait_s: float = env_var("RUFUS_JOIN_WAIT_S", 600.0,
+                                 "how long the unit has to form: the leader waits this long "
+                                 "for its followers, a follower for its leader, s", minimum=0.0)
 
 
 class TopologyError(ValueError):
@@ -104,9 +113,9 @@ def _int(env: Mapping[str, str], names: tuple[str, ...], default: int) -> int:
 def topology_from_env(env: Mapping[str, str] | None = None) -> Topology:
     """The one place that reads topology variables; everything else gets a ``Topology``."""
     env = environ() if env is None else env
-    nnodes = _int(env, ("RUFUS_NNODES", "LWS_GROUP_SIZE"), 1)
-    rank = _int(env, ("RUFUS_NODE_RANK", "LWS_WORKER_INDEX"), 0)
-    leader = env.get("RUFUS_LEADER_ADDR") or env.get("LWS_LEADER_ADDRESS") or "127.0.0.1"
+    nnodes = _int(env, ("LWS_GROUP_SIZE",), 1)
+    rank = _int(env, ("LWS_WORKER_INDEX",), 0)
+    leader = env.get("LWS_LEADER_ADDRESS") or "127.0.0.1"
     port = _int(env, ("RUFUS_LEADER_PORT",), DEFAULT_LEADER_PORT)
     health = _int(env, ("RUFUS_HEALTH_PORT",), DEFAULT_HEALTH_PORT)
     control = _int(env, ("RUFUS_CONTROL_PORT",), port + 1)
@@ -140,7 +149,7 @@ def apply_topology(engine_args: dict[str, Any], topo: Topology) -> dict[str, Any
     if declared not in (None, topo.nnodes):
         raise TopologyError(
             f"model.json/overrides set nnodes={declared} but the environment describes "
-            f"{topo.nnodes} node(s) (RUFUS_NNODES / LWS_GROUP_SIZE): make them agree")
+            f"{topo.nnodes} node(s) (LWS_GROUP_SIZE): make them agree")
     if not topo.multi_node:
         return args
     tp = int(args.get("tensor_parallel_size", 1))

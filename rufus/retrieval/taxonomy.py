@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from rufus.retrieval.base import STOPWORDS, norm_brand
 from rufus.retrieval.catalog import Product
@@ -308,15 +309,7 @@ class Taxonomy(NeedIndex, ModelIndex):
         bare = self._bare_heads(ws, st, matches, in_model)
         kept, acted_on, negated, excluded = self._read_nouns(ws, st, matches, phrase, bare, res)
         need, need_key, need_ws, main_ws = self._need_of(ws, negated, excluded)
-        # a need said in full that holds the noun ("my phone dies", "netflix on an old tv")
-        # names the type instead of the noun
-        if need and len(need_key) > 1:
-            kept = [(s, c) for s, c in kept if c == need or not set(st[s:ends[s]]) <= need_key]
-        if need:  # "monitor so i can hear the baby": the need's own sense of the noun
-            kept = [(s, need if st[ends[s] - 1] in self._heads.get(need, ()) else c)
-                    for s, c in kept]
-        else:  # "camera to keep an eye on the dog": the sense its other words give it
-            kept = [(s, self._sense(st[s:ends[s]], c, need_ws, excluded)) for s, c in kept]
+        kept = self._kept_senses(kept, st, ends, need, need_key, need_ws, excluded)
         models = self._not_for(models, kept, res)
         # a need said in full, several words ("fender bender", "disney plus"): its words name
         # no model or product line
@@ -355,19 +348,9 @@ class Taxonomy(NeedIndex, ModelIndex):
         chosen = chosen or [c for s, c in kept if opener[phrase[s]] in WANT_OPENERS and s not in owned]
         if not chosen:  # a product line ("macbook", "kindle") or a one-type brand ("vitamix")
             chosen = self._lines_named(ws, in_model | owned | need_at)
-        if not chosen and infer:  # "gift for a coffee lover": the types of the interest
-            chosen = self._interest(ws, st, need_ws, excluded)
-            res.inferred, res.need_words = bool(chosen), 2 if chosen else 0
-        if not chosen and infer and need and need_at and self._need_near(need, need_key, need_ws):
-            # a need said in full, several of its words ("keep an eye on her": a baby
-            # monitor), whose type the question's words score about as high as the nearest
-            chosen = [need]
-            res.inferred, res.need_words = True, 2
-        if not chosen and infer:  # a need ("boil water for tea"): the nearest type
-            chosen = self._nearest(need_ws, main_ws, becomes(ws), excluded)
-            res.inferred = bool(chosen)
-            if chosen:
-                res.need_words = len({w for w in content_stems(need_ws) if w in self._doc[chosen[0]]})
+        if not chosen and infer:
+            chosen = self._inferred(res, ws, st, (need, need_key, need_at, need_ws, main_ws),
+                                    excluded)
         if not chosen and owned:  # only a line the customer has ("for my macbook")
             chosen = self._lines_named(ws, in_model)
         if not chosen and need:  # "allergies", "starting to shave": a need said in full
@@ -378,6 +361,40 @@ class Taxonomy(NeedIndex, ModelIndex):
             chosen = [c for _, c in kept] or [c for _, c in acted_on]
         res.categories = list(dict.fromkeys(chosen))
         return res
+
+    def _kept_senses(self, kept: list[tuple[int, str]], st: Sequence[str], ends: dict[int, int],
+                     need: str | None, need_key: set[str] | frozenset[str],
+                     need_ws: Sequence[str], excluded: set[str]) -> list[tuple[int, str]]:
+        """The nouns kept, each in the sense the question gives it."""
+        # a need said in full that holds the noun ("my phone dies", "netflix on an old tv")
+        # names the type instead of the noun
+        if need and len(need_key) > 1:
+            kept = [(s, c) for s, c in kept if c == need or not set(st[s:ends[s]]) <= need_key]
+        if need:  # "monitor so i can hear the baby": the need's own sense of the noun
+            return [(s, need if st[ends[s] - 1] in self._heads.get(need, ()) else c)
+                    for s, c in kept]
+        # "camera to keep an eye on the dog": the sense its other words give it
+        return [(s, self._sense(st[s:ends[s]], c, need_ws, excluded)) for s, c in kept]
+
+    def _inferred(self, res: Resolution, ws: Sequence[str], st: Sequence[str],
+                  need_of: tuple[Any, ...], excluded: set[str]) -> list[str]:
+        """Types inferred where the question names none: an interest's, a need said in full
+        that scores near the top, or the nearest type to the need (``res`` says which)."""
+        need, need_key, need_at, need_ws, main_ws = need_of
+        chosen = self._interest(ws, st, need_ws, excluded)  # "gift for a coffee lover"
+        if chosen:
+            res.inferred, res.need_words = True, 2
+            return chosen
+        if need and need_at and self._need_near(need, need_key, need_ws):
+            # a need said in full, several of its words ("keep an eye on her": a baby
+            # monitor), whose type the question's words score about as high as the nearest
+            res.inferred, res.need_words = True, 2
+            return [need]
+        chosen = self._nearest(need_ws, main_ws, becomes(ws), excluded)  # "boil water for tea"
+        res.inferred = bool(chosen)
+        if chosen:
+            res.need_words = len({w for w in content_stems(need_ws) if w in self._doc[chosen[0]]})
+        return chosen
 
     @staticmethod
     def _phrases(ws: Sequence[str], inside: set[int] | frozenset[int] = frozenset()

@@ -397,7 +397,7 @@ class EngineModel(TritonModel):
             # frozen before the EngineCore is forked from this process, so the child inherits
             # it frozen; initialize() freezes again at its end, walking only what came since
             before_fork=lambda: freeze_heap(self.name, collect=False)))
-        # the unit's model (RUFUS_UNIT_MODEL) leads a multi-node unit when RUFUS_NNODES > 1
+        # the unit's model (RUFUS_UNIT_MODEL) leads a multi-node unit when LWS_GROUP_SIZE > 1
         # (rufus/multinode/control.py): its engine args for this node, no in-place restart
         # (one node cannot rejoin a broken unit alone: its supervisor recreates the unit)
         topo = unit_topology(self.name)

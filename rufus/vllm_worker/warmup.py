@@ -21,7 +21,8 @@ run, which a shorter run would change; and the dummy run also sizes buffers that
 it, which with more than one worker a short batch would make too small (a pipeline stage's
 intermediate tensors: a two-node unit's first long request failed in CI with a short
 batch), and likewise a drafter's.
-``RUFUS_VLLM_WARMUP_TOKENS`` sets the batch (default 256; 0 keeps vLLM's full run).
+The batch is ``DEFAULT_TOKENS``; ``RUFUS_LAB_OFF=short_warmup`` keeps vLLM's full run (the
+benchmark's baseline).
 Guarded: it does nothing if vLLM's CPU runner changed the method it wraps.
 """
 
@@ -31,7 +32,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from rufus.env import env_int
+from rufus.env import lab_on
 
 log = logging.getLogger("rufus.vllm_worker.warmup")
 
@@ -39,8 +40,8 @@ DEFAULT_TOKENS = 256
 
 
 def warmup_tokens(env: Mapping[str, str] | None = None) -> int:
-    """The dummy batch's token count from ``RUFUS_VLLM_WARMUP_TOKENS`` (0: vLLM's own)."""
-    return env_int("RUFUS_VLLM_WARMUP_TOKENS", DEFAULT_TOKENS, env, minimum=0)
+    """The dummy batch's token count (0: vLLM's own, the lab's ``short_warmup`` baseline)."""
+    return DEFAULT_TOKENS if lab_on("short_warmup", env) else 0
 
 
 # speculative methods whose drafts need no model (no drafter buffers sized by the dummy run)
@@ -67,7 +68,7 @@ def short_warmup(original: Any) -> Any:
         if not 0 < tokens < full or not short_run_is_safe(self):
             return original(self)
         log.info("compile warm-up with %d dummy tokens instead of %d (one worker, explicit "
-                 "KV cache size; RUFUS_VLLM_WARMUP_TOKENS=0 runs vLLM's full batch)",
+                 "KV cache size; RUFUS_LAB_OFF=short_warmup runs vLLM's full batch)",
                  tokens, full)
         self.max_num_tokens = tokens
         try:

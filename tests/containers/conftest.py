@@ -103,16 +103,14 @@ def compose_rig(log_dir: Path) -> Iterator[None]:
         if busy:
             pytest.fail(f"ports {busy} are in use: the rig publishes them (stop what holds them)")
     before = {ref: _image_id(ref) for ref in IMAGES}
-    # in this process's environment, so every compose command of the module sees it (the
-    # rolling update recreates the cells)
-    kv_was = os.environ.get("RUFUS_RIG_KVCACHE_GB")
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        os.environ.setdefault("RUFUS_RIG_KVCACHE_GB", SIDE_BY_SIDE_KVCACHE_GB)
+    # kept in the rig's build/docker/rig.yaml, so every later compose command of the module
+    # (the rolling update recreates the cells) runs the nodes with it
+    kv = ["--kvcache-gb", SIDE_BY_SIDE_KVCACHE_GB] if os.environ.get("PYTEST_XDIST_WORKER") else []
     try:
         if not reuse:
             _clear_leftovers()
-            subprocess.run(["bash", str(ROOT / "scripts/compose.sh"), "up"], check=True,
-                           timeout=3000)
+            subprocess.run(["bash", str(ROOT / "scripts/compose.sh"), "up", *kv,
+                            "--prebuild", str(option("--prebuild"))], check=True, timeout=3000)
         yield
     finally:
         if not reuse:
@@ -131,5 +129,3 @@ def compose_rig(log_dir: Path) -> Iterator[None]:
                     subprocess.run(["docker", "rmi", "-f", ref], capture_output=True, check=False)
         if started_engine:
             subprocess.run(["bash", str(ROOT / "docker/engine.sh"), "stop"], check=False)
-        if kv_was is None:
-            os.environ.pop("RUFUS_RIG_KVCACHE_GB", None)

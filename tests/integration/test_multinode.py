@@ -116,7 +116,7 @@ def test_streaming_through_triton(sup, single_node_reference):
 def test_follower_started_before_leader_exits_nonzero(log_dir):
     unit = LocalUnit(engine_args=UNIT_ARGS, log_dir=log_dir / "multinode-noleader")
     t0 = time.monotonic()
-    proc = unit.start_follower(1, {"RUFUS_LEADER_WAIT_S": "3"})
+    proc = unit.start_follower(1, {"RUFUS_JOIN_WAIT_S": "3"})
     try:
         rc = proc.wait(20)
     finally:
@@ -132,7 +132,7 @@ def test_mismatched_follower_is_rejected_and_unit_keeps_serving(sup, single_node
     bad = {**UNIT_ARGS, "max_model_len": 512}
     proc = unit.start_follower(1, {"RUFUS_RUFUS_LLM_ENGINE_ARGS": json.dumps(bad),
                                    "RUFUS_HEALTH_PORT": str(free_port()),
-                                   "RUFUS_LEADER_WAIT_S": "10"},
+                                   "RUFUS_JOIN_WAIT_S": "10"},
                                log_name="rig-follower-mismatch.log")
     try:
         rc = proc.wait(30)

@@ -79,7 +79,8 @@ def test_real_haproxy_and_agent_take_a_unit_out_and_back_quickly(tmp_path, monke
     """No engine needed: a fake leader behind the real agent and the real HAProxy config
     (both renderings), to pin the take-out and put-back times the fleet relies on."""
     from proxy.agent import AgentConfig, UnitAgent
-    from proxy.haproxy import Backend, HAProxy, render, render_compose
+    from proxy.compose_ingress import UnitAddress, render_compose
+    from proxy.haproxy import Backend, HAProxy, render
     from rufus.launch.server import free_port
 
     leader = FakeLeader()
@@ -93,12 +94,11 @@ def test_real_haproxy_and_agent_take_a_unit_out_and_back_quickly(tmp_path, monke
                       stats_socket=str(tmp_path / "haproxy.sock"), bind="127.0.0.1")
     else:  # the deployment config, with the contract's env vars pointing at the fakes
         text = render_compose(1, grpc_port=free_port(), http_port=free_port(), stats_port=free_port(),
-                              agent_check_port=cfg.check_port)
+                              agent_check_port=cfg.check_port, units=[UnitAddress(
+                                  f"127.0.0.1:{leader.port}", f"127.0.0.1:{leader.port}",
+                                  f"127.0.0.1:{cfg.port}")])
         text = text.replace("global\n", f"global\n    stats socket {tmp_path / 'haproxy.sock'}\n", 1)
         text = text.replace("bind :", "bind 127.0.0.1:")
-        monkeypatch.setenv("RUFUS_UNIT0_GRPC", f"127.0.0.1:{leader.port}")
-        monkeypatch.setenv("RUFUS_UNIT0_HTTP", f"127.0.0.1:{leader.port}")
-        monkeypatch.setenv("RUFUS_UNIT0_AGENT", f"127.0.0.1:{cfg.port}")
     hp = HAProxy(text, tmp_path, tmp_path / "haproxy.log").start()
     try:
         status = lambda: hp.servers()["unit0"]["status"]  # noqa: E731

@@ -26,7 +26,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from proxy.haproxy import REFUSAL, HAProxy, Limits, find_haproxy, render_compose
+from proxy.compose_ingress import UnitAddress, render_compose
+from proxy.haproxy import REFUSAL, HAProxy, Limits, find_haproxy
 from rufus.client import generate
 from rufus.launch.server import ADMIN_HEADER, TritonServer, free_port
 
@@ -132,12 +133,12 @@ def ingress(llm_server, tmp_path_factory, log_dir):
         port=free_port(), check_port=free_port(), bind="127.0.0.1", unit="security")).start()
     grpc_port, http_port = free_port(), free_port()
     text = render_compose(1, grpc_port=grpc_port, http_port=http_port, stats_port=free_port(),
-                          agent_check_port=agent.cfg.check_port, limits=INGRESS_LIMITS)
+                          agent_check_port=agent.cfg.check_port, limits=INGRESS_LIMITS,
+                          units=[UnitAddress(f"127.0.0.1:{llm_server.grpc_port}",
+                                             f"127.0.0.1:{llm_server.http_port}",
+                                             f"127.0.0.1:{agent.cfg.port}")])
     work = tmp_path_factory.mktemp("ingress")
     text = (text.replace("bind :", "bind 127.0.0.1:")
-            .replace('"${RUFUS_UNIT0_GRPC}"', f"127.0.0.1:{llm_server.grpc_port}")
-            .replace('"${RUFUS_UNIT0_HTTP}"', f"127.0.0.1:{llm_server.http_port}")
-            .replace('"${RUFUS_UNIT0_AGENT}"', f"127.0.0.1:{agent.cfg.port}")
             .replace("global\n", f"global\n    stats socket {work / 'haproxy.sock'}\n", 1))
     hp = HAProxy(text, work, log_dir / "haproxy-security.log").start()
     try:

@@ -59,9 +59,11 @@ def test_bad_override_json(tmp_path):
         load_engine_config(write(tmp_path, {"model": "x/y"}), "m", {"RUFUS_ENGINE_ARGS": "{"})
 
 
-def test_topology_ours_win_over_lws():
-    topo = topology_from_env({"RUFUS_NNODES": "2", "LWS_GROUP_SIZE": "4", "LWS_WORKER_INDEX": "1",
-                              "LWS_LEADER_ADDRESS": "leader.svc"})
+def test_topology_reads_lws_names():
+    """Membership is LeaderWorkerSet's three names (the retired RUFUS_NNODES, RUFUS_NODE_RANK
+    and RUFUS_LEADER_ADDR are not read any more)."""
+    topo = topology_from_env({"LWS_GROUP_SIZE": "2", "LWS_WORKER_INDEX": "1",
+                              "LWS_LEADER_ADDRESS": "leader.svc", "RUFUS_NNODES": "4"})
     assert (topo.nnodes, topo.node_rank, topo.leader_addr) == (2, 1, "leader.svc")
     assert not topo.is_leader and topo.multi_node
 
@@ -71,8 +73,8 @@ def test_topology_defaults_single_node():
     assert topo.nnodes == 1 and topo.is_leader and not topo.multi_node
 
 
-@pytest.mark.parametrize("env", [{"RUFUS_NNODES": "2", "RUFUS_NODE_RANK": "2"},
-                                 {"RUFUS_NNODES": "x"}, {"RUFUS_LEADER_PORT": "70000"}])
+@pytest.mark.parametrize("env", [{"LWS_GROUP_SIZE": "2", "LWS_WORKER_INDEX": "2"},
+                                 {"LWS_GROUP_SIZE": "x"}, {"RUFUS_LEADER_PORT": "70000"}])
 def test_topology_errors(env):
     with pytest.raises(TopologyError):
         topology_from_env(env)

@@ -237,10 +237,10 @@ def test_follower_process_without_the_secret_exits_2_before_any_vllm_work(
     model_json.write_text(json.dumps({"model": "org/model", "pipeline_parallel_size": 2}))
     root = Path(__file__).resolve().parents[2]
     env = {k: v for k, v in os.environ.items() if k != unit.SECRET_ENV}
-    env.update({"RUFUS_NNODES": "2", "RUFUS_NODE_RANK": "1", "RUFUS_LEADER_ADDR": "127.0.0.1",
+    env.update({"LWS_GROUP_SIZE": "2", "LWS_WORKER_INDEX": "1", "LWS_LEADER_ADDRESS": "127.0.0.1",
                 "RUFUS_CONTROL_PORT": str(leader.topo.leader_control_port),
-                "RUFUS_HEALTH_PORT": str(free_port()), "RUFUS_HEALTH_BIND": "127.0.0.1",
-                "RUFUS_MODEL_JSON": str(model_json), "RUFUS_LEADER_WAIT_S": "10",
+                "RUFUS_HEALTH_PORT": str(free_port()), "RUFUS_BIND": "127.0.0.1",
+                "RUFUS_MODEL_JSON": str(model_json), "RUFUS_JOIN_WAIT_S": "10",
                 "PYTHONPATH": str(root)})
     if secret:
         env[unit.SECRET_ENV] = secret

@@ -115,7 +115,7 @@ def endpoint_for(port: int, path: str) -> C.Endpoint | None:
 # ---------------------------------------------------------------- environment variables
 def test_every_env_var_in_deploy_files_is_in_the_contract():
     unknown = {n: sorted(w) for n, w in env_names().items()
-               if n not in C.ENV and n not in C.EXTERNAL_ENV}
+               if n not in C.ENV and n not in C.EXTERNAL_ENV and n not in C.BUILD_ARGS}
     assert not unknown, f"env vars not in deploy/contract.py (typo, or add them): {unknown}"
 
 
@@ -165,11 +165,11 @@ def test_contract_ports_match_code_defaults():
 # ---------------------------------------------------------------- ports and values
 @pytest.mark.parametrize("name", ["GRPC_PORT", "HTTP_PORT", "METRICS_PORT", "RUFUS_LEADER_PORT",
                                   "RUFUS_CONTROL_PORT",
-                                  "RUFUS_HEALTH_PORT", "RUFUS_AGENT_PORT", "RUFUS_NODE_RANK",
-                                  "RUFUS_NNODES", "RUFUS_MODELS", "RUFUS_UNIT_MODELS",
+                                  "RUFUS_HEALTH_PORT", "RUFUS_AGENT_PORT", "LWS_WORKER_INDEX",
+                                  "LWS_GROUP_SIZE", "RUFUS_MODELS", "RUFUS_UNIT_MODELS",
                                   "OPENAI_PORT"])
 def test_env_values_agree_with_contract(name):
-    want = {**{k: str(v) for k, v in C.PORTS.items()}, "RUFUS_NNODES": "2",
+    want = {**{k: str(v) for k, v in C.PORTS.items()}, "LWS_GROUP_SIZE": "2",
             "RUFUS_MODELS": ",".join(C.LEADER_MODELS),
             "RUFUS_UNIT_MODELS": ",".join(C.LEADER_MODELS)}
     seen = []
@@ -183,7 +183,7 @@ def test_env_values_agree_with_contract(name):
         seen += [(f"ecs:{f}:{c['name']}", e["value"]) for e in c.get("environment", [])
                  if e["name"] == name]
     for where, value in seen:
-        if name == "RUFUS_NODE_RANK":
+        if name == "LWS_WORKER_INDEX":
             role = "leader" if ("leader" in where) else "follower"
             assert value == ("0" if role == "leader" else "1"), where
         else:
@@ -267,9 +267,10 @@ def test_haproxy_config_uses_what_compose_provides():
     cfg = ROOT / C.HAPROXY_CONFIG
     assert cfg.exists(), f"{C.HAPROXY_CONFIG} missing"
     text = cfg.read_text()
-    provided = set(compose_services()["haproxy"].get("environment", {}))
-    used = set(re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", text))
-    assert used <= provided, f"haproxy.cfg uses env vars compose does not set: {used - provided}"
+    services = compose_services()
+    used = set(re.findall(r"^\s*server \S+ ([a-z0-9-]+):\d+", text, re.M))
+    assert used and used <= set(services), \
+        f"haproxy.cfg names hosts compose has no service for: {used - set(services)}"
     binds = {int(m) for m in re.findall(r"^\s*bind\s+\S*:(\d+)", text, re.M)}
     if binds:
         assert set(C.INGRESS_PORTS.values()) & binds, f"haproxy binds {binds}"
@@ -311,6 +312,16 @@ def test_health_paths_are_served(key):
     assert f'"{ep.path}"' in text or f"'{ep.path}'" in text, f"{pkg} does not serve {ep.path}"
 
 
+def test_the_prebuild_starts_what_a_leader_loads():
+    m = re.search(r"rufus\.launch\.server --prebuild --models (\S+);", DOCKERFILE)
+    assert m and m.group(1).split(",") == list(C.LEADER_MODELS)
+
+
+def role_of(check: list[str]) -> str:
+    """The role a health check command probes: docker/healthcheck.py's argument."""
+    return check[-1]
+
+
 def test_healthcheck_script_matches_contract():
     sys.path.insert(0, str(ROOT / "docker"))
     import healthcheck
@@ -321,12 +332,11 @@ def test_healthcheck_script_matches_contract():
     assert healthcheck.url_for("openai", {}) == "http://127.0.0.1:9000/health"
     for name, s in compose_services().items():
         if name != "haproxy" and "healthcheck" in s:
-            assert s["healthcheck"]["test"][-1] == "/opt/rufus/docker/healthcheck.py"
-            assert s["environment"]["RUFUS_ROLE"] in healthcheck.PROBE
+            assert s["healthcheck"]["test"][-2] == "/opt/rufus/docker/healthcheck.py"
+            assert role_of(s["healthcheck"]["test"]) in healthcheck.PROBE, name
     for f, c in ecs_containers():
-        assert c["healthCheck"]["command"][-1] == "/opt/rufus/docker/healthcheck.py", f
-        roles = {e["value"] for e in c["environment"] if e["name"] == "RUFUS_ROLE"}
-        assert roles and roles <= set(healthcheck.PROBE), f
+        assert c["healthCheck"]["command"][-2] == "/opt/rufus/docker/healthcheck.py", f
+        assert role_of(c["healthCheck"]["command"]) == c["name"], f
 
 
 # ---------------------------------------------------------------- structure of each path
@@ -425,8 +435,8 @@ def test_compose_restarts_the_unit_as_a_whole():
         fw, _ = unwrap(follower["command"])
         assert any(f"follower{cell}:" in u for u in lw), "leader must watch its follower"
         assert any(f"leader{cell}:" in u for u in fw), "follower must watch its leader"
-        assert leader["environment"]["RUFUS_LEADER_ADDR"] == f"leader{cell}"
-        assert follower["environment"]["RUFUS_LEADER_ADDR"] == f"leader{cell}"
+        assert leader["environment"]["LWS_LEADER_ADDRESS"] == f"leader{cell}"
+        assert follower["environment"]["LWS_LEADER_ADDRESS"] == f"leader{cell}"
     # the ingress starts on its own and takes units in as their agents report healthy
     # (servers resolve through Docker's DNS and may start without an address)
     assert "depends_on" not in s["haproxy"]
@@ -541,8 +551,9 @@ def test_every_leader_serves_the_assistant_and_what_it_calls():
     by_role = {"leader": leaders, "agent": agents, "follower": followers}
     for name, svc in compose_services().items():
         env = {k: str(v) for k, v in svc.get("environment", {}).items()}
-        if env.get("RUFUS_ROLE") in by_role:
-            by_role[env["RUFUS_ROLE"]].append((f"compose:{name}", env))
+        role = role_of(svc["healthcheck"]["test"]) if "healthcheck" in svc else None
+        if role in by_role:
+            by_role[role].append((f"compose:{name}", env))
     for v, _role, c in k8s_containers():
         if c["name"] in by_role:
             by_role[c["name"]].append((f"k8s:{v}:{c['name']}", env_of(c)))
@@ -608,7 +619,7 @@ def test_dockerfile_builds_the_planner_and_the_catalog_index():
     before; the cpu/cuda/neuron images carry the index and point RUFUS_CATALOG_INDEX at it."""
     bodies = stage_bodies()
     build = bodies["cpu-build"]
-    runs = re.findall(r"^RUN bash scripts/setup\.sh (\w+)", build, re.M)
+    runs = re.findall(r"^RUN bash scripts/setup\.sh (?:--[\w-]+ (?:/\S+ )?)*(\w+)", build, re.M)
     assert runs[:1] == ["triton"] and {"model", "qp", "catalog"} <= set(runs), runs
     assert runs.index("model") < runs.index("qp"), "the planner is merged into the default model"
 

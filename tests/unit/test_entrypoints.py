@@ -81,12 +81,12 @@ def test_help_lists_options_and_environment(name):
 
 
 @pytest.mark.parametrize("argv,env,variable", [
-    (["-m", "follower"], {"RUFUS_HEARTBEAT_S": "fast"}, "RUFUS_HEARTBEAT_S"),
-    (["-m", "follower"], {"RUFUS_NNODES": "2", "RUFUS_NODE_RANK": "one"}, "RUFUS_NODE_RANK"),
+    (["-m", "follower"], {"RUFUS_PEER_TIMEOUT_S": "fast"}, "RUFUS_PEER_TIMEOUT_S"),
+    (["-m", "follower"], {"LWS_GROUP_SIZE": "2", "LWS_WORKER_INDEX": "one"}, "LWS_WORKER_INDEX"),
     (["-m", "rufus.launch.server"], {"GRPC_PORT": "80o1"}, "GRPC_PORT"),
     (["-m", "rufus.client", "hi"], {"GRPC_PORT": "x"}, "GRPC_PORT"),
     (["-m", "proxy.agent"], {"RUFUS_AGENT_PORT": "8o90"}, "RUFUS_AGENT_PORT"),
-    (["-m", "rufus.launch.fleet"], {"RUFUS_FLEET_NNODES": "0"}, "RUFUS_FLEET_NNODES"),
+    (["-m", "rufus.launch.fleet", "--nnodes", "0"], {}, "--nnodes"),
     (["scripts/rig.py"], {"HTTP_PORT": "99999"}, "HTTP_PORT"),
 ])
 def test_a_wrong_setting_names_the_variable(argv, env, variable):

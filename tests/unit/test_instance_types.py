@@ -143,7 +143,7 @@ def test_compose_rig_runs_the_cpu_type():
     for svc in ("leader", "follower"):
         env = compose["services"][svc]["environment"]
         assert json.loads(env["RUFUS_RUFUS_LLM_ENGINE_ARGS"]) == t.rendered_engine_args(), svc
-        assert env["RUFUS_NNODES"] == str(t.nodes_per_cell), svc
+        assert env["LWS_GROUP_SIZE"] == str(t.nodes_per_cell), svc
         for k, v in t.env.items():  # compose's ${VAR:-default}: the default is what runs
             assert re.sub(r"^\$\{\w+:-(.*)\}$", r"\1", str(env[k])) == v, (svc, k)
 
@@ -156,7 +156,7 @@ def test_ecs_task_definitions_run_the_trn1_type():
         node = next(c for c in td["containerDefinitions"] if c["name"] == fam)
         env = env_of(node)
         assert json.loads(env["RUFUS_RUFUS_LLM_ENGINE_ARGS"]) == t.rendered_engine_args(), fam
-        assert env["RUFUS_NNODES"] == str(t.nodes_per_cell), fam
+        assert env["LWS_GROUP_SIZE"] == str(t.nodes_per_cell), fam
         assert len(node.get("linuxParameters", {}).get("devices", [])) == t.devices_per_node, fam
 
 

@@ -55,10 +55,10 @@ def test_apply_topology_rejects_impossible_units(args, match):
 
 def test_control_port_defaults_to_leader_port_plus_one_and_is_overridable():
     assert topology_from_env({"RUFUS_LEADER_PORT": "4000"}).leader_control_port == 4001
-    t = topology_from_env({"RUFUS_NNODES": "2", "RUFUS_CONTROL_PORT": "4100"})
+    t = topology_from_env({"LWS_GROUP_SIZE": "2", "RUFUS_CONTROL_PORT": "4100"})
     assert t.leader_control_port == 4100 and t.as_dict()["control_port"] == 4100
     with pytest.raises(TopologyError, match="control port"):
-        topology_from_env({"RUFUS_NNODES": "2", "RUFUS_LEADER_PORT": "4000",
+        topology_from_env({"LWS_GROUP_SIZE": "2", "RUFUS_LEADER_PORT": "4000",
                            "RUFUS_CONTROL_PORT": "4000"})
 
 

@@ -350,10 +350,10 @@ def test_compose_grafana_is_opt_in_and_provisions_the_dashboards_over_the_rigs_p
 
 def test_the_prometheus_image_is_built_only_when_asked():
     image_sh = (ROOT / "scripts" / "image.sh").read_text()
-    block = re.search(r'^if \[\[ "\$\{RUFUS_OBSERVE_IMAGE:-0\}" == 1 \]\]; then\n(.*?)^fi$',
+    block = re.search(r'^if \[\[ "\$OBSERVE" == 1 \]\]; then\n(.*?)^fi$',
                       image_sh, re.M | re.S)
     assert block and "observe/prometheus/Dockerfile" in block.group(1)
-    # the one build of it (the comment at the top names the variable)
+    # the one build of it (the comment at the top names the flag)
     assert len(re.findall(r"^\s*docker build .*observe/prometheus/Dockerfile", image_sh, re.M)) == 1
     dockerfile = (ROOT / "observe" / "prometheus" / "Dockerfile").read_text()
     assert re.search(r"^ARG DEBIAN_IMAGE=debian:12\.\d+-slim$", dockerfile, re.M)

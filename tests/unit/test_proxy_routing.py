@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import rufus.client as client
+from proxy.compose_ingress import UnitAddress, render_compose
 from proxy.haproxy import (
     HTTP_POST_RE,
     HTTP_READ_RE,
@@ -18,7 +19,6 @@ from proxy.haproxy import (
     check_config,
     documented_units,
     render,
-    render_compose,
 )
 from rufus.client import Chunk, RequestFailed
 
@@ -50,19 +50,18 @@ def test_haproxy_accepts_rendered_config(tmp_path):
     assert "backend units_equal" in p.read_text()
 
 
-def test_checked_in_config_is_the_compose_flavor(monkeypatch, tmp_path):
-    """proxy/haproxy/haproxy.cfg is what docker/compose.yaml mounts: generated, env-driven."""
+def test_checked_in_config_is_the_compose_flavor(tmp_path):
+    """proxy/haproxy/haproxy.cfg is what docker/compose.yaml mounts: generated, units by the
+    compose rig's service names."""
     repo_cfg = Path(__file__).resolve().parents[2] / "proxy" / "haproxy" / "haproxy.cfg"
     text = repo_cfg.read_text()
     assert text == render_compose(2)
     assert "bind :8001\n" in text and "balance leastconn" in text
-    for i in (0, 1):
-        assert f'"${{RUFUS_UNIT{i}_GRPC}}" proto h2 track unit_health/unit{i}' in text
-        assert f'"${{RUFUS_UNIT{i}_AGENT}}" check agent-check agent-port 8091' in text
+    for i, suffix in ((0, ""), (1, "-b")):
+        assert f"leader{suffix}:8001 proto h2 track unit_health/unit{i}" in text
+        assert f"agent{suffix}:8090 check agent-check agent-port 8091" in text
+    assert "${" not in text  # no addresses from the environment
     if HAVE_HAPROXY:
-        for i in (0, 1):
-            for kind, port in (("GRPC", 8001), ("HTTP", 8000), ("AGENT", 8090)):
-                monkeypatch.setenv(f"RUFUS_UNIT{i}_{kind}", f"127.0.0.1:{port + 10 * i}")
         check_config(repo_cfg)
 
 
@@ -220,11 +219,10 @@ def test_http_allowlist(method, path, ok):
 
 
 @pytest.mark.skipif(not HAVE_HAPROXY, reason="haproxy not installed (scripts/setup.sh proxy)")
-def test_haproxy_accepts_custom_limits(tmp_path, monkeypatch):
-    for kind in ("GRPC", "HTTP", "AGENT"):
-        monkeypatch.setenv(f"RUFUS_UNIT0_{kind}", "127.0.0.1:1")
+def test_haproxy_accepts_custom_limits(tmp_path):
     p = tmp_path / "h.cfg"
-    p.write_text(render_compose(1, limits=Limits(http_request="2s", per_source=8)))
+    p.write_text(render_compose(1, limits=Limits(http_request="2s", per_source=8),
+                                units=[UnitAddress("127.0.0.1:1", "127.0.0.1:1", "127.0.0.1:1")]))
     check_config(p)
     assert "timeout http-request 2s" in p.read_text()
 

@@ -317,3 +317,22 @@ def test_only_the_settings_modules_read_the_environment():
                 found[rel] = len(ENV_READ.findall(text)) + text.count("os.environ")
     assert not found, f"read the environment through rufus.env / rufus.serving.settings: {found}"
     assert ENV_READ.search('os.environ.get("X")') and ENV_READ.search('os.getenv("X")')
+
+
+def test_rig_flags_are_the_scripts_own():
+    """docs/configuration.md's table of the rig's and the build's flags names only flags
+    their scripts parse (the variables they replaced are gone from the scripts)."""
+    from deploy.configuration import RIG_FLAGS
+    root = Path(__file__).resolve().parents[2]
+    for (script, flag), _ in RIG_FLAGS.items():
+        text = (root / script).read_text(encoding="utf-8")
+        word = next(w for w in flag.split() if w.startswith("--") or w == "image")
+        assert word in text, f"{script} does not parse {word}"
+    for retired in ("RUFUS_PREBUILD", "RUFUS_WHEELHOUSE", "RUFUS_VENV", "RUFUS_IMAGE",
+                    "RUFUS_OBSERVE_IMAGE", "RUFUS_RIG_KVCACHE_GB", "RUFUS_CELL_A_CPUS",
+                    "RUFUS_DOCKER_STATE", "RUFUS_INGRESS_IMAGE", "RUFUS_ROLE"):
+        for f in ("scripts/compose.sh", "scripts/image.sh", "scripts/setup.sh",
+                  "scripts/rolling_update.sh", "docker/Dockerfile", "docker/compose.yaml",
+                  "docker/engine.sh", "docker/healthcheck.py"):
+            assert not re.search(rf"\b{retired}\b", (root / f).read_text(encoding="utf-8")), \
+                f"{f} still reads {retired}"

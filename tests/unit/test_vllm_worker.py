@@ -31,10 +31,15 @@ class FakeRunner:
 
 
 def run(runner: FakeRunner, monkeypatch: pytest.MonkeyPatch, env: str | None) -> list[int]:
-    if env is None:
-        monkeypatch.delenv("RUFUS_VLLM_WARMUP_TOKENS", raising=False)
-    else:
-        monkeypatch.setenv("RUFUS_VLLM_WARMUP_TOKENS", env)
+    """``env``: None the default, "0" the lab's baseline (RUFUS_LAB_OFF=short_warmup), a
+    number another short batch (the module's constant), anything else a bad lab switch."""
+    monkeypatch.delenv("RUFUS_LAB_OFF", raising=False)
+    if env == "0":
+        monkeypatch.setenv("RUFUS_LAB_OFF", "short_warmup")
+    elif env is not None and env.isdigit():
+        monkeypatch.setattr(vllm_warmup, "DEFAULT_TOKENS", int(env))
+    elif env is not None:
+        monkeypatch.setenv("RUFUS_LAB_OFF", env)
     vllm_warmup.short_warmup(FakeRunner.warming_up_model)(runner)
     return runner.seen
 
@@ -83,7 +88,7 @@ def test_the_setting(monkeypatch: pytest.MonkeyPatch, env: str, budget: int,
 
 @pytest.mark.parametrize("bad", ["many", "-5", "1.5"])
 def test_a_bad_setting_is_named(monkeypatch: pytest.MonkeyPatch, bad: str) -> None:
-    with pytest.raises(ValueError, match="RUFUS_VLLM_WARMUP_TOKENS"):
+    with pytest.raises(ValueError, match="RUFUS_LAB_OFF"):
         run(FakeRunner(2048, 1 << 30), monkeypatch, bad)
 
 
@@ -93,7 +98,7 @@ def test_the_budget_is_restored_when_the_run_fails(monkeypatch: pytest.MonkeyPat
             raise RuntimeError("compile failed")
 
     runner = Failing(2048, 1 << 30)
-    monkeypatch.delenv("RUFUS_VLLM_WARMUP_TOKENS", raising=False)
+    monkeypatch.delenv("RUFUS_LAB_OFF", raising=False)
     with pytest.raises(RuntimeError):
         vllm_warmup.short_warmup(Failing.warming_up_model)(runner)
     assert runner.max_num_tokens == 2048
