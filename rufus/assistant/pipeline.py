@@ -31,6 +31,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import re
 import time
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
@@ -77,6 +78,11 @@ from rufus.telemetry import tracing
 
 log = logging.getLogger("rufus.assistant")
 
+# what an order or a return question says; a service intent without any of it is the planner's
+# slip when the question names a product
+_SERVICE_WORDS = re.compile(r"\b(?:orders?|ordered|packages?|parcels?|deliver\w*|ship\w*|track\w*|"
+                            r"arriv\w*|return\w*|refund\w*|exchang\w*|cancel\w*|receipt|"
+                            r"purchase[ds]?|bought|money back)\b")
 PRODUCT_INTENTS = frozenset({"product_search", "product_comparison", "product_question",
                              "recommendation"})
 # What of each earlier turn the planner sees. Its training turns are short (data/qp/
@@ -402,6 +408,11 @@ class Assistant:
             # a need the planner took for small talk ("keep an eye on the baby while she
             # naps"): the catalog has its product type, so it is searched
             turn.intent = "product_search"
+        if card is None and turn.intent in SERVICE_REPLIES and not _SERVICE_WORDS.search(
+                question.lower()) and self.search.names_a_type(question):
+            # "can you set the temperature on the stagg ekg" taken for an order question: no
+            # word of an order or a return in it, and it names a product of the catalog
+            turn.intent = "product_question"
         if card is not None and card.kind == "picks":
             # "is the third one good for lattes?": the usual picks, over that product
             turn.path, turn.products = "products", card.products

@@ -44,7 +44,8 @@ UNITS: dict[str, tuple[str, ...]] = {
     "l": ("liters", "litres", "liter", "litre", "l"), "cups": ("cups", "cup"),
     "lb": ("pounds", "pound", "lbs", "lb"), "g": ("grams", "gram", "g"),
     "hours": ("hours", "hour", "hrs", "hr", "h"), "minutes": ("minutes", "minute", "mins", "min"),
-    "people": ("people", "persons", "person", "man"), "gb": ("gb",), "tb": ("tb",),
+    "people": ("people", "persons", "person", "man"),
+    "gb": ("gigabytes", "gigs", "gig", "gb"), "tb": ("terabytes", "tb"),
     "w": ("watts", "watt", "w"), "v": ("volts", "volt", "v"), "mah": ("mah",), "hz": ("hz",),
     "mp": ("megapixels", "mp"), "years": ("years", "year", "yrs", "yr"), "btu": ("btu",),
     "sqft": ("square feet", "sq ft", "sqft"), "cuft": ("cubic feet", "cu ft", "cu. ft.", "cuft"),
@@ -346,6 +347,11 @@ def _numbers(low: str, cats: Sequence[str], tax: Taxonomy, types: dict[str, str]
     # "comes with two batteries", "sleeps six": a number said as a word ("one" is too often
     # no number: "one that folds")
     low = _WORD_NUMBER.sub(lambda m: str(WORD_NUMBERS[m.group(1)]), low)
+    # "20k mah": thousands of a unit
+    low = re.sub(r"\b(\d+(?:\.\d+)?)k(?=\s*mah\b)", lambda m: f"{float(m.group(1)) * 1000:g}", low)
+    # "five and a half quarts", "one and a half": the half said as a word
+    low = re.sub(r"\b(one|\d+) and a half\b",
+                 lambda m: f"{(1 if m.group(1) == 'one' else int(m.group(1))) + 0.5:g}", low)
 
     def free(m: re.Match[str]) -> bool:
         """Whether ``m`` overlaps no span already read as a number."""
@@ -520,9 +526,13 @@ _RANGE = re.compile(r"\$\s*(\d{1,3}(?:,\d{3})+|\d+)\s*(k\b)?\s*(?:-|to)\s*\$?\s*
                     r"(\d{1,3}(?:,\d{3})+|\d+)\s*(k\b)?")
 _AND_UP = re.compile(r"(?:\$\s*)(\d{1,3}(?:,\d{3})+|\d+)\s*(k\b)?\s*(?:dollars\s+)?"
                      r"(?:and|or)\s+(?:up|above|over|more|higher)\b")
-_FLOOR = re.compile(r"\b(?:over|above|at\s+least|more\s+than|minimum\s+of|starting\s+at|"
-                    r"no\s+less\s+than)\s+(?:\$\s*(\d{1,3}(?:,\d{3})+|\d+)\s*(k\b)?|"
-                    r"(\d{1,3}(?:,\d{3})+|\d+)\s*(k\b)?\s*(?:dollars|usd|bucks)\b)")
+# not "no more than $900" (a cap); a bare thousands amount is money ("over 1k", not "over 20k
+# mah")
+_FLOOR = re.compile(r"\b(?<!no\s)(?<!not\s)(?:over|above|at\s+least|more\s+than|minimum\s+of|"
+                    r"starting\s+at|no\s+less\s+than)\s+(?:\$\s*(\d{1,3}(?:,\d{3})+|\d+)\s*(k\b)?|"
+                    r"(\d{1,3}(?:,\d{3})+|\d+)\s*(k\b)?\s*(?:dollars|usd|bucks)\b|"
+                    r"(\d{1,3}(?:\.\d)?)(k)\b(?!\s*(?:mah|wh|w|watts?|gb|tb|lbs?|btu|rpm|mp|hz|"
+                    r"v|mm|ft|miles?|km|steps?|pieces?)\b))")
 
 
 def _amt(num: str | None, k: str | None) -> float:
@@ -538,7 +548,8 @@ def parse_price_range(text: str) -> tuple[float | None, float | None]:
         lo, hi = _amt(m.group(1), m.group(2)), _amt(m.group(3), m.group(4))
         return (min(lo, hi), max(lo, hi)) if hi > 0 else (None, None)
     if (m := _FLOOR.search(low)) is not None:
-        return (_amt(m.group(1) or m.group(3), m.group(2) or m.group(4)), None)
+        return (_amt(m.group(1) or m.group(3) or m.group(5),
+                     m.group(2) or m.group(4) or m.group(6)), None)
     if (m := _AND_UP.search(low)) is not None:  # "$400 and up", "150 dollars or more"
         return (_amt(m.group(1), m.group(2)), None)
     return (None, None)

@@ -36,6 +36,9 @@ _GENERATION = re.compile(r"\s*\(?\b(?:\d+(?:st|nd|rd|th)\s+gen(?:eration)?|gen\s
                          re.I)
 # "PlayStation 5": a two-part name before a number, said by its initials ("ps5")
 _CAMEL_NUMBER = re.compile(r"\b([A-Z][a-z]+(?:[A-Z][a-z]+)+)(?=\s*\d)")
+# "AT-LP60X": a model code's letter prefix, which shoppers leave out ("lp60x"); not before
+# digits alone ("WH-1000XM5" is no "1000xm5" of the earbuds' WF-1000XM5)
+_CODE_PREFIX = re.compile(r"\b[A-Za-z]{1,4}-(?=[A-Za-z]+\d)")
 # "QuietComfort Ultra": a two-part word before another word, said by its initials ("qc ultra")
 _CAMEL_WORD = re.compile(r"\b([A-Z][a-z]+(?:[A-Z][a-z]+)+)(?=\s+[A-Za-z])")
 
@@ -48,6 +51,7 @@ def name_aliases(m: ModelName) -> list[ModelName]:
     "kindle" is the line, not Kindle (2024)); and a brand's "&" said "and" ("tuft and needle
     original")."""
     texts = [_GENERATION.sub("", m.model), re.sub(r"(?<=[A-Za-z])-(?=[A-Za-z])", "", m.model),
+             _CODE_PREFIX.sub("", m.model),  # "AT-LP60X": "lp60x"
              _CAMEL_NUMBER.sub(lambda x: "".join(c for c in x.group(1) if c.isupper()), m.model),
              _CAMEL_WORD.sub(lambda x: "".join(c for c in x.group(1) if c.isupper()), m.model)]
     out: list[ModelName] = []
@@ -83,6 +87,10 @@ def _said_at(words: Sequence[str], w: str, pos: int) -> int:
     return -1
 
 
+# words of a size or count in a model's name ("1000 Piece", "12 Inch", "24 Pack")
+_SPEC_WORDS = frozenset({"piece", "pc", "pcs", "pack", "count", "ct", "inch", "in", "oz", "qt",
+                         "quart", "gb", "tb", "lb", "mm", "cm", "ft", "w", "watt", "mah", "l",
+                         "ml", "person", "people", "burner", "cup", "gallon", "liter", "litre"})
 _BETWEEN_NAMES = frozenset({"vs", "versus", "or", "and", "compared", "than", "v"})
 
 
@@ -164,6 +172,10 @@ class ModelIndex:
         out = [x for x in out if said_brand(x[2]) or not any(
             o[0] < x[1] and x[0] < o[1] and norm_brand(o[2].brand) != norm_brand(x[2].brand)
             and said_brand(o[2]) for o in out)]
+        # a size or count said alone ("1000 pieces", "12 inch") is a spec, not a model's name,
+        # though names end in it ("Ravensburger ... 1000 Piece")
+        out = [x for x in out if not (any(w in _SPEC_WORDS for w in ws[x[0]:x[1]]) and all(
+            w.isdigit() or w in _SPEC_WORDS for w in ws[x[0]:x[1]]))]
         seen = {(s, e, m.model): (s, e, m, line) for s, e, m, line in out}  # aliases: once
         return sorted(seen.values(), key=lambda x: x[0])
 

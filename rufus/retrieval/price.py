@@ -40,6 +40,7 @@ _CUE_AFTER = re.compile(r"^\s*(?:max(?:imum)?|tops|or\s+(?:less|under|below|lowe
 _UNIT = re.compile(
     r"^\s*-?\s*(?:\"|''|'|(?:inch(?:es)?|in|ft|feet|foot|gb|tb|mb|mah|w|watts?|v|volts?|hz|lbs?|"
     r"pounds?|oz|qt|quarts?|l|liters?|litres?|ml|mm|cm|m|mp|pieces?|pcs?|pack|count|ct|cups?|"
+    r"grams?|g|kg|kilos?|gigs?|gigabytes?|terabytes?|"
     r"person|people|players?|years?|yrs?|months?|weeks?|days?|hours?|hrs?|minutes?|mins?|"
     r"percent|degrees?|sq|x|series|gen|th|st|nd|rd)(?![a-z])|%)")
 

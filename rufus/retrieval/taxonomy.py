@@ -84,6 +84,12 @@ class Resolution:
 SIZE_OF = frozenset({"size", "sized", "style", "styled"})
 
 
+def _together(at: Sequence[int], n: int) -> bool:
+    """Whether the positions ``at`` of a phrase's ``n`` content words are said together: no
+    more than two other words among them ("screen that looks like paper")."""
+    return max(at) - min(at) <= n + 1
+
+
 class Taxonomy(NeedIndex, ModelIndex):
     """The catalog's product types (nouns, names, spec keys and their types), brands per
     category and model names; built once per index (:meth:`from_products`). Needs are read by
@@ -336,7 +342,7 @@ class Taxonomy(NeedIndex, ModelIndex):
         # reading" whose "for" is the need's own; not "moving our 2 year old out")
         at = [i for i, w in enumerate(st) if w in need_key]
         first_said = bool(at) and phrase[min(at)] == 0 and need_key <= {st[i] for i in at} and (
-            max(at) - min(at) < len(need_key) + 1)
+            _together(at, len(need_key)))
         chosen = (firsts or [m.category for _, _, m in models]
                   # "surround sound for the living room tv": the need said first, not the tv
                   or ([need] if need and len(need_key) > 1 and first_said else []))
@@ -366,9 +372,11 @@ class Taxonomy(NeedIndex, ModelIndex):
                      need: str | None, need_key: set[str] | frozenset[str],
                      need_ws: Sequence[str], excluded: set[str]) -> list[tuple[int, str]]:
         """The nouns kept, each in the sense the question gives it."""
-        # a need said in full that holds the noun ("my phone dies", "netflix on an old tv")
-        # names the type instead of the noun
-        if need and len(need_key) > 1:
+        # a need said in full, its words together, that holds the noun ("my phone dies",
+        # "netflix on an old tv") names the type instead of the noun (not "i travel a lot for
+        # work, want a laptop", whose words the need "travel with laptop" has far apart)
+        at = [i for i, w in enumerate(st) if w in need_key]
+        if need and len(need_key) > 1 and at and _together(at, len(need_key)):
             kept = [(s, c) for s, c in kept if c == need or not set(st[s:ends[s]]) <= need_key]
         if need:  # "monitor so i can hear the baby": the need's own sense of the noun
             return [(s, need if st[ends[s] - 1] in self._heads.get(need, ()) else c)
@@ -507,8 +515,8 @@ class Taxonomy(NeedIndex, ModelIndex):
         best: tuple[float, str] = (0.0, "")
         for i in sorted(bare):
             cats = bare[i] - excluded
-            if phrase[i] or not cats:
-                continue
+            if phrase[i] or not cats or (i and ws[i - 1] in POSSESSIVES):
+                continue  # "my bag is getting heavy": the customer's own, not what is wanted
             other = [w for j, w in enumerate(ws) if j != i and j not in negated]
             cat, score = self._ranked_among(cats, other)[0]
             best = max(best, (score, cat))
